@@ -1,0 +1,30 @@
+# Each target creates .venv if it is missing. torch is pinned and installed first, so that
+# pip takes the local CPU build here and the CUDA build on a GPU machine.
+PY ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+TORCH ?= torch==2.13.0
+
+.PHONY: demo test bench lint clean
+
+$(BIN)/vaecf: pyproject.toml
+	test -x $(BIN)/python || $(PY) -m venv $(VENV)
+	$(BIN)/pip install -q --disable-pip-version-check "$(TORCH)"
+	$(BIN)/pip install -q --disable-pip-version-check -e '.[dev]'
+	touch $(BIN)/vaecf
+
+demo: $(BIN)/vaecf
+	$(BIN)/vaecf demo
+
+test: $(BIN)/vaecf
+	$(BIN)/python -m pytest -q
+
+bench: $(BIN)/vaecf
+	$(BIN)/python benchmarks/accuracy.py
+
+lint: $(BIN)/vaecf
+	$(BIN)/ruff check src tests benchmarks
+	$(BIN)/ruff format --check src tests benchmarks
+
+clean:
+	rm -rf $(VENV) .pytest_cache build src/*.egg-info
