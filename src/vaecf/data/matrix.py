@@ -1,0 +1,111 @@
+"""CSR user x item matrices: scipy files on disk, torch tensors on the device, sliced into batches.
+
+A batch never densifies the input: it is the CSR rows of its users as (indices, offsets, values),
+plus the row id of every non-zero for segment sums.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import numpy as np
+import scipy.sparse as sp
+import torch
+
+from vaecf._io import atomic_file
+from vaecf.errors import DataError
+
+
+def save_csr(path: str | os.PathLike, m: sp.csr_matrix) -> None:
+    """Write `m` as a scipy .npz, atomically."""
+    with atomic_file(path) as f:
+        sp.save_npz(f, m.tocsr(), compressed=False)
+
+
+def load_csr(path: str | os.PathLike) -> sp.csr_matrix:
+    try:
+        m = sp.load_npz(path)
+    except FileNotFoundError:
+        raise DataError(f"{path} is missing; prepare the dataset again (vaecf prepare ...)") from None
+    except Exception as e:  # zip/npz corruption
+        raise DataError(f"{path} is unreadable ({e}); prepare the dataset again") from None
+    return m.tocsr().astype(np.float32)
+
+
+@dataclass
+class SparseBatch:
+    """Rows of a CSR matrix for a batch of B users."""
+
+    indices: torch.Tensor  # (nnz,) int64 item index of every non-zero
+    offsets: torch.Tensor  # (B,) int64 start of each user's non-zeros in `indices`
+    values: torch.Tensor  # (nnz,) float32 value of every non-zero
+    row_ids: torch.Tensor  # (nnz,) int64 batch row (0..B-1) of every non-zero
+    batch_size: int  # B
+
+    def row_sums(self, values: torch.Tensor | None = None) -> torch.Tensor:
+        """(B,) sum of `values` (default: the batch's values) per row."""
+        v = self.values if values is None else values
+        out = torch.zeros(self.batch_size, dtype=v.dtype, device=v.device)
+        return out.index_add_(0, self.row_ids, v)
+
+
+class CSR:
+    """A CSR matrix held as torch tensors on one device, with vectorised row slicing."""
+
+    def __init__(self, indptr: torch.Tensor, indices: torch.Tensor, values: torch.Tensor,
+                 shape: tuple[int, int]):
+        self.indptr = indptr  # (n_rows + 1,) int64
+        self.indices = indices  # (nnz,) int64
+        self.values = values  # (nnz,) float32
+        self.shape = shape
+
+    @classmethod
+    def from_scipy(cls, m: sp.csr_matrix, device: str | torch.device = "cpu") -> CSR:
+        m = m.tocsr()
+        m.sort_indices()
+        return cls(
+            torch.from_numpy(m.indptr.astype(np.int64)).to(device),
+            torch.from_numpy(m.indices.astype(np.int64)).to(device),
+            torch.from_numpy(m.data.astype(np.float32)).to(device),
+            (int(m.shape[0]), int(m.shape[1])),
+        )
+
+    @property
+    def n_rows(self) -> int:
+        return self.shape[0]
+
+    @property
+    def nnz(self) -> int:
+        return int(self.indices.numel())
+
+    @property
+    def device(self) -> torch.device:
+        return self.indices.device
+
+    def to(self, device: str | torch.device, pin: bool = False) -> CSR:
+        ts = [self.indptr, self.indices, self.values]
+        if pin:
+            ts = [t.pin_memory() for t in ts]
+        return CSR(*(t.to(device, non_blocking=pin) for t in ts), shape=self.shape)
+
+    def row_nnz(self) -> torch.Tensor:
+        """(n_rows,) number of non-zeros per row."""
+        return self.indptr[1:] - self.indptr[:-1]
+
+    def batch(self, rows: torch.Tensor) -> SparseBatch:
+        """Gather the given rows (an int64 tensor on this matrix's device), without Python loops."""
+        starts = self.indptr[rows]
+        lens = self.indptr[rows + 1] - starts
+        offsets = torch.cumsum(lens, 0) - lens
+        total = int(lens.sum())
+        row_ids = torch.repeat_interleave(
+            torch.arange(rows.numel(), device=rows.device), lens, output_size=total
+        )
+        pos = torch.arange(total, device=rows.device) - offsets[row_ids] + starts[row_ids]
+        return SparseBatch(self.indices[pos], offsets, self.values[pos], row_ids, rows.numel())
+
+    def keys(self) -> torch.Tensor:
+        """(nnz,) sorted int64 keys row * n_cols + col, for membership tests by searchsorted."""
+        rows = torch.repeat_interleave(torch.arange(self.n_rows, device=self.device), self.row_nnz())
+        return rows * self.shape[1] + self.indices

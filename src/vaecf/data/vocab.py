@@ -1,0 +1,66 @@
+"""Vocabulary: raw identifiers <-> matrix positions, both directions, saved with every model."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable, Sequence
+
+import numpy as np
+import polars as pl
+
+from vaecf._io import atomic_file
+from vaecf.errors import DataError
+
+
+class Vocabulary:
+    """Raw ids (int or str) in index order; `index_of` maps raw ids back to positions."""
+
+    def __init__(self, ids: Sequence | np.ndarray, name: str = "item_id"):
+        self.ids = pl.Series(name, ids)
+        self.name = name
+        self.is_int = self.ids.dtype.is_integer()
+        values = self.ids.to_list()
+        self._index = {v: i for i, v in enumerate(values)}
+        if len(self._index) != len(values):
+            raise DataError(f"vocabulary {name} has duplicate ids")
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    def _coerce(self, raw):
+        if self.is_int and not isinstance(raw, (int, np.integer)):
+            try:
+                return int(str(raw).strip())
+            except ValueError:
+                return raw
+        if not self.is_int and not isinstance(raw, str):
+            return str(raw)
+        return raw
+
+    def index_of(self, raw_ids: Iterable) -> tuple[list[int], list]:
+        """Positions of the known ids (in input order) and the unknown ids as given."""
+        known, unknown = [], []
+        for raw in raw_ids:
+            idx = self._index.get(self._coerce(raw))
+            if idx is None:
+                unknown.append(raw)
+            else:
+                known.append(idx)
+        return known, unknown
+
+    def id_of(self, indices: Iterable[int]) -> list:
+        return self.ids.gather([int(i) for i in indices]).to_list()
+
+    def save(self, path: str | os.PathLike) -> None:
+        with atomic_file(path) as f:
+            self.ids.to_frame().write_parquet(f)
+
+    @classmethod
+    def load(cls, path: str | os.PathLike, name: str = "item_id") -> Vocabulary:
+        try:
+            s = pl.read_parquet(path).get_column(name)
+        except FileNotFoundError:
+            raise DataError(f"{path} is missing") from None
+        except Exception as e:
+            raise DataError(f"{path} is not a readable vocabulary ({e})") from None
+        return cls(s.to_numpy() if s.dtype.is_integer() else s.to_list(), name=name)

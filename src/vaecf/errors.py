@@ -1,0 +1,13 @@
+"""The error family of vaecf: every user-facing failure says what to do instead."""
+
+
+class VaecfError(ValueError):
+    """Bad input or state the user can fix; the CLI maps it to exit code 2."""
+
+
+class DataError(VaecfError):
+    """An input file or prepared dataset is missing, malformed or too small."""
+
+
+class RunError(VaecfError):
+    """A run directory or checkpoint is missing, foreign or corrupted."""

@@ -1,0 +1,145 @@
+"""Mult-VAE and Mult-DAE (Liang et al., WWW'18), sparse from the first layer to the loss.
+
+As the paper's code: input L2-normalised then dropout; tanh between layers; Glorot-uniform
+weights and N(0, 0.001) (truncated at 2 sd) biases; Mult-VAE samples z = mu + eps * sigma in
+training and uses z = mu otherwise; loss = multinomial NLL + beta * KL + lam * sum(W^2) (the
+paper's `2 * l2_regularizer(lam)`; lam = 0 for Mult-VAE, 0.01 for Mult-DAE).
+
+Sparse: the first layer is `embedding_bag` over the batch's non-zeros (a sparse x dense product),
+and the NLL is n_u * logsumexp(logits_u) - sum of logits at u's items, so the user x item input
+is never densified. Only the logits (B, n_items) are dense: they are the model's output.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from vaecf.data.matrix import SparseBatch
+
+
+@dataclass
+class ModelConfig:
+    model: str = "multvae"  # "multvae" (variational) or "multdae" (denoising)
+    hidden_dims: list[int] = field(default_factory=lambda: [600])  # encoder hidden sizes
+    latent_dim: int = 200  # size of z (Mult-DAE: its one hidden layer)
+    dropout: float = 0.5  # dropout rate on the normalised input
+    weight_decay: float | None = None  # lam in lam * sum(W^2); None: 0.0 (VAE) / 0.01 (DAE)
+
+    def __post_init__(self) -> None:
+        if self.model not in ("multvae", "multdae"):
+            raise ValueError(f"model must be 'multvae' or 'multdae', not {self.model!r}")
+        if self.model == "multdae" and self.hidden_dims == [600]:
+            self.hidden_dims = []  # the paper's Mult-DAE: [n_items -> 200 -> n_items]
+        if self.weight_decay is None:
+            self.weight_decay = 0.0 if self.model == "multvae" else 0.01
+        if not 0.0 <= self.dropout < 1.0:
+            raise ValueError("dropout must lie in [0, 1)")
+
+
+def _init_bias(b: torch.Tensor) -> None:
+    nn.init.trunc_normal_(b, mean=0.0, std=0.001, a=-0.002, b=0.002)
+
+
+class MultAE(nn.Module):
+    """The shared network; `variational` selects Mult-VAE or Mult-DAE."""
+
+    def __init__(self, n_items: int, config: ModelConfig | None = None):
+        super().__init__()
+        self.config = config = config or ModelConfig()
+        self.n_items = n_items
+        self.variational = config.model == "multvae"
+        enc = [n_items, *config.hidden_dims,
+               config.latent_dim * (2 if self.variational else 1)]
+        dec = [config.latent_dim, *reversed(config.hidden_dims), n_items]
+        # first layer as a (n_items, d) table for the sparse product
+        self.in_weight = nn.Parameter(torch.empty(n_items, enc[1]))  # (n_items, d1)
+        self.in_bias = nn.Parameter(torch.empty(enc[1]))
+        self.encoder = nn.ModuleList(nn.Linear(a, b) for a, b in zip(enc[1:-1], enc[2:]))
+        self.decoder = nn.ModuleList(nn.Linear(a, b) for a, b in zip(dec[:-1], dec[1:]))
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        nn.init.xavier_uniform_(self.in_weight)
+        _init_bias(self.in_bias)
+        for layer in [*self.encoder, *self.decoder]:
+            nn.init.xavier_uniform_(layer.weight)
+            _init_bias(layer.bias)
+
+    def weights(self) -> list[torch.Tensor]:
+        return [self.in_weight] + [m.weight for m in [*self.encoder, *self.decoder]]
+
+    def encode(self, batch: SparseBatch) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """(mu, logvar) for Mult-VAE, (h, None) for Mult-DAE; each (B, latent_dim)."""
+        v = batch.values
+        inv_norm = torch.rsqrt(batch.row_sums(v * v).clamp_min(1e-12))  # tf.nn.l2_normalize
+        v = F.dropout(v * inv_norm[batch.row_ids], self.config.dropout, self.training)
+        h = F.embedding_bag(batch.indices, self.in_weight, batch.offsets, mode="sum",
+                            per_sample_weights=v) + self.in_bias  # (B, d1)
+        if self.encoder or not self.variational:
+            h = torch.tanh(h)
+        for i, layer in enumerate(self.encoder):
+            h = layer(h)
+            if i < len(self.encoder) - 1:
+                h = torch.tanh(h)
+        if not self.variational:
+            return h, None
+        d = self.config.latent_dim
+        return h[:, :d], h[:, d:]
+
+    def decode(self, z: torch.Tensor) -> torch.Tensor:
+        h = z
+        for i, layer in enumerate(self.decoder):
+            h = layer(h)
+            if i < len(self.decoder) - 1:
+                h = torch.tanh(h)
+        return h  # (B, n_items) logits
+
+    def forward(self, batch: SparseBatch):
+        """(logits (B, n_items), mu, logvar); mu and logvar are None for Mult-DAE."""
+        mu, logvar = self.encode(batch)
+        z = mu
+        if self.variational and self.training:
+            z = mu + torch.randn_like(mu) * torch.exp(0.5 * logvar)
+        return self.decode(z), (mu if self.variational else None), logvar
+
+    def loss(self, batch: SparseBatch, beta: float = 0.0) -> tuple[torch.Tensor, dict]:
+        """Mean over the batch of NLL + beta * KL, plus the weight penalty; and its parts."""
+        logits, mu, logvar = self(batch)
+        nll = multinomial_nll(logits, batch)
+        loss = nll
+        parts = {"nll": nll.detach()}
+        if self.variational:
+            kl = (0.5 * (-logvar + logvar.exp() + mu * mu - 1.0)).float().sum(1).mean()
+            loss = loss + beta * kl
+            parts["kl"] = kl.detach()
+        if self.config.weight_decay:
+            loss = loss + self.config.weight_decay * sum(w.float().pow(2).sum()
+                                                         for w in self.weights())
+        return loss, parts
+
+
+def multinomial_nll(logits: torch.Tensor, batch: SparseBatch) -> torch.Tensor:
+    """Mean over users of -sum_i x_ui log softmax(logits_u)_i, from the non-zeros only."""
+    lse = torch.logsumexp(logits.float(), dim=1)  # (B,)
+    picked = logits[batch.row_ids, batch.indices].float() * batch.values  # (nnz,)
+    return (batch.row_sums() * lse - batch.row_sums(picked)).mean()
+
+
+class MultVAE(MultAE):
+    def __init__(self, n_items: int, config: ModelConfig | None = None):
+        super().__init__(n_items, config or ModelConfig("multvae"))
+
+
+class MultDAE(MultAE):
+    def __init__(self, n_items: int, config: ModelConfig | None = None):
+        super().__init__(n_items, config or ModelConfig("multdae"))
+
+
+def build_model(n_items: int, config: ModelConfig) -> MultAE:
+    return (MultVAE if config.model == "multvae" else MultDAE)(n_items, config)
+
+

@@ -1,0 +1,47 @@
+"""Numeric precision: one autocast code path for fp32, tf32, bf16 and fp16 on CPU and CUDA."""
+
+from __future__ import annotations
+
+import contextlib
+
+import torch
+
+PRECISIONS = ("fp32", "tf32", "bf16", "fp16")
+
+
+def resolve_device(device: str | None) -> torch.device:
+    """'auto'/None -> cuda if available else cpu; otherwise validate the name."""
+    if device in (None, "auto"):
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        dev = torch.device(device)
+    except RuntimeError:
+        raise ValueError(f"--device must be like 'cpu', 'cuda' or 'cuda:1', not {device!r}") from None
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError("--device cuda was asked for but no CUDA GPU is visible; use --device cpu")
+    return dev
+
+
+def check_precision(precision: str, device: torch.device) -> None:
+    if precision not in PRECISIONS:
+        raise ValueError(f"--precision must be one of {', '.join(PRECISIONS)}, not {precision!r}")
+    if precision == "fp16" and device.type != "cuda":
+        raise ValueError("--precision fp16 needs a CUDA GPU; use bf16 or fp32 on the CPU")
+
+
+def set_matmul_precision(precision: str) -> None:
+    torch.backends.cuda.matmul.allow_tf32 = precision == "tf32"
+    torch.backends.cudnn.allow_tf32 = precision == "tf32"
+
+
+def autocast(device: torch.device, precision: str):
+    """Context manager running the forward pass in `precision` (no-op for fp32/tf32)."""
+    if precision in ("bf16", "fp16"):
+        dtype = torch.bfloat16 if precision == "bf16" else torch.float16
+        return torch.autocast(device_type=device.type, dtype=dtype)
+    return contextlib.nullcontext()
+
+
+def grad_scaler(device: torch.device, precision: str) -> torch.amp.GradScaler:
+    """Dynamic loss scaling (with backoff) for fp16; disabled otherwise."""
+    return torch.amp.GradScaler(device.type, enabled=precision == "fp16")
