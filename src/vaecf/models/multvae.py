@@ -113,19 +113,25 @@ class MultAE(nn.Module):
         loss = nll
         parts = {"nll": nll.detach()}
         if self.variational:
-            kl = (0.5 * (-logvar + logvar.exp() + mu * mu - 1.0)).float().sum(1).mean()
+            mu, logvar = _wide(mu), _wide(logvar)
+            kl = (0.5 * (-logvar + logvar.exp() + mu * mu - 1.0)).sum(1).mean()
             loss = loss + beta * kl
             parts["kl"] = kl.detach()
         if self.config.weight_decay:
-            loss = loss + self.config.weight_decay * sum(w.float().pow(2).sum()
+            loss = loss + self.config.weight_decay * sum(_wide(w).pow(2).sum()
                                                          for w in self.weights())
         return loss, parts
 
 
+def _wide(t: torch.Tensor) -> torch.Tensor:
+    """At least float32: reductions of bf16/fp16 activations are done in float32."""
+    return t.float() if t.dtype in (torch.bfloat16, torch.float16) else t
+
+
 def multinomial_nll(logits: torch.Tensor, batch: SparseBatch) -> torch.Tensor:
     """Mean over users of -sum_i x_ui log softmax(logits_u)_i, from the non-zeros only."""
-    lse = torch.logsumexp(logits.float(), dim=1)  # (B,)
-    picked = logits[batch.row_ids, batch.indices].float() * batch.values  # (nnz,)
+    lse = torch.logsumexp(_wide(logits), dim=1)  # (B,)
+    picked = _wide(logits[batch.row_ids, batch.indices]) * batch.values  # (nnz,)
     return (batch.row_sums() * lse - batch.row_sums(picked)).mean()
 
 

@@ -1,0 +1,71 @@
+"""Recommender on a known-answer dataset: blocks of users who share blocks of items."""
+
+import numpy as np
+import polars as pl
+import pytest
+
+import vaecf
+from vaecf.data import synthetic
+
+
+@pytest.fixture(scope="module")
+def block_run(tmp_path_factory):
+    """4 groups x 10 items; every user of group g has 8 of g's items, never another group's.
+
+    Item ids are strings 'g{g}-{j}' so the vocabulary path for string ids is exercised."""
+    root = tmp_path_factory.mktemp("rec")
+    rng = np.random.default_rng(0)
+    users, items = [], []
+    for u in range(800):
+        g = u % 4
+        for j in rng.choice(10, size=8, replace=False):
+            users.append(f"u{u}")
+            items.append(f"g{g}-{j}")
+    df = pl.DataFrame({"user_id": users, "item_id": items})
+    ds = vaecf.prepare_frame(df, root / "prep", vaecf.PrepareSettings(heldout_users=40, seed=0))
+    vaecf.train(ds, vaecf.TrainConfig(epochs=15, batch_size=100, seed=0, device="cpu",
+                                      progress=False), root / "run")
+    return root / "run"
+
+
+def test_recommends_the_rest_of_the_users_block(block_run):
+    rec = vaecf.Recommender.load(block_run)
+    for g in range(4):
+        history = [f"g{g}-{j}" for j in range(6)]
+        r = rec.recommend(history, k=4)
+        assert set(r.item_ids[:4]) == {f"g{g}-6", f"g{g}-7", f"g{g}-8", f"g{g}-9"}
+        assert not set(r.item_ids) & set(history)
+        assert r.scores == sorted(r.scores, reverse=True)
+        assert r.unknown == []
+
+
+def test_unknown_ids_are_reported_not_dropped(block_run):
+    rec = vaecf.Recommender.load(block_run)
+    r = rec.recommend(["g1-0", "nope", "g1-1", 42], k=3)
+    assert r.unknown == ["nope", 42]
+    assert all(i.startswith("g1-") for i in r.item_ids)
+    assert rec.recommend(["nope"], k=3).unknown == ["nope"]  # all unknown: still an answer
+
+
+def test_batch_equals_single_and_history_exclusion(block_run):
+    rec = vaecf.Recommender.load(block_run)
+    hs = [["g0-1", "g0-2"], ["g3-0"], ["g2-5", "g2-6", "g2-7"]]
+    batch = rec.recommend_batch(hs, k=5)
+    for h, b in zip(hs, batch):
+        one = rec.recommend(h, k=5)
+        assert one.item_ids == b.item_ids
+        np.testing.assert_allclose(one.scores, b.scores, rtol=1e-5)
+    with_hist = rec.recommend(["g0-1"], k=40, exclude_history=False)
+    assert "g0-1" in with_hist.item_ids and len(with_hist.item_ids) == 40
+    assert len(rec.recommend(["g0-1"], k=100).item_ids) == 39  # fewer items left than k
+
+
+def test_integer_ids_accept_strings(tmp_path):
+    df = synthetic.generate(n_users=300, n_items=60, n_groups=3, seed=2)
+    ds = vaecf.prepare_frame(df, tmp_path / "p", vaecf.PrepareSettings(heldout_users=20, seed=0))
+    vaecf.train(ds, vaecf.TrainConfig(epochs=1, device="cpu", progress=False), tmp_path / "r")
+    rec = vaecf.Recommender.load(tmp_path / "r")
+    a = rec.recommend([1, 2, 3], k=5)
+    b = rec.recommend(["1", "2", " 3"], k=5)
+    assert a.item_ids == b.item_ids and b.unknown == []
+    assert all(isinstance(i, int) for i in a.item_ids)

@@ -1,0 +1,118 @@
+"""Trainer: annealing, determinism, resume bit-for-bit, model selection, beats popularity."""
+
+import json
+
+import pytest
+import torch
+
+import vaecf
+from vaecf.data import synthetic
+from vaecf.data.matrix import CSR
+from vaecf.train import beta_at
+
+
+@pytest.fixture(scope="module")
+def small_ds(tmp_path_factory):
+    root = tmp_path_factory.mktemp("train")
+    df = synthetic.generate(n_users=900, n_items=200, n_groups=6, mean_items=20, seed=3)
+    return vaecf.prepare_frame(df, root / "prep", vaecf.PrepareSettings(heldout_users=100, seed=3))
+
+
+def fast_cfg(**kw):
+    base = dict(epochs=4, batch_size=128, seed=7, device="cpu", progress=False)
+    return vaecf.TrainConfig(**{**base, **kw})
+
+
+def weights(path):
+    return torch.load(path, weights_only=True)["model"]
+
+
+def assert_same_weights(a, b):
+    assert a.keys() == b.keys()
+    for k in a:
+        assert torch.equal(a[k], b[k]), k
+
+
+def test_beta_schedule():
+    cfg = vaecf.TrainConfig(total_anneal_steps=1000, anneal_cap=0.2)
+    assert beta_at(0, cfg) == 0.0
+    assert beta_at(100, cfg) == pytest.approx(0.1)
+    assert beta_at(200, cfg) == pytest.approx(0.2)
+    assert beta_at(5000, cfg) == 0.2
+
+
+def test_run_directory_contents(small_ds, tmp_path):
+    res = vaecf.train(small_ds, fast_cfg(eval_every=3), tmp_path / "run")
+    names = {p.name for p in (tmp_path / "run").iterdir()}
+    assert {"config.json", "items.parquet", "last.pt", "best.pt", "metrics.jsonl",
+            "results.json"} <= names
+    assert not [n for n in names if n.startswith(".")]  # no temp files left
+    rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").open()]
+    assert [r["epoch"] for r in rows] == [1, 2, 3, 4]
+    assert ["validation" in r for r in rows] == [False, False, True, True]  # every 3rd + last
+    steps_per_epoch = -(-small_ds.manifest["counts"]["n_train_users"] // 128)
+    assert rows[-1]["step"] == 4 * steps_per_epoch
+    best = max((r for r in rows if "validation" in r), key=lambda r: r["validation"]["ndcg@100"])
+    assert res.best_epoch == best["epoch"]
+    assert res.validation_metrics == best["validation"]
+    assert 0 < res.test_metrics["ndcg@100"] <= 1
+
+
+def test_same_seed_same_result(small_ds, tmp_path):
+    a = vaecf.train(small_ds, fast_cfg(epochs=2), tmp_path / "a")
+    b = vaecf.train(small_ds, fast_cfg(epochs=2), tmp_path / "b")
+    c = vaecf.train(small_ds, fast_cfg(epochs=2, seed=8), tmp_path / "c")
+    assert a.test_metrics == b.test_metrics
+    assert_same_weights(weights(tmp_path / "a/last.pt"), weights(tmp_path / "b/last.pt"))
+    assert not torch.equal(weights(tmp_path / "a/last.pt")["in_weight"],
+                           weights(tmp_path / "c/last.pt")["in_weight"])
+    assert c.test_metrics != a.test_metrics
+
+
+@pytest.mark.parametrize("model", ["multvae", "multdae"])
+def test_resume_continues_bit_for_bit(small_ds, tmp_path, model):
+    mcfg = vaecf.ModelConfig(model)
+    full = vaecf.train(small_ds, fast_cfg(epochs=4), tmp_path / "full", mcfg)
+    vaecf.train(small_ds, fast_cfg(epochs=2), tmp_path / "split", mcfg)
+    resumed = vaecf.train(small_ds, fast_cfg(epochs=4), tmp_path / "split", resume=True)
+    assert_same_weights(weights(tmp_path / "full/last.pt"), weights(tmp_path / "split/last.pt"))
+    assert_same_weights(weights(tmp_path / "full/best.pt"), weights(tmp_path / "split/best.pt"))
+    assert resumed.test_metrics == full.test_metrics
+    lines = (tmp_path / "split/metrics.jsonl").read_text().splitlines()
+    assert [json.loads(x)["epoch"] for x in lines] == [1, 2, 3, 4]
+
+
+def test_refuses_to_overwrite_a_run(small_ds, tmp_path):
+    vaecf.train(small_ds, fast_cfg(epochs=1), tmp_path / "r")
+    with pytest.raises(vaecf.RunError, match="--resume"):
+        vaecf.train(small_ds, fast_cfg(epochs=1), tmp_path / "r")
+
+
+def test_mult_vae_beats_popularity_by_far(tmp_path):
+    df = synthetic.generate(n_users=3000, n_items=400, n_groups=10, mean_items=25, seed=0)
+    ds = vaecf.prepare_frame(df, tmp_path / "p", vaecf.PrepareSettings(heldout_users=300, seed=0))
+    res = vaecf.train(ds, fast_cfg(epochs=12, batch_size=250), tmp_path / "r")
+    test = [CSR.from_scipy(ds.split(f"test_{p}")) for p in ("tr", "te")]
+    pop = vaecf.evaluate_scores(vaecf.popularity_scores(CSR.from_scipy(ds.split("train"))), *test)
+    assert res.test_metrics["ndcg@100"] > 1.5 * pop["ndcg@100"]
+    assert res.test_metrics["recall@20"] > 2 * pop["recall@20"]
+
+
+def test_bf16_trains_on_cpu(small_ds, tmp_path):
+    res = vaecf.train(small_ds, fast_cfg(epochs=2, precision="bf16"), tmp_path / "bf16")
+    ref = vaecf.train(small_ds, fast_cfg(epochs=2), tmp_path / "fp32")
+    assert abs(res.test_metrics["ndcg@100"] - ref.test_metrics["ndcg@100"]) < 0.05
+
+
+def test_bad_settings_are_rejected(small_ds, tmp_path):
+    with pytest.raises(ValueError, match="batch-size"):
+        vaecf.train(small_ds, fast_cfg(batch_size=0), tmp_path / "x")
+    with pytest.raises(ValueError, match="fp16"):
+        vaecf.train(small_ds, fast_cfg(precision="fp16"), tmp_path / "y")
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_cuda_matches_cpu_closely(small_ds, tmp_path):
+    cpu = vaecf.train(small_ds, fast_cfg(epochs=2), tmp_path / "cpu")
+    gpu = vaecf.train(small_ds, fast_cfg(epochs=2, device="cuda"), tmp_path / "gpu")
+    assert abs(cpu.test_metrics["ndcg@100"] - gpu.test_metrics["ndcg@100"]) < 0.05
