@@ -32,6 +32,8 @@ def main() -> int:
     ap.add_argument("--precision", default="fp32")
     ap.add_argument("--epochs", type=int, default=200)
     ap.add_argument("--seeds", default=",".join(map(str, SEEDS)))
+    ap.add_argument("--train-seed-offset", type=int, default=0,
+                    help="train with seed + this (default 0: the split seed seeds training too)")
     a = ap.parse_args()
     ratings = a.data / "ratings.csv"
     if not ratings.is_file():
@@ -45,7 +47,8 @@ def main() -> int:
                 ratings, Path(tmp) / f"prep-{seed}", "userId", "movieId", "rating",
                 settings=vaecf.PrepareSettings(min_rating=4, min_user_items=5, heldout_users=50,
                                                seed=seed))
-            res = vaecf.train(ds, vaecf.TrainConfig(epochs=a.epochs, seed=seed,
+            res = vaecf.train(ds, vaecf.TrainConfig(epochs=a.epochs,
+                                                    seed=seed + a.train_seed_offset,
                                                     precision=a.precision, progress=False),
                               out=Path(tmp) / f"run-{seed}",
                               model_config=vaecf.ModelConfig(model=a.model))

@@ -95,3 +95,33 @@ def test_eval_is_deterministic_and_uses_mu():
     model.train()
     c, _, _ = model(batch)
     assert not torch.equal(a, c)  # dropout and sampling in training
+
+
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_fused_output_layer_matches_autograd(precision):
+    from vaecf.models.fused import linear_multinomial_nll
+    from vaecf.models.multvae import multinomial_nll
+
+    torch.manual_seed(0)
+    n_items = 3000  # several row chunks on the CPU
+    h = torch.randn(70, 32, requires_grad=True)
+    lin = torch.nn.Linear(32, n_items)
+    m = sp.random(70, n_items, density=0.01, format="csr", random_state=0, dtype=np.float32)
+    m.data[:] = 1
+    batch = CSR.from_scipy(m).batch(torch.arange(70))
+    ctx = torch.autocast("cpu", dtype=torch.bfloat16) if precision == "bf16" else torch.no_grad()
+    if precision == "fp32":
+        import contextlib
+
+        ctx = contextlib.nullcontext()
+    with ctx:
+        fused = linear_multinomial_nll(h, lin.weight, lin.bias, batch)
+    g_fused = torch.autograd.grad(fused, [h, lin.weight, lin.bias])
+    with ctx:
+        plain = multinomial_nll(lin(h), batch)
+    g_plain = torch.autograd.grad(plain, [h, lin.weight, lin.bias])
+    tol = dict(rtol=1e-5, atol=1e-6) if precision == "fp32" else dict(rtol=3e-2, atol=2e-3)
+    torch.testing.assert_close(fused, plain, **tol)
+    for a, b in zip(g_fused, g_plain):
+        assert a.dtype == b.dtype == torch.float32
+        torch.testing.assert_close(a, b, **tol)

@@ -217,9 +217,11 @@ def _version() -> str:
 
 
 def _reuse(out: Path, fp: str, overwrite: bool) -> PreparedDataset | None:
-    if not out.exists() or overwrite:
+    if not out.exists():
         return None
     if (out / "manifest.json").is_file():
+        if overwrite:  # only ever replaces a prepared dataset, never another directory
+            return None
         ds = PreparedDataset(out)
         if ds.fingerprint == fp:
             return ds

@@ -76,8 +76,11 @@ def read_table(
     out = {}
     for name, col in ((USER, user_col), (ITEM, item_col)):
         s = df.get_column(col)
-        if s.null_count():
-            row = int(s.is_null().arg_true()[0])
+        if s.dtype == pl.String:
+            s = s.str.strip_chars()
+        missing = s.is_null() | (s == "") if s.dtype == pl.String else s.is_null()
+        if missing.any():
+            row = int(missing.arg_true()[0])
             raise DataError(f"{path}, data row {row + 1}: empty {col!r}; every row needs a {col}")
         if s.dtype == pl.String:
             s = _int_if_possible(s)

@@ -25,8 +25,8 @@ def generate(
     seed: int = 0,  # everything is deterministic given the seed
 ) -> pl.DataFrame:
     """Return a frame of (user_id, item_id) interactions, users in id order."""
-    if n_items < n_groups or n_users < 1:
-        raise ValueError("need n_items >= n_groups >= 1 and n_users >= 1")
+    if n_items < max(n_groups, 10) or n_users < 1:
+        raise ValueError("need n_items >= max(n_groups, 10) and n_users >= 1")
     rng = np.random.default_rng(seed)
     rank = rng.permutation(n_items)  # popularity rank of each item id
     pop = (rank + 1.0) ** -popularity_exponent
@@ -38,7 +38,7 @@ def generate(
         group_dist[g, in_g] = pop[in_g] / pop[in_g].sum()
     user_group = rng.integers(0, n_groups, n_users)
     activity = np.exp(rng.normal(np.log(mean_items), activity_sigma, n_users))
-    activity = np.clip(np.round(activity), 5, n_items // 4).astype(np.int64)
+    activity = np.clip(np.round(activity), 5, max(5, n_items // 4)).astype(np.int64)
 
     users, items = [], []
     chunk = max(1, 4_000_000 // n_items)

@@ -19,6 +19,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from vaecf.data.matrix import SparseBatch
+from vaecf.models.fused import linear_multinomial_nll
 
 
 @dataclass
@@ -90,26 +91,35 @@ class MultAE(nn.Module):
         d = self.config.latent_dim
         return h[:, :d], h[:, d:]
 
-    def decode(self, z: torch.Tensor) -> torch.Tensor:
+    def decode_hidden(self, z: torch.Tensor) -> torch.Tensor:
+        """The decoder up to the input of its output layer."""
         h = z
-        for i, layer in enumerate(self.decoder):
-            h = layer(h)
-            if i < len(self.decoder) - 1:
-                h = torch.tanh(h)
-        return h  # (B, n_items) logits
+        for layer in self.decoder[:-1]:
+            h = torch.tanh(layer(h))
+        return h
 
-    def forward(self, batch: SparseBatch):
-        """(logits (B, n_items), mu, logvar); mu and logvar are None for Mult-DAE."""
+    def decode(self, z: torch.Tensor) -> torch.Tensor:
+        return self.decoder[-1](self.decode_hidden(z))  # (B, n_items) logits
+
+    def _latent(self, batch: SparseBatch):
         mu, logvar = self.encode(batch)
         z = mu
         if self.variational and self.training:
             z = mu + torch.randn_like(mu) * torch.exp(0.5 * logvar)
-        return self.decode(z), (mu if self.variational else None), logvar
+        return z, (mu if self.variational else None), logvar
+
+    def forward(self, batch: SparseBatch):
+        """(logits (B, n_items), mu, logvar); mu and logvar are None for Mult-DAE."""
+        z, mu, logvar = self._latent(batch)
+        return self.decode(z), mu, logvar
 
     def loss(self, batch: SparseBatch, beta: float = 0.0) -> tuple[torch.Tensor, dict]:
-        """Mean over the batch of NLL + beta * KL, plus the weight penalty; and its parts."""
-        logits, mu, logvar = self(batch)
-        nll = multinomial_nll(logits, batch)
+        """Mean over the batch of NLL + beta * KL, plus the weight penalty; and its parts.
+
+        The output layer and the NLL are fused (models/fused.py): the logits never leave it."""
+        z, mu, logvar = self._latent(batch)
+        out = self.decoder[-1]
+        nll = linear_multinomial_nll(self.decode_hidden(z), out.weight, out.bias, batch)
         loss = nll
         parts = {"nll": nll.detach()}
         if self.variational:

@@ -1,0 +1,155 @@
+"""sources.read_table: column selection, id typing, separators, formats and error messages."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import polars as pl
+import pytest
+
+from vaecf.data.sources import ITEM, RATING, USER, read_table
+from vaecf.errors import DataError
+
+
+def _write(path: Path, text: str) -> Path:
+    path.write_text(text)
+    return path
+
+
+def test_integer_looking_ids_become_int64_in_file_order(tmp_path):
+    path = _write(
+        tmp_path / "r.csv",
+        "userId,movieId,rating,timestamp\n10,300,4.5,1\n9,20,0.5,2\n100, 7 ,5,3\n9,300,3,4\n",
+    )
+    df = read_table(path, "userId", "movieId", "rating")
+    assert df.columns == [USER, ITEM, RATING]
+    assert df.schema == {USER: pl.Int64, ITEM: pl.Int64, RATING: pl.Float64}
+    assert df.get_column(USER).to_list() == [10, 9, 100, 9]
+    assert df.get_column(ITEM).to_list() == [300, 20, 7, 300]
+    assert df.get_column(RATING).to_list() == [4.5, 0.5, 5.0, 3.0]
+
+
+def test_mixed_ids_stay_strings(tmp_path):
+    path = _write(tmp_path / "r.csv", "u,i\n1,a1\nu2,7\n3,b\n")
+    df = read_table(path, "u", "i")
+    assert df.columns == [USER, ITEM]
+    assert df.schema == {USER: pl.String, ITEM: pl.String}
+    assert df.get_column(USER).to_list() == ["1", "u2", "3"]
+    assert df.get_column(ITEM).to_list() == ["a1", "7", "b"]
+
+
+def test_user_and_item_typed_independently(tmp_path):
+    path = _write(tmp_path / "r.csv", "u,i\n1,x\n2,y\n")
+    df = read_table(path, "u", "i")
+    assert df.schema == {USER: pl.Int64, ITEM: pl.String}
+
+
+def test_float_looking_ids_are_not_truncated(tmp_path):
+    path = _write(tmp_path / "r.csv", "u,i\n1.5,1\n1,2\n")
+    df = read_table(path, "u", "i")
+    assert df.schema[USER] == pl.String
+    assert df.get_column(USER).to_list() == ["1.5", "1"]
+
+
+def test_no_rating_column_without_rating_col(tmp_path):
+    path = _write(tmp_path / "r.csv", "u,i,rating\n1,2,oops\n")
+    df = read_table(path, "u", "i")  # the unused bad rating is never parsed
+    assert df.columns == [USER, ITEM]
+
+
+@pytest.mark.parametrize("suffix", [".tsv", ".TSV", ".tab"])
+def test_tab_separator_inferred_from_suffix(tmp_path, suffix):
+    path = _write(tmp_path / f"r{suffix}", "u\ti\tr\n1\t10\t4\n2\t11\t3.5\n")
+    df = read_table(path, "u", "i", "r")
+    assert df.to_dicts() == [
+        {USER: 1, ITEM: 10, RATING: 4.0},
+        {USER: 2, ITEM: 11, RATING: 3.5},
+    ]
+
+
+@pytest.mark.parametrize("sep", ["\t", "\\t", "tab"])
+def test_explicit_tab_separator(tmp_path, sep):
+    path = _write(tmp_path / "r.txt", "u\ti\n1\t10\n")
+    assert read_table(path, "u", "i", sep=sep).to_dicts() == [{USER: 1, ITEM: 10}]
+
+
+def test_explicit_other_separator_and_quotes(tmp_path):
+    path = _write(tmp_path / "r.csv", 'u;i;r\n"a;b";1;2\nc;2;3\n')
+    df = read_table(path, "u", "i", "r", sep=";")
+    assert df.get_column(USER).to_list() == ["a;b", "c"]
+
+
+def test_csv_default_separator_is_comma_and_wrong_sep_hints(tmp_path):
+    path = _write(tmp_path / "r.csv", "u\ti\n1\t10\n")
+    with pytest.raises(DataError) as e:
+        read_table(path, "u", "i")
+    assert "--sep" in str(e.value) and "u\\ti" in str(e.value)
+
+
+def test_parquet_keeps_integer_ids_and_types_string_ids(tmp_path):
+    ints = tmp_path / "ints.parquet"
+    pl.DataFrame({"u": [3, 1, 2], "i": [9, 8, 7], "r": [1, 2, 3]}).write_parquet(ints)
+    df = read_table(ints, "u", "i", "r")
+    assert df.get_column(USER).dtype.is_integer() and df.get_column(USER).to_list() == [3, 1, 2]
+    assert df.schema[RATING] == pl.Float64
+    strs = tmp_path / "strs.pq"
+    pl.DataFrame({"u": ["3", "1", "2"], "i": ["x", "y", "z"], "r": ["1", "2", "3"]}).write_parquet(
+        strs
+    )
+    df = read_table(strs, "u", "i", "r")
+    assert df.schema == {USER: pl.Int64, ITEM: pl.String, RATING: pl.Float64}
+
+
+def test_parquet_missing_column_and_null_rating(tmp_path):
+    path = tmp_path / "r.parquet"
+    pl.DataFrame({"u": [1, 2], "i": [1, 2], "r": [4.0, None]}).write_parquet(path)
+    with pytest.raises(DataError, match=r"the file has columns \['u', 'i', 'r'\]"):
+        read_table(path, "user", "i")
+    with pytest.raises(DataError, match="data row 2"):
+        read_table(path, "u", "i", "r")
+
+
+def test_not_a_parquet_file(tmp_path):
+    path = _write(tmp_path / "r.parquet", "u,i\n1,2\n")
+    with pytest.raises(DataError, match="cannot read"):
+        read_table(path, "u", "i")
+
+
+def test_missing_column_lists_columns(tmp_path):
+    path = _write(tmp_path / "r.csv", "user,item,stars\n1,2,3\n")
+    with pytest.raises(DataError) as e:
+        read_table(path, "user", "item", "rating")
+    msg = str(e.value)
+    assert "['rating']" in msg and "['user', 'item', 'stars']" in msg and "--rating-col" in msg
+
+
+@pytest.mark.parametrize(
+    "text, match",
+    [
+        ("", "is empty"),
+        ("u,i,r\n", "header but no rows"),
+        ("u,i,r\n1,2,4\n2,3,x\n", r"data row 2: 'r' is 'x'"),
+        ("u,i,r\n1,2,4\n2,3,4\n3,4,\n", "data row 3"),
+        ("u,i,r\n1,2,4\n,3,4\n", r"data row 2: empty 'u'"),
+        ("u,i,r\n1,2,4\n2,3,4\n3,4,4\n4,,4\n", r"data row 4: empty 'i'"),
+    ],
+    ids=["empty", "header_only", "bad_rating", "empty_rating", "empty_user", "empty_item"],
+)
+def test_bad_csv_raises_data_error(tmp_path, text, match):
+    path = _write(tmp_path / "r.csv", text)
+    with pytest.raises(DataError, match=match):
+        read_table(path, "u", "i", "r")
+
+
+def test_missing_file(tmp_path):
+    with pytest.raises(DataError, match="does not exist"):
+        read_table(tmp_path / "nope.csv", "u", "i")
+    with pytest.raises(DataError, match="not a file"):
+        read_table(tmp_path, "u", "i")
+
+
+@pytest.mark.parametrize("blank", ['""', "   "], ids=["quoted_empty", "whitespace"])
+def test_blank_user_id_is_rejected(tmp_path, blank):
+    path = _write(tmp_path / "r.csv", f"u,i\n1,10\n{blank},11\n2,12\n")
+    with pytest.raises(DataError, match="data row 2"):
+        read_table(path, "u", "i")
