@@ -18,42 +18,60 @@ ScoreFn = Callable[[SparseBatch], torch.Tensor]  # batch -> (B, n_items) scores
 
 
 @torch.no_grad()
-def evaluate_scores(
+def metric_sums(
     score_fn: ScoreFn,
     fold_in: CSR,
     target: CSR,
     metrics: Sequence[str] = DEFAULT_METRICS,
     batch_size: int = 2000,
-) -> dict[str, float]:
-    """Mean of each metric over users with a non-empty target; `n_users` evaluated and
-    `n_skipped` (users with an empty target) are reported beside them."""
+    rows: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """(len(metrics) + 2,) float64: the per-metric sums over `rows` (default all) of users with
+    a non-empty target, then the number of such users and the number of rows. Sums, so that
+    data-parallel ranks can all-reduce them."""
     if fold_in.shape != target.shape:
         raise ValueError(f"fold-in {fold_in.shape} and target {target.shape} differ in shape")
-    n_rows, n_items = fold_in.shape
+    n_items = fold_in.shape[1]
     device = fold_in.device
+    rows = torch.arange(fold_in.n_rows, device=device) if rows is None else rows.to(device)
     k_max = min(max(parse_metric(m)[1] for m in metrics), n_items)
     tkeys = target.keys()
     n_target_all = target.row_nnz()
-    sums = {m: torch.zeros((), dtype=torch.float64, device=device) for m in metrics}
-    for lo in range(0, n_rows, batch_size):
-        rows = torch.arange(lo, min(lo + batch_size, n_rows), device=device)
-        batch = fold_in.batch(rows)
+    sums = torch.zeros(len(metrics) + 2, dtype=torch.float64, device=device)
+    for part in rows.split(batch_size):
+        batch = fold_in.batch(part)
         scores = score_fn(batch).float()
         scores[batch.row_ids, batch.indices] = -torch.inf  # never recommend fold-in items
         top = scores.topk(k_max, dim=1).indices  # (B, k_max) in rank order
-        keys = rows[:, None] * n_items + top
+        keys = part[:, None] * n_items + top
         if tkeys.numel():
             pos = torch.searchsorted(tkeys, keys).clamp_max(tkeys.numel() - 1)
             hits = tkeys[pos] == keys
         else:
             hits = torch.zeros_like(keys, dtype=torch.bool)
-        for m, v in ranking_metrics(hits, n_target_all[rows], metrics).items():
-            sums[m] += v.sum()
-    n_users = int((n_target_all > 0).sum())
-    out = {m: (float(s) / n_users if n_users else float("nan")) for m, s in sums.items()}
+        n_target = n_target_all[part]
+        values = ranking_metrics(hits, n_target, metrics)
+        sums[: len(metrics)] += torch.stack([values[m].sum() for m in metrics])
+        sums[-2] += (n_target > 0).sum()
+    sums[-1] = rows.numel()
+    return sums
+
+
+def summarize(sums: torch.Tensor, metrics: Sequence[str] = DEFAULT_METRICS) -> dict:
+    """Means from `metric_sums` (summed over ranks, if any), with n_users and n_skipped."""
+    s = sums.tolist()
+    n_users, n_rows = int(s[-2]), int(s[-1])
+    out = {m: (v / n_users if n_users else float("nan")) for m, v in zip(metrics, s)}
     out["n_users"] = n_users
     out["n_skipped"] = n_rows - n_users
     return out
+
+
+def evaluate_scores(score_fn: ScoreFn, fold_in: CSR, target: CSR,
+                    metrics: Sequence[str] = DEFAULT_METRICS, batch_size: int = 2000) -> dict:
+    """Mean of each metric over users with a non-empty target; `n_users` evaluated and
+    `n_skipped` (users with an empty target) are reported beside them."""
+    return summarize(metric_sums(score_fn, fold_in, target, metrics, batch_size), metrics)
 
 
 def model_scores(model: torch.nn.Module, precision: str = "fp32") -> ScoreFn:
@@ -68,11 +86,20 @@ def model_scores(model: torch.nn.Module, precision: str = "fp32") -> ScoreFn:
 
 
 def evaluate_model(model, fold_in: CSR, target: CSR, metrics=DEFAULT_METRICS,
-                   batch_size: int = 2000, precision: str = "fp32") -> dict[str, float]:
+                   batch_size: int = 2000, precision: str = "fp32", dist=None) -> dict:
+    """Metrics of `model` (in eval mode); with a DistContext, each rank scores its share of the
+    users and the sums are all-reduced."""
     was_training = model.training
     model.eval()
     try:
-        return evaluate_scores(model_scores(model, precision), fold_in, target, metrics, batch_size)
+        rows = torch.arange(fold_in.n_rows, device=fold_in.device)
+        if dist is not None and dist.enabled:
+            rows = rows.tensor_split(dist.world)[dist.rank]
+        sums = metric_sums(model_scores(model, precision), fold_in, target, metrics, batch_size,
+                           rows)
+        if dist is not None:
+            dist.all_reduce_sum(sums)
+        return summarize(sums, metrics)
     finally:
         model.train(was_training)
 

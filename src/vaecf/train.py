@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
-from vaecf import checkpoint
+from vaecf import checkpoint, distributed
 from vaecf import precision as prec
 from vaecf._io import atomic_file, write_json
 from vaecf.config import TrainConfig, from_dict
@@ -27,6 +27,7 @@ from vaecf.data.prepare import PreparedDataset
 from vaecf.errors import RunError
 from vaecf.evaluate import evaluate_model
 from vaecf.models.multvae import ModelConfig, MultAE, build_model
+from vaecf.runtime import tune_cpu_allocator
 
 
 @dataclass
@@ -41,6 +42,11 @@ class RunResult:
 def beta_at(step: int, cfg: TrainConfig) -> float:
     """KL weight of update `step` (0-based): min(anneal_cap, step / total_anneal_steps)."""
     return min(cfg.anneal_cap, step / cfg.total_anneal_steps)
+
+
+def make_optimizer(model: torch.nn.Module, lr: float, device: torch.device):
+    """Adam (the paper's); the fused single-kernel implementation on CPU and CUDA."""
+    return torch.optim.Adam(model.parameters(), lr=lr, fused=device.type in ("cpu", "cuda"))
 
 
 def _rng_state(gen: torch.Generator) -> dict:
@@ -100,13 +106,26 @@ def train(
     config = config or TrainConfig()
     model_config = model_config or ModelConfig()
     config.validate()
-    return Trainer(ds, config, model_config, out).fit()
+    started = not torch.distributed.is_initialized()
+    ctx, device = distributed.setup(config.device)
+    try:
+        if ctx.enabled and config.batch_size < ctx.world:
+            raise ValueError(f"--batch-size {config.batch_size} is below the {ctx.world} "
+                             "processes; it is the global batch, split across them")
+        return Trainer(ds, config, model_config, out, ctx, device).fit()
+    finally:
+        if started:
+            distributed.teardown()
 
 
 class Trainer:
-    def __init__(self, ds: PreparedDataset, cfg: TrainConfig, model_cfg: ModelConfig, out: Path):
+    def __init__(self, ds: PreparedDataset, cfg: TrainConfig, model_cfg: ModelConfig, out: Path,
+                 ctx: distributed.DistContext | None = None, device: str | None = None):
         self.ds, self.cfg, self.model_cfg, self.out = ds, cfg, model_cfg, out
-        self.device = prec.resolve_device(cfg.device)
+        self.ctx = ctx or distributed.DistContext()
+        self.device = prec.resolve_device(device or cfg.device)
+        if self.device.type == "cpu":
+            tune_cpu_allocator()
         prec.check_precision(cfg.precision, self.device)
         prec.set_matmul_precision(cfg.precision)
         self.train_csr = CSR.from_scipy(ds.split("train"), self.device)
@@ -115,14 +134,17 @@ class Trainer:
         torch.manual_seed(cfg.seed)
         self.gen = torch.Generator().manual_seed(cfg.seed)
         self.model: MultAE = build_model(ds.n_items, model_cfg).to(self.device)
-        self.opt = torch.optim.Adam(self.model.parameters(), lr=cfg.lr)
+        self.opt = make_optimizer(self.model, cfg.lr, self.device)
         self.scaler = prec.grad_scaler(self.device, cfg.precision)
+        self.step_module: torch.nn.Module = _LossModule(self.model)  # DDP-wrapped in fit()
         self.epoch, self.step = 0, 0
         self.best = {"epoch": 0, "value": -math.inf, "metrics": {}}
         self.history: list[dict] = []
 
     # -- run directory ------------------------------------------------------------------------
     def _write_config(self) -> None:
+        if not self.ctx.is_main:
+            return
         self.out.mkdir(parents=True, exist_ok=True)
         write_json(self.out / "config.json", {
             "model": asdict(self.model_cfg),
@@ -135,6 +157,8 @@ class Trainer:
         os.replace(self.out / ".items.parquet.tmp", self.out / "items.parquet")
 
     def _save_last(self) -> None:
+        if not self.ctx.is_main:
+            return
         checkpoint.save(self.out / "last.pt", {
             "model": self.model.state_dict(), "optimizer": self.opt.state_dict(),
             "scaler": self.scaler.state_dict(), "epoch": self.epoch, "step": self.step,
@@ -156,31 +180,34 @@ class Trainer:
     # -- training -----------------------------------------------------------------------------
     def train_epoch(self) -> dict:
         self.model.train()
-        cfg, n = self.cfg, self.train_csr.n_rows
-        perm = torch.randperm(n, generator=self.gen).to(self.device)
-        totals = torch.zeros(3, dtype=torch.float64, device=self.device)
+        cfg, ctx, n = self.cfg, self.ctx, self.train_csr.n_rows
+        perm = torch.randperm(n, generator=self.gen).to(self.device)  # the same on every rank
+        totals = torch.zeros(2, dtype=torch.float64, device=self.device)  # NLL, KL sums
         t0 = time.perf_counter()
         for lo in range(0, n, cfg.batch_size):
-            batch = self.train_csr.batch(perm[lo: lo + cfg.batch_size])
+            rows = perm[lo: lo + cfg.batch_size]
+            batch = self.train_csr.batch(ctx.shard(rows))
             beta = beta_at(self.step, cfg)
             with prec.autocast(self.device, cfg.precision):
-                loss, parts = self.model.loss(batch, beta)
+                loss, parts = self.step_module(batch, beta, rows.numel() / ctx.world)
             self.opt.zero_grad(set_to_none=True)
             self.scaler.scale(loss).backward()
             self.scaler.step(self.opt)
             self.scaler.update()
             self.step += 1
-            w = batch.batch_size
-            totals += torch.stack([loss.detach() * w, parts["nll"] * w,
-                                   parts.get("kl", torch.zeros((), device=self.device)) * w])
+            totals[0] += parts["nll_sum"]
+            if "kl_sum" in parts:
+                totals[1] += parts["kl_sum"]
+        ctx.all_reduce_sum(totals)
         seconds = time.perf_counter() - t0
-        loss, nll, kl = (totals / n).tolist()
-        return {"loss": loss, "nll": nll, "kl": kl, "beta": beta_at(self.step - 1, cfg),
+        nll, kl = (totals / n).tolist()
+        beta = beta_at(self.step - 1, cfg)
+        return {"loss": nll + beta * kl, "nll": nll, "kl": kl, "beta": beta,
                 "train_seconds": round(seconds, 4), "users_per_s": round(n / seconds, 1)}
 
     def validate(self) -> dict:
         return evaluate_model(self.model, *self.val, batch_size=self.cfg.eval_batch_size,
-                              precision=self.cfg.precision)
+                              precision=self.cfg.precision, dist=self.ctx)
 
     def fit(self) -> RunResult:
         cfg = self.cfg
@@ -189,8 +216,14 @@ class Trainer:
         self._write_config()
         if self.epoch >= cfg.epochs and (self.out / "results.json").is_file():
             return self._result()
+        if self.ctx.enabled:
+            from torch.nn.parallel import DistributedDataParallel
+
+            ids = [self.device.index] if self.device.type == "cuda" else None
+            self.step_module = DistributedDataParallel(self.step_module, device_ids=ids)
+        show = cfg.progress and self.ctx.is_main
         bar = tqdm(total=cfg.epochs, initial=self.epoch, desc="train", unit="epoch",
-                   disable=not cfg.progress, dynamic_ncols=True)
+                   disable=not show, dynamic_ncols=True)
         try:
             while self.epoch < cfg.epochs:
                 row = {"epoch": self.epoch + 1, "step": None, **self.train_epoch()}
@@ -205,10 +238,11 @@ class Trainer:
                     if val[cfg.select_metric] > self.best["value"]:
                         self.best = {"epoch": self.epoch, "value": val[cfg.select_metric],
                                      "metrics": val}
-                        checkpoint.save(self.out / "best.pt", {
-                            "model": self.model.state_dict(), "epoch": self.epoch,
-                            "metrics": val})
-                    if cfg.progress:
+                        if self.ctx.is_main:
+                            checkpoint.save(self.out / "best.pt", {
+                                "model": self.model.state_dict(), "epoch": self.epoch,
+                                "metrics": val})
+                    if show:
                         tqdm.write(_epoch_line(row, cfg.select_metric,
                                                self.best["epoch"] == self.epoch))
                 self.history.append(row)
@@ -221,21 +255,40 @@ class Trainer:
         return self._finish()
 
     def _finish(self) -> RunResult:
-        ck = checkpoint.load(self.out / "best.pt", map_location=self.device)
-        self.model.load_state_dict(ck["model"])
+        self.ctx.barrier()  # best.pt is written
+        if self.ctx.is_main:
+            ck = checkpoint.load(self.out / "best.pt", map_location=self.device)
+            self.model.load_state_dict(ck["model"])
+        if self.ctx.enabled:  # the other ranks need not see rank 0's filesystem
+            for t in self.model.state_dict().values():
+                torch.distributed.broadcast(t, 0)
         test = (CSR.from_scipy(self.ds.split("test_tr"), self.device),
                 CSR.from_scipy(self.ds.split("test_te"), self.device))
         test_metrics = evaluate_model(self.model, *test, batch_size=self.cfg.eval_batch_size,
-                                      precision=self.cfg.precision)
-        write_json(self.out / "results.json", {
-            "best_epoch": self.best["epoch"], "validation": self.best["metrics"],
-            "test": test_metrics, "epochs": self.epoch, "steps": self.step})
-        return self._result()
+                                      precision=self.cfg.precision, dist=self.ctx)
+        results = {"best_epoch": self.best["epoch"], "validation": self.best["metrics"],
+                   "test": test_metrics, "epochs": self.epoch, "steps": self.step}
+        if self.ctx.is_main:
+            write_json(self.out / "results.json", results)
+        self.ctx.barrier()
+        return RunResult(self.out, results["best_epoch"], results["validation"],
+                         results["test"], self.history)
 
     def _result(self) -> RunResult:
         res = json.loads((self.out / "results.json").read_text())
         return RunResult(self.out, res["best_epoch"], res["validation"], res["test"],
                          self.history)
+
+
+class _LossModule(torch.nn.Module):
+    """The model's loss as a forward(), so DDP can wrap the training step."""
+
+    def __init__(self, model: MultAE):
+        super().__init__()
+        self.model = model
+
+    def forward(self, batch, beta: float, denom: float):
+        return self.model.loss(batch, beta, denom)
 
 
 def _epoch_line(row: dict, metric: str, is_best: bool) -> str:

@@ -6,7 +6,7 @@ activation. Plain autograd walks that array many times (logsumexp, its backward,
 backward into a fresh zero array, the sum of both) and allocates several copies of it per step.
 Here the logits are computed once, their log-sum-exp read in cache-sized row chunks, and in
 backward the same buffer is overwritten with the logits' gradient
-(n_u * softmax - x) / B, so one (B, n_items) array serves the whole step.
+n_u * softmax - x, so one (B, n_items) array serves the whole step.
 
 Under autocast (bf16/fp16) the products run in the autocast dtype and every reduction and the
 softmax run in float32 (float64 inputs stay float64).
@@ -31,7 +31,7 @@ def _acc(dtype: torch.dtype) -> torch.dtype:
 
 
 class LinearMultinomialNLL(torch.autograd.Function):
-    """mean_u [ n_u * logsumexp(h_u W^T + b) - sum_i x_ui (h_u W^T + b)_i ]; backward once."""
+    """sum_u [ n_u * logsumexp(h_u W^T + b) - sum_i x_ui (h_u W^T + b)_i ]; backward once."""
 
     @staticmethod
     def forward(ctx, h, weight, bias, indices, row_ids, values, n_u):
@@ -47,7 +47,7 @@ class LinearMultinomialNLL(torch.autograd.Function):
                 lse[lo: lo + chunk] = torch.logsumexp(logits[lo: lo + chunk].to(acc), dim=1)
             picked = logits[row_ids, indices].to(acc) * values.to(acc)
             s = torch.zeros(b, dtype=acc, device=h.device).index_add_(0, row_ids, picked)
-            nll = (n_u.to(acc) * lse - s).mean()
+            nll = (n_u.to(acc) * lse - s).sum()
         ctx.save_for_backward(hc, wc, logits, lse, n_u, indices, row_ids, values)
         ctx.chunk, ctx.dtypes = chunk, (h.dtype, weight.dtype, bias.dtype)
         return nll
@@ -57,7 +57,7 @@ class LinearMultinomialNLL(torch.autograd.Function):
         hc, wc, logits, lse, n_u, indices, row_ids, values = ctx.saved_tensors
         b = logits.shape[0]
         acc = lse.dtype
-        scale = grad.to(acc) / b
+        scale = grad.to(acc)
         coef = (n_u.to(acc) * scale)[:, None]  # (B, 1)
         same = logits.dtype == acc
         with torch.autocast(logits.device.type, enabled=False):
@@ -78,6 +78,6 @@ class LinearMultinomialNLL(torch.autograd.Function):
 
 
 def linear_multinomial_nll(h, weight, bias, batch) -> torch.Tensor:
-    """Mean multinomial NLL of logits h @ weight.T + bias against the batch's non-zeros."""
+    """Summed multinomial NLL of logits h @ weight.T + bias against the batch's non-zeros."""
     return LinearMultinomialNLL.apply(h, weight, bias, batch.indices, batch.row_ids,
                                       batch.values, batch.row_sums())

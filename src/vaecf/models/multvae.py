@@ -113,20 +113,26 @@ class MultAE(nn.Module):
         z, mu, logvar = self._latent(batch)
         return self.decode(z), mu, logvar
 
-    def loss(self, batch: SparseBatch, beta: float = 0.0) -> tuple[torch.Tensor, dict]:
-        """Mean over the batch of NLL + beta * KL, plus the weight penalty; and its parts.
+    def loss(self, batch: SparseBatch, beta: float = 0.0,
+             denom: float | None = None) -> tuple[torch.Tensor, dict]:
+        """(NLL + beta * KL) summed over the batch / denom (default: the batch size, i.e. the
+        mean), plus the weight penalty; and the summed NLL and KL (detached).
 
-        The output layer and the NLL are fused (models/fused.py): the logits never leave it."""
+        The output layer and the NLL are fused (models/fused.py): the logits never leave it.
+        Data-parallel ranks pass denom = global batch / world so that averaged gradients are
+        those of the global mean (an empty shard then contributes zero, not NaN)."""
+        denom = batch.batch_size if denom is None else denom
         z, mu, logvar = self._latent(batch)
         out = self.decoder[-1]
         nll = linear_multinomial_nll(self.decode_hidden(z), out.weight, out.bias, batch)
-        loss = nll
-        parts = {"nll": nll.detach()}
+        total = nll
+        parts = {"nll_sum": nll.detach()}
         if self.variational:
             mu, logvar = _wide(mu), _wide(logvar)
-            kl = (0.5 * (-logvar + logvar.exp() + mu * mu - 1.0)).sum(1).mean()
-            loss = loss + beta * kl
-            parts["kl"] = kl.detach()
+            kl = (0.5 * (-logvar + logvar.exp() + mu * mu - 1.0)).sum()
+            total = total + beta * kl
+            parts["kl_sum"] = kl.detach()
+        loss = total / max(denom, 1)
         if self.config.weight_decay:
             loss = loss + self.config.weight_decay * sum(_wide(w).pow(2).sum()
                                                          for w in self.weights())

@@ -1,0 +1,191 @@
+"""Benchmarks as commands: training throughput and inference latency on any shape or run.
+
+Training: users/s over whole steps (batch slicing, forward, backward, optimizer), the achieved
+GFLOP/s (dense layers forward + two backward products, sparse first layer forward + weight
+gradient) and a breakdown of the step. Inference: latency percentiles and throughput of a
+fold-in with the seen-item mask and top-100, for batch 1 and large batches.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import scipy.sparse as sp
+import torch
+from tqdm.auto import tqdm
+
+from vaecf import precision as prec
+from vaecf.data.matrix import CSR
+from vaecf.models.multvae import ModelConfig, MultAE, build_model
+from vaecf.runtime import tune_cpu_allocator
+
+ML20M = {"users": 136_677, "items": 20_108, "nnz": 10_000_000}  # the paper's ML-20M training set
+
+
+def synthetic_csr(users: int, items: int, nnz: int, seed: int = 0) -> sp.csr_matrix:
+    """A binary matrix of the given shape with power-law items and heavy-tailed users."""
+    rng = np.random.default_rng(seed)
+    pop = 1.0 / np.arange(1, items + 1) ** 0.9
+    pop = rng.permutation(pop / pop.sum())
+    act = rng.lognormal(0.0, 1.0, users)
+    per_user = np.maximum(1, np.round(act / act.sum() * nnz)).astype(np.int64)
+    cols = rng.choice(items, size=int(per_user.sum()), p=pop)
+    rows = np.repeat(np.arange(users), per_user)
+    m = sp.csr_matrix((np.ones(rows.size, np.float32), (rows, cols)), shape=(users, items))
+    m.sum_duplicates()
+    m.data[:] = 1.0
+    return m
+
+
+def step_flops(model: MultAE, batch_size: int, nnz: int) -> float:
+    """FLOPs of one training step: dense layers x3 (forward, input and weight gradients), the
+    sparse first layer x2 (forward and weight gradient) over the batch's non-zeros."""
+    dense = sum(m.weight.numel() for m in [*model.encoder, *model.decoder])
+    return 2.0 * (3 * dense * batch_size + 2 * model.in_weight.shape[1] * nnz)
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+@dataclass
+class TrainBench:
+    precision: str
+    batch_size: int
+    users_per_s: float
+    step_ms: float
+    gflops: float
+    breakdown_ms: dict
+
+    def to_dict(self) -> dict:
+        return dict(self.__dict__)
+
+
+def bench_train(precision: str = "bf16", batch_size: int = 500, users: int = ML20M["users"],
+                items: int = ML20M["items"], nnz: int = ML20M["nnz"], steps: int = 30,
+                warmup: int = 5, device: str = "auto", model: str = "multvae",
+                progress: bool = True, seed: int = 0) -> TrainBench:
+    dev = prec.resolve_device(device)
+    prec.check_precision(precision, dev)
+    prec.set_matmul_precision(precision)
+    if dev.type == "cpu":
+        tune_cpu_allocator()
+    from vaecf.train import make_optimizer
+
+    csr = CSR.from_scipy(synthetic_csr(users, items, nnz, seed), dev)
+    torch.manual_seed(seed)
+    net = build_model(items, ModelConfig(model)).to(dev).train()
+    opt = make_optimizer(net, 1e-3, dev)
+    scaler = prec.grad_scaler(dev, precision)
+    gen = torch.Generator().manual_seed(seed)
+    parts = {"batch": [], "forward": [], "backward": [], "optimizer": []}
+    flops = []
+    for i in tqdm(range(warmup + steps), desc=f"train {precision}", disable=not progress):
+        rows = torch.randint(0, users, (batch_size,), generator=gen).to(dev)
+        _sync(dev)
+        t0 = time.perf_counter()
+        batch = csr.batch(rows)
+        _sync(dev)
+        t1 = time.perf_counter()
+        with prec.autocast(dev, precision):
+            loss, _ = net.loss(batch, beta=0.2)
+        _sync(dev)
+        t2 = time.perf_counter()
+        opt.zero_grad(set_to_none=True)
+        scaler.scale(loss).backward()
+        _sync(dev)
+        t3 = time.perf_counter()
+        scaler.step(opt)
+        scaler.update()
+        _sync(dev)
+        t4 = time.perf_counter()
+        if i >= warmup:
+            for k, v in zip(parts, (t1 - t0, t2 - t1, t3 - t2, t4 - t3)):
+                parts[k].append(v)
+            flops.append(step_flops(net, batch_size, batch.indices.numel()))
+    step = sum(statistics.median(v) for v in parts.values())
+    return TrainBench(precision, batch_size, batch_size / step, step * 1e3,
+                      statistics.mean(flops) / step / 1e9,
+                      {k: statistics.median(v) * 1e3 for k, v in parts.items()})
+
+
+def _percentiles(times: list[float]) -> dict:
+    a = np.asarray(times) * 1e3
+    return {"mean_ms": float(a.mean()), "p50_ms": float(np.percentile(a, 50)),
+            "p90_ms": float(np.percentile(a, 90)), "p95_ms": float(np.percentile(a, 95)),
+            "p99_ms": float(np.percentile(a, 99))}
+
+
+def bench_infer(run_or_items: str | int = ML20M["items"], batch_sizes=(1, 1024),
+                precision: str = "bf16", device: str = "cpu", history: int = 50,
+                seconds: float = 3.0, k: int = 100, progress: bool = True) -> list[dict]:
+    """Latency and throughput of scoring + masking seen items + top-k, per batch size."""
+    dev = prec.resolve_device(device)
+    prec.check_precision(precision, dev)
+    if dev.type == "cpu":
+        tune_cpu_allocator()
+    if isinstance(run_or_items, str) and Path(run_or_items).is_dir():
+        from vaecf.recommender import Recommender
+
+        net = Recommender.load(run_or_items, device=str(dev)).model
+    else:
+        torch.manual_seed(0)
+        net = build_model(int(run_or_items), ModelConfig()).to(dev)
+    net.eval()
+    items = net.n_items
+    csr = CSR.from_scipy(synthetic_csr(max(batch_sizes) * 4, items, max(batch_sizes) * 4 * history,
+                                       seed=1), dev)
+    out = []
+    for bs in batch_sizes:
+        times = []
+        deadline = time.perf_counter() + seconds
+        n = 0
+        bar = tqdm(desc=f"infer batch {bs}", disable=not progress, unit="batch")
+        with torch.inference_mode():
+            while (time.perf_counter() < deadline or n < 20) and n < 100_000:
+                rows = torch.arange(n * bs, (n + 1) * bs, device=dev) % csr.n_rows
+                t0 = time.perf_counter()
+                batch = csr.batch(rows)
+                with prec.autocast(dev, precision):
+                    scores = net(batch)[0]
+                scores = scores.float()
+                scores[batch.row_ids, batch.indices] = -torch.inf
+                top = scores.topk(min(k, items), dim=1).indices
+                if dev.type == "cuda":
+                    top.cpu()
+                times.append(time.perf_counter() - t0)
+                n += 1
+                bar.update(1)
+        bar.close()
+        times = times[max(1, len(times) // 10):]  # drop warm-up
+        stats = _percentiles(times)
+        out.append({"batch_size": bs, "precision": precision, "users_per_s":
+                    bs / statistics.mean(times), "n": len(times), **stats})
+    return out
+
+
+def format_train(results: list[TrainBench]) -> str:
+    head = (f"{'precision':>9s} {'batch':>6s} {'users/s':>9s} {'step ms':>8s} {'GFLOP/s':>8s}  "
+            "breakdown ms (batch / forward / backward / optimizer)")
+    lines = [head]
+    for r in results:
+        b = r.breakdown_ms
+        lines.append(f"{r.precision:>9s} {r.batch_size:6d} {r.users_per_s:9.0f} {r.step_ms:8.1f} "
+                     f"{r.gflops:8.1f}  {b['batch']:.1f} / {b['forward']:.1f} / "
+                     f"{b['backward']:.1f} / {b['optimizer']:.1f}")
+    return "\n".join(lines)
+
+
+def format_infer(rows: list[dict]) -> str:
+    lines = [f"{'batch':>6s} {'precision':>9s} {'users/s':>10s} {'mean ms':>8s} {'p50':>7s} "
+             f"{'p90':>7s} {'p95':>7s} {'p99':>7s}"]
+    for r in rows:
+        lines.append(f"{r['batch_size']:6d} {r['precision']:>9s} {r['users_per_s']:10.0f} "
+                     f"{r['mean_ms']:8.3f} {r['p50_ms']:7.3f} {r['p90_ms']:7.3f} "
+                     f"{r['p95_ms']:7.3f} {r['p99_ms']:7.3f}")
+    return "\n".join(lines)
