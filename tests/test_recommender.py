@@ -3,6 +3,7 @@
 import numpy as np
 import polars as pl
 import pytest
+import torch
 
 import vaecf
 from vaecf.data import synthetic
@@ -69,3 +70,12 @@ def test_integer_ids_accept_strings(tmp_path):
     b = rec.recommend(["1", "2", " 3"], k=5)
     assert a.item_ids == b.item_ids and b.unknown == []
     assert all(isinstance(i, int) for i in a.item_ids)
+
+
+def test_bf16_serving_agrees_with_fp32(block_run):
+    fp32 = vaecf.Recommender.load(block_run)
+    bf16 = vaecf.Recommender.load(block_run, precision="bf16")
+    assert next(bf16.model.parameters()).dtype == torch.bfloat16
+    for g in range(4):
+        h = [f"g{g}-{j}" for j in range(5)]
+        assert set(bf16.recommend(h, k=5).item_ids) == set(fp32.recommend(h, k=5).item_ids)

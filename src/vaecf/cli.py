@@ -277,6 +277,29 @@ def _add_dataset_prepare(psub, name: str, spec) -> None:
     pn.set_defaults(fn=cmd_prepare_dataset)
 
 
+# -- bench --------------------------------------------------------------------------------------
+def cmd_bench(a) -> int:
+    from vaecf import bench
+
+    if a.what == "train":
+        res = [bench.bench_train(p, a.batch_size, a.users, a.items, a.nnz, a.steps, a.warmup,
+                                 a.device, a.model, progress=not a.json)
+               for p in a.precision or ["fp32", "bf16"]]
+        if a.json:
+            _print_json([r.to_dict() for r in res])
+        else:
+            print(bench.format_train(res))
+        return 0
+    target = a.target if not a.target.isdigit() else int(a.target)
+    rows = bench.bench_infer(target, a.batch_size or [1, 1024], a.precision, a.device,
+                             a.history, a.seconds, progress=not a.json)
+    if a.json:
+        _print_json(rows)
+    else:
+        print(bench.format_infer(rows))
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="vaecf", description=(
         "Mult-VAE / Mult-DAE for collaborative filtering: prepare interaction data, train, "
@@ -391,6 +414,34 @@ def build_parser() -> argparse.ArgumentParser:
     pd.add_argument("--items", type=int, default=3_000, help="synthetic items (default 3000)")
     pd.add_argument("--seed", type=int, default=0, help="generator seed (default 0)")
     pd.set_defaults(fn=cmd_demo)
+
+    pb = sub.add_parser("bench", help="training throughput and inference latency benchmarks")
+    bsub = pb.add_subparsers(dest="what", required=True, metavar="WHAT")
+    bt = bsub.add_parser("train", help="users/s, GFLOP/s and step breakdown on a synthetic "
+                         "dataset (default: ML-20M's shape)")
+    bt.add_argument("--precision", action="append", choices=["fp32", "tf32", "bf16", "fp16"],
+                    help="repeat to compare several (default: fp32 and bf16)")
+    bt.add_argument("--batch-size", type=int, default=500, help="users per step (default 500)")
+    bt.add_argument("--users", type=int, default=136_677, help="training users (ML-20M: 136677)")
+    bt.add_argument("--items", type=int, default=20_108, help="items (ML-20M: 20108)")
+    bt.add_argument("--nnz", type=int, default=10_000_000, help="interactions (default 10M)")
+    bt.add_argument("--model", choices=["multvae", "multdae"], default="multvae")
+    bt.add_argument("--steps", type=int, default=30, help="timed steps (default 30)")
+    bt.add_argument("--warmup", type=int, default=5, help="untimed steps first (default 5)")
+    bt.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N")
+    bt.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    bt.set_defaults(fn=cmd_bench)
+    bi = bsub.add_parser("infer", help="latency percentiles and throughput of recommending")
+    bi.add_argument("target", nargs="?", default="20108",
+                    help="a run directory, or a number of items for a fresh model (default 20108)")
+    bi.add_argument("--batch-size", type=int, action="append",
+                    help="repeat for several (default: 1 and 1024)")
+    bi.add_argument("--precision", choices=["fp32", "bf16", "fp16"], default="bf16")
+    bi.add_argument("--history", type=int, default=50, help="items per user history (default 50)")
+    bi.add_argument("--seconds", type=float, default=3.0, help="time per batch size (default 3)")
+    bi.add_argument("--device", default="cpu", help="cpu (default), cuda, cuda:N")
+    bi.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    bi.set_defaults(fn=cmd_bench)
     return p
 
 

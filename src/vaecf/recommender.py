@@ -38,6 +38,9 @@ class Recommender:
     def __init__(self, model: MultAE, items: Vocabulary, precision: str = "fp32"):
         if len(items) != model.n_items:
             raise ValueError(f"vocabulary has {len(items)} items, model {model.n_items}")
+        prec.check_precision(precision, next(model.parameters()).device)
+        if precision in ("bf16", "fp16"):  # a half-width copy: no casts per call
+            model = model.to(torch.bfloat16 if precision == "bf16" else torch.float16)
         self.model = model.eval()
         self.items = items
         self.precision = precision
@@ -45,7 +48,8 @@ class Recommender:
 
     @classmethod
     def load(cls, run_dir: str | os.PathLike, device: str = "cpu",
-             checkpoint_name: str = "best.pt") -> Recommender:
+             checkpoint_name: str = "best.pt", precision: str = "fp32") -> Recommender:
+        """The run's best model on `device`; precision "bf16" serves a bfloat16 copy."""
         run_dir = Path(run_dir)
         cfg = load_run_config(run_dir)
         dev = prec.resolve_device(device)
@@ -58,7 +62,7 @@ class Recommender:
 
             raise RunError(f"{run_dir}/{checkpoint_name} does not match the run's config ({e})")
         items = Vocabulary.load(run_dir / "items.parquet")
-        return cls(model.to(dev), items)
+        return cls(model.to(dev), items, precision)
 
     def _batch(self, rows: Sequence[list[int]]) -> SparseBatch:
         lens = torch.tensor([len(r) for r in rows], dtype=torch.long)
@@ -82,8 +86,7 @@ class Recommender:
         if not known:
             return []
         batch = self._batch(known)
-        with prec.autocast(self.device, self.precision):
-            logits = self.model(batch)[0]
+        logits = self.model(batch)[0]
         probs = torch.softmax(logits.float(), dim=1)
         if exclude_history:
             probs[batch.row_ids, batch.indices] = -1.0

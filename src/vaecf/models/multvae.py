@@ -79,7 +79,7 @@ class MultAE(nn.Module):
         inv_norm = torch.rsqrt(batch.row_sums(v * v).clamp_min(1e-12))  # tf.nn.l2_normalize
         v = F.dropout(v * inv_norm[batch.row_ids], self.config.dropout, self.training)
         h = F.embedding_bag(batch.indices, self.in_weight, batch.offsets, mode="sum",
-                            per_sample_weights=v) + self.in_bias  # (B, d1)
+                            per_sample_weights=v.to(self.in_weight.dtype)) + self.in_bias  # (B, d1)
         if self.encoder or not self.variational:
             h = torch.tanh(h)
         for i, layer in enumerate(self.encoder):
