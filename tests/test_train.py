@@ -116,3 +116,28 @@ def test_cuda_matches_cpu_closely(small_ds, tmp_path):
     cpu = vaecf.train(small_ds, fast_cfg(epochs=2), tmp_path / "cpu")
     gpu = vaecf.train(small_ds, fast_cfg(epochs=2, device="cuda"), tmp_path / "gpu")
     assert abs(cpu.test_metrics["ndcg@100"] - gpu.test_metrics["ndcg@100"]) < 0.05
+
+
+def test_host_data_with_prefetch_equals_device_data(small_ds, tmp_path):
+    a = vaecf.train(small_ds, fast_cfg(epochs=2), tmp_path / "dev")
+    b = vaecf.train(small_ds, fast_cfg(epochs=2, data_on="host"), tmp_path / "host")
+    assert a.test_metrics == b.test_metrics
+    assert_same_weights(weights(tmp_path / "dev/last.pt"), weights(tmp_path / "host/last.pt"))
+
+
+def test_prefetch_stops_cleanly_and_reraises():
+    import numpy as np
+    import scipy.sparse as sp
+
+    from vaecf.data.matrix import prefetch_batches
+
+    csr = CSR.from_scipy(sp.random(50, 10, density=0.3, format="csr", dtype=np.float32))
+    rows = list(torch.arange(50).split(7))
+    got = list(prefetch_batches(csr, rows, torch.device("cpu")))
+    assert [b.batch_size for b in got] == [r.numel() for r in rows]
+    it = prefetch_batches(csr, rows, torch.device("cpu"), depth=1)
+    next(it)
+    it.close()  # consumer stops early: the producer thread must not hang
+    bad = rows[:2] + [torch.tensor([999])]
+    with pytest.raises(IndexError):
+        list(prefetch_batches(csr, bad, torch.device("cpu")))

@@ -100,7 +100,7 @@ def cmd_train(a) -> int:
     explicit = {k for k, v in vars(a).items() if v is not None}
     cfg = TrainConfig()
     for name in ("epochs", "batch_size", "lr", "total_anneal_steps", "anneal_cap", "seed",
-                 "device", "precision", "eval_every"):
+                 "device", "precision", "eval_every", "data_on"):
         if name in explicit:
             setattr(cfg, name, getattr(a, name))
     cfg.progress = not a.quiet
@@ -257,7 +257,8 @@ def _add_dataset_prepare(psub, name: str, spec) -> None:
     pn.add_argument("--min-user-items", type=int,
                     help=f"drop users with fewer positives (default {d.get('min_user_items', 5)})")
     pn.add_argument("--min-item-users", type=int,
-                    help=f"first drop items with fewer users (default {d.get('min_item_users', 0)})")
+                    help="first drop items with fewer users (default "
+                    f"{d.get('min_item_users', 0)})")
     pn.add_argument("--heldout-users", type=int,
                     help=f"liang: N validation and N test users (default "
                     f"{d.get('heldout_users', 10_000)})")
@@ -369,9 +370,13 @@ def build_parser() -> argparse.ArgumentParser:
                     help="lam in lam * sum(W^2) (default 0 for multvae, 0.01 for multdae)")
     pt.add_argument("--seed", type=int, help="seed of init, shuffling, dropout (default 98765)")
     pt.add_argument("--device", help="auto (default: cuda if present), cpu, cuda, cuda:N")
-    pt.add_argument("--precision", choices=["fp32", "tf32", "bf16", "fp16"],
-                    help="numeric precision (default fp32; fp16 needs CUDA)")
+    pt.add_argument("--precision", choices=["auto", "fp32", "tf32", "bf16", "fp16"],
+                    help="numeric precision; auto = bf16 where the CPU/GPU has native bf16, "
+                    "else fp32 (default fp32; fp16 needs CUDA)")
     pt.add_argument("--eval-every", type=int, help="validate every N epochs (default 1)")
+    pt.add_argument("--data-on", choices=["device", "host"],
+                    help="keep the training matrix on the device (default) or on the host, "
+                    "with batches prefetched by a background thread (for data that does not fit)")
     pt.add_argument("--resume", action="store_true",
                     help="continue the run in --out from its last checkpoint (same settings; "
                     "--epochs may extend it)")

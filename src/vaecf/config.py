@@ -19,7 +19,8 @@ class TrainConfig:
     anneal_cap: float = 0.2  # largest beta (KL weight)
     seed: int = 98765  # initialisation, shuffling, dropout and sampling
     device: str = "auto"  # "auto" (cuda if present), "cpu", "cuda", "cuda:N"
-    precision: str = "fp32"  # "fp32", "tf32", "bf16" or "fp16" (CUDA only)
+    precision: str = "fp32"  # "fp32", "tf32", "bf16", "fp16" (CUDA only) or "auto"
+    data_on: str = "device"  # training matrix on the "device", or on the "host" (prefetched)
     eval_every: int = 1  # validate every this many epochs (and after the last)
     eval_batch_size: int = 2000  # users per evaluation batch
     select_metric: str = "ndcg@100"  # validation metric that picks the best model
@@ -29,6 +30,8 @@ class TrainConfig:
         for name in ("epochs", "batch_size", "eval_every", "eval_batch_size"):
             if getattr(self, name) < 1:
                 raise ValueError(f"--{name.replace('_', '-')} must be at least 1")
+        if self.data_on not in ("device", "host"):
+            raise ValueError(f"--data-on must be 'device' or 'host', not {self.data_on!r}")
         if self.lr <= 0:
             raise ValueError("--lr must be positive")
         if self.total_anneal_steps < 1:

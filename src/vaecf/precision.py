@@ -22,6 +22,26 @@ def resolve_device(device: str | None) -> torch.device:
     return dev
 
 
+def native_bf16(device: torch.device) -> bool:
+    """Whether `device` does bfloat16 arithmetic in hardware (Ampere+ GPUs; CPUs with
+    AVX512-BF16 or AMX), so that bf16 is a speed-up rather than an emulation."""
+    if device.type == "cuda":
+        return torch.cuda.is_bf16_supported(including_emulation=False)
+    try:
+        with open("/proc/cpuinfo") as f:
+            flags = f.read()
+    except OSError:
+        return False
+    return "avx512_bf16" in flags or "amx_bf16" in flags
+
+
+def resolve_precision(precision: str, device: torch.device) -> str:
+    """'auto' -> bf16 where the device has native bf16, else fp32; other names unchanged."""
+    if precision == "auto":
+        return "bf16" if native_bf16(device) else "fp32"
+    return precision
+
+
 def check_precision(precision: str, device: torch.device) -> None:
     if precision not in PRECISIONS:
         raise ValueError(f"--precision must be one of {', '.join(PRECISIONS)}, not {precision!r}")

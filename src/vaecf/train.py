@@ -22,7 +22,7 @@ from vaecf import checkpoint, distributed
 from vaecf import precision as prec
 from vaecf._io import atomic_file, write_json
 from vaecf.config import TrainConfig, from_dict
-from vaecf.data.matrix import CSR
+from vaecf.data.matrix import CSR, prefetch_batches
 from vaecf.data.prepare import PreparedDataset
 from vaecf.errors import RunError
 from vaecf.evaluate import evaluate_model
@@ -126,9 +126,11 @@ class Trainer:
         self.device = prec.resolve_device(device or cfg.device)
         if self.device.type == "cpu":
             tune_cpu_allocator()
+        cfg.precision = prec.resolve_precision(cfg.precision, self.device)
         prec.check_precision(cfg.precision, self.device)
         prec.set_matmul_precision(cfg.precision)
-        self.train_csr = CSR.from_scipy(ds.split("train"), self.device)
+        host = cfg.data_on == "host"
+        self.train_csr = CSR.from_scipy(ds.split("train"), "cpu" if host else self.device)
         self.val = (CSR.from_scipy(ds.split("validation_tr"), self.device),
                     CSR.from_scipy(ds.split("validation_te"), self.device))
         torch.manual_seed(cfg.seed)
@@ -181,12 +183,18 @@ class Trainer:
     def train_epoch(self) -> dict:
         self.model.train()
         cfg, ctx, n = self.cfg, self.ctx, self.train_csr.n_rows
-        perm = torch.randperm(n, generator=self.gen).to(self.device)  # the same on every rank
+        perm = torch.randperm(n, generator=self.gen)  # the same on every rank
+        if cfg.data_on == "device":
+            perm = perm.to(self.device)
         totals = torch.zeros(2, dtype=torch.float64, device=self.device)  # NLL, KL sums
         t0 = time.perf_counter()
-        for lo in range(0, n, cfg.batch_size):
-            rows = perm[lo: lo + cfg.batch_size]
-            batch = self.train_csr.batch(ctx.shard(rows))
+        global_rows = perm.split(cfg.batch_size)
+        shards = [ctx.shard(rows) for rows in global_rows]
+        if cfg.data_on == "host":
+            batches = prefetch_batches(self.train_csr, shards, self.device)
+        else:
+            batches = (self.train_csr.batch(rows) for rows in shards)
+        for rows, batch in zip(global_rows, batches):
             beta = beta_at(self.step, cfg)
             with prec.autocast(self.device, cfg.precision):
                 loss, parts = self.step_module(batch, beta, rows.numel() / ctx.world)

@@ -7,7 +7,10 @@ plus the row id of every non-zero for segment sums.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+import queue
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass, fields
 
 import numpy as np
 import scipy.sparse as sp
@@ -42,6 +45,16 @@ class SparseBatch:
     values: torch.Tensor  # (nnz,) float32 value of every non-zero
     row_ids: torch.Tensor  # (nnz,) int64 batch row (0..B-1) of every non-zero
     batch_size: int  # B
+
+    def to(self, device: torch.device, pin: bool = False) -> SparseBatch:
+        """A copy on `device`; with `pin`, staged through pinned memory (asynchronous copy)."""
+        moved = {}
+        for f in fields(self):
+            v = getattr(self, f.name)
+            if isinstance(v, torch.Tensor):
+                v = (v.pin_memory() if pin else v).to(device, non_blocking=pin)
+            moved[f.name] = v
+        return SparseBatch(**moved)
 
     def row_sums(self, values: torch.Tensor | None = None) -> torch.Tensor:
         """(B,) sum of `values` (default: the batch's values) per row."""
@@ -109,3 +122,37 @@ class CSR:
         """(nnz,) sorted int64 keys row * n_cols + col, for membership tests by searchsorted."""
         rows = torch.repeat_interleave(torch.arange(self.n_rows, device=self.device), self.row_nnz())
         return rows * self.shape[1] + self.indices
+
+
+def prefetch_batches(csr: CSR, row_batches: list[torch.Tensor], device: torch.device,
+                     depth: int = 2) -> Iterator[SparseBatch]:
+    """Slice `csr` (on the host) into batches in a background thread and copy them to `device`
+    through pinned memory, `depth` batches ahead of the consumer."""
+    q: queue.Queue = queue.Queue(maxsize=depth)
+    stop = threading.Event()
+    pin = device.type == "cuda"
+
+    def work() -> None:
+        try:
+            for rows in row_batches:
+                if stop.is_set():
+                    return
+                q.put(csr.batch(rows.cpu()).to(device, pin=pin))
+            q.put(None)
+        except BaseException as e:  # handed to the consumer
+            q.put(e)
+
+    t = threading.Thread(target=work, name="vaecf-prefetch", daemon=True)
+    t.start()
+    try:
+        while (item := q.get()) is not None:
+            if isinstance(item, BaseException):
+                raise item
+            yield item
+    finally:
+        stop.set()
+        while t.is_alive():  # unblock a producer waiting on a full queue
+            try:
+                q.get_nowait()
+            except queue.Empty:
+                t.join(0.01)
