@@ -32,8 +32,12 @@ def main() -> int:
     ap.add_argument("--precision", default="fp32")
     ap.add_argument("--epochs", type=int, default=200)
     ap.add_argument("--seeds", default=",".join(map(str, SEEDS)))
-    ap.add_argument("--train-seed-offset", type=int, default=0,
-                    help="train with seed + this (default 0: the split seed seeds training too)")
+    ap.add_argument(
+        "--train-seed-offset",
+        type=int,
+        default=0,
+        help="train with seed + this (default 0: the split seed seeds training too)",
+    )
     a = ap.parse_args()
     ratings = a.data / "ratings.csv"
     if not ratings.is_file():
@@ -44,33 +48,56 @@ def main() -> int:
         for seed in map(int, a.seeds.split(",")):
             t0 = time.perf_counter()
             ds = vaecf.prepare_csv(
-                ratings, Path(tmp) / f"prep-{seed}", "userId", "movieId", "rating",
-                settings=vaecf.PrepareSettings(min_rating=4, min_user_items=5, heldout_users=50,
-                                               seed=seed))
-            res = vaecf.train(ds, vaecf.TrainConfig(epochs=a.epochs,
-                                                    seed=seed + a.train_seed_offset,
-                                                    precision=a.precision, progress=False),
-                              out=Path(tmp) / f"run-{seed}",
-                              model_config=vaecf.ModelConfig(model=a.model))
+                ratings,
+                Path(tmp) / f"prep-{seed}",
+                "userId",
+                "movieId",
+                "rating",
+                settings=vaecf.PrepareSettings(
+                    min_rating=4, min_user_items=5, heldout_users=50, seed=seed
+                ),
+            )
+            res = vaecf.train(
+                ds,
+                vaecf.TrainConfig(
+                    epochs=a.epochs,
+                    seed=seed + a.train_seed_offset,
+                    precision=a.precision,
+                    progress=False,
+                ),
+                out=Path(tmp) / f"run-{seed}",
+                model_config=vaecf.ModelConfig(model=a.model),
+            )
             test = [CSR.from_scipy(ds.split(f"test_{p}")) for p in ("tr", "te")]
-            pop = vaecf.evaluate_scores(vaecf.popularity_scores(CSR.from_scipy(ds.split("train"))),
-                                        *test)
+            pop = vaecf.evaluate_scores(
+                vaecf.popularity_scores(CSR.from_scipy(ds.split("train"))), *test
+            )
             rows.append((seed, res.test_metrics, pop, res.best_epoch, time.perf_counter() - t0))
             m = res.test_metrics
-            print(f"seed {seed:6d}  " + "  ".join(f"{k} {m[k]:.4f}" for k in KEYS)
-                  + f"  popularity ndcg@100 {pop['ndcg@100']:.4f}  best epoch {res.best_epoch}"
-                  f"  {rows[-1][-1]:.0f} s", file=sys.stderr)
+            print(
+                f"seed {seed:6d}  "
+                + "  ".join(f"{k} {m[k]:.4f}" for k in KEYS)
+                + f"  popularity ndcg@100 {pop['ndcg@100']:.4f}  best epoch {res.best_epoch}"
+                f"  {rows[-1][-1]:.0f} s",
+                file=sys.stderr,
+            )
     print(f"\nml-latest-small, {a.model}, {a.precision}, {a.epochs} epochs, test users (n=50)")
-    print(f"{'seed':>8s}" + "".join(f"{k:>11s}" for k in KEYS) + f"{'pop ndcg':>11s}{'best ep':>9s}")
+    print(
+        f"{'seed':>8s}" + "".join(f"{k:>11s}" for k in KEYS) + f"{'pop ndcg':>11s}{'best ep':>9s}"
+    )
     for seed, m, pop, best, _ in rows:
-        print(f"{seed:8d}" + "".join(f"{m[k]:11.4f}" for k in KEYS) + f"{pop['ndcg@100']:11.4f}"
-              f"{best:9d}")
+        print(
+            f"{seed:8d}" + "".join(f"{m[k]:11.4f}" for k in KEYS) + f"{pop['ndcg@100']:11.4f}"
+            f"{best:9d}"
+        )
     means = {k: statistics.mean(r[1][k] for r in rows) for k in KEYS}
     sd = statistics.stdev(r[1]["ndcg@100"] for r in rows) if len(rows) > 1 else 0.0
     pop_mean = statistics.mean(r[2]["ndcg@100"] for r in rows)
     print(f"{'mean':>8s}" + "".join(f"{means[k]:11.4f}" for k in KEYS) + f"{pop_mean:11.4f}")
-    print(f"ndcg@100 sd {sd:.4f}; paper's TF code on this protocol: 0.270 (sd 0.015), "
-          "popularity 0.177")
+    print(
+        f"ndcg@100 sd {sd:.4f}; paper's TF code on this protocol: 0.270 (sd 0.015), "
+        "popularity 0.177"
+    )
     return 0
 
 

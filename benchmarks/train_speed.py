@@ -72,8 +72,10 @@ def main() -> int:
         r = bench.bench_train(p, a.batch_size, a.users, a.items, a.nnz, a.steps, progress=False)
         rows.append((f"vaecf ({p})", r.users_per_s))
     base = rows[0][1]
-    print(f"{a.users} users x {a.items} items, {m.nnz} interactions, batch {a.batch_size}, "
-          f"{torch.get_num_threads()} threads")
+    print(
+        f"{a.users} users x {a.items} items, {m.nnz} interactions, batch {a.batch_size}, "
+        f"{torch.get_num_threads()} threads"
+    )
     print(f"{'implementation':24s} {'users/s':>9s} {'vs dense':>9s}")
     for name, ups in rows:
         print(f"{name:24s} {ups:9.0f} {ups / base:8.1f}x")

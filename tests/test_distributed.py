@@ -24,17 +24,42 @@ def test_shards_cover_the_global_batch_in_order():
 @pytest.fixture(scope="module")
 def ds(tmp_path_factory):
     df = synthetic.generate(n_users=700, n_items=120, n_groups=4, mean_items=15, seed=5)
-    return vaecf.prepare_frame(df, tmp_path_factory.mktemp("dist") / "prep",
-                               vaecf.PrepareSettings(heldout_users=60, seed=5))
+    return vaecf.prepare_frame(
+        df,
+        tmp_path_factory.mktemp("dist") / "prep",
+        vaecf.PrepareSettings(heldout_users=60, seed=5),
+    )
 
 
 def _train_cmd(ds, out, nproc, *extra):
-    args = ["-m", "vaecf", "train", "--data", str(ds.path), "--out", str(out), "--epochs", "2",
-            "--batch-size", "125", "--device", "cpu", "--quiet", "--json", *extra]
+    args = [
+        "-m",
+        "vaecf",
+        "train",
+        "--data",
+        str(ds.path),
+        "--out",
+        str(out),
+        "--epochs",
+        "2",
+        "--batch-size",
+        "125",
+        "--device",
+        "cpu",
+        "--quiet",
+        "--json",
+        *extra,
+    ]
     if nproc == 1:
         return [sys.executable, *args]
-    return [sys.executable, "-m", "torch.distributed.run", "--standalone",
-            f"--nproc_per_node={nproc}", *args]
+    return [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        f"--nproc_per_node={nproc}",
+        *args,
+    ]
 
 
 def _run(cmd):

@@ -47,9 +47,20 @@ def test_sparse_loss_and_gradients_equal_dense(kind):
     x[3] = 0
     x[3, 7] = 1  # a user with one item
     x[5, :] = 0  # and one with none
-    model = build_model(n_items, ModelConfig(kind, hidden_dims=[16] if kind == "multvae" else [],
-                                             latent_dim=8, dropout=0.0,
-                                             weight_decay=0.01)).double().train()
+    model = (
+        build_model(
+            n_items,
+            ModelConfig(
+                kind,
+                hidden_dims=[16] if kind == "multvae" else [],
+                latent_dim=8,
+                dropout=0.0,
+                weight_decay=0.01,
+            ),
+        )
+        .double()
+        .train()
+    )
     batch = CSR.from_scipy(sp.csr_matrix(x)).batch(torch.arange(n_users))
     batch.values = batch.values.double()
 
@@ -70,12 +81,19 @@ def test_sparse_loss_and_gradients_equal_dense(kind):
 def test_architecture_is_the_papers():
     vae = MultVAE(1000)
     shapes = [tuple(p.shape) for p in vae.parameters()]
-    assert shapes == [(1000, 600), (600,), (400, 600), (400,), (600, 200), (600,),
-                      (1000, 600), (1000,)]
+    assert shapes == [
+        (1000, 600),
+        (600,),
+        (400, 600),
+        (400,),
+        (600, 200),
+        (600,),
+        (1000, 600),
+        (1000,),
+    ]
     assert vae.config.weight_decay == 0.0 and vae.config.dropout == 0.5
     dae = MultDAE(1000)
-    assert [tuple(p.shape) for p in dae.parameters()] == [(1000, 200), (200,), (1000, 200),
-                                                          (1000,)]
+    assert [tuple(p.shape) for p in dae.parameters()] == [(1000, 200), (200,), (1000, 200), (1000,)]
     assert dae.config.weight_decay == 0.01
     # Glorot-uniform weights, tiny biases
     bound = np.sqrt(6 / (1000 + 600))
@@ -86,8 +104,9 @@ def test_architecture_is_the_papers():
 def test_eval_is_deterministic_and_uses_mu():
     torch.manual_seed(0)
     model = MultVAE(50).eval()
-    batch = CSR.from_scipy(sp.random(4, 50, density=0.2, format="csr", random_state=0,
-                                     dtype=np.float32)).batch(torch.arange(4))
+    batch = CSR.from_scipy(
+        sp.random(4, 50, density=0.2, format="csr", random_state=0, dtype=np.float32)
+    ).batch(torch.arange(4))
     a, mu, _ = model(batch)
     b, _, _ = model(batch)
     assert torch.equal(a, b)

@@ -24,8 +24,11 @@ def block_run(tmp_path_factory):
             items.append(f"g{g}-{j}")
     df = pl.DataFrame({"user_id": users, "item_id": items})
     ds = vaecf.prepare_frame(df, root / "prep", vaecf.PrepareSettings(heldout_users=40, seed=0))
-    vaecf.train(ds, vaecf.TrainConfig(epochs=15, batch_size=100, seed=0, device="cpu",
-                                      progress=False), root / "run")
+    vaecf.train(
+        ds,
+        vaecf.TrainConfig(epochs=15, batch_size=100, seed=0, device="cpu", progress=False),
+        root / "run",
+    )
     return root / "run"
 
 

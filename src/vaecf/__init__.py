@@ -1,25 +1,56 @@
 """vaecf: fast, sparse Mult-VAE and Mult-DAE for collaborative filtering, in PyTorch.
 
     import vaecf
-    ds = vaecf.prepare_csv("ratings.csv", "prepared/ml", user_col="userId", item_col="movieId",
-                           rating_col="rating", settings=vaecf.PrepareSettings(min_rating=4))
-    run = vaecf.train(ds, vaecf.TrainConfig(epochs=200), out="runs/ml")
-    vaecf.Recommender.load("runs/ml").recommend(["1", "296"], k=10)
+    ds = vaecf.prepare("ml-20m")                    # download, verify, prepare (cached)
+    run = vaecf.train(ds, vaecf.TrainConfig(epochs=200), out="runs/ml20m")
+    vaecf.Recommender.load("runs/ml20m").recommend([1, 296, 318], k=10)
+
+Names are imported on first use, so `import vaecf` (and the CLI's data verbs) do not pay for
+importing torch until something needs it.
 """
+
+from __future__ import annotations
+
+import importlib
 
 __version__ = "0.1.0"
 
-from vaecf.config import ModelConfig, PrepareSettings, TrainConfig  # noqa: E402
-from vaecf.data import PreparedDataset, load_prepared, prepare_csv, prepare_frame  # noqa: E402
-from vaecf.errors import DataError, RunError, VaecfError  # noqa: E402
-from vaecf.evaluate import evaluate_model, evaluate_scores, popularity_scores  # noqa: E402
-from vaecf.models import MultDAE, MultVAE  # noqa: E402
-from vaecf.recommender import Recommendation, Recommender  # noqa: E402
-from vaecf.train import RunResult, train  # noqa: E402
+_EXPORTS = {
+    "ModelConfig": "vaecf.config",
+    "PrepareSettings": "vaecf.config",
+    "TrainConfig": "vaecf.config",
+    "PreparedDataset": "vaecf.data.prepare",
+    "load_prepared": "vaecf.data.prepare",
+    "prepare_csv": "vaecf.data.prepare",
+    "prepare_frame": "vaecf.data.prepare",
+    "prepare_dataset": "vaecf.data.prepare",
+    "dataset_settings": "vaecf.data.prepare",
+    "DataError": "vaecf.errors",
+    "RunError": "vaecf.errors",
+    "VaecfError": "vaecf.errors",
+    "evaluate_model": "vaecf.evaluate",
+    "evaluate_scores": "vaecf.evaluate",
+    "popularity_scores": "vaecf.evaluate",
+    "MultDAE": "vaecf.models.multvae",
+    "MultVAE": "vaecf.models.multvae",
+    "Recommendation": "vaecf.recommender",
+    "Recommender": "vaecf.recommender",
+    "RunResult": "vaecf.trainer",
+    "train": "vaecf.trainer",
+}
+_ALIASES = {"prepare": "prepare_dataset"}  # vaecf.prepare("ml-20m")
 
-__all__ = [
-    "DataError", "ModelConfig", "MultDAE", "MultVAE", "PrepareSettings", "PreparedDataset",
-    "Recommendation", "Recommender", "RunError", "RunResult", "TrainConfig", "VaecfError",
-    "__version__", "evaluate_model", "evaluate_scores", "load_prepared", "popularity_scores",
-    "prepare_csv", "prepare_frame", "train",
-]
+__all__ = ["__version__", *_EXPORTS, *_ALIASES]
+
+
+def __getattr__(name: str):
+    target = _ALIASES.get(name, name)
+    if target not in _EXPORTS:
+        raise AttributeError(f"module 'vaecf' has no attribute {name!r}")
+    value = getattr(importlib.import_module(_EXPORTS[target]), target)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(__all__)

@@ -11,6 +11,11 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+import scipy.sparse as sp
+
+from vaecf.errors import DataError
+
 
 def _fsync_dir(path: Path) -> None:
     with contextlib.suppress(OSError):
@@ -65,3 +70,21 @@ def atomic_dir(path: str | os.PathLike) -> Iterator[Path]:
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+
+
+def save_csr(path: str | os.PathLike, m: sp.csr_matrix) -> None:
+    """Write `m` as a scipy .npz, atomically."""
+    with atomic_file(path) as f:
+        sp.save_npz(f, m.tocsr(), compressed=False)
+
+
+def load_csr(path: str | os.PathLike) -> sp.csr_matrix:
+    try:
+        m = sp.load_npz(path)
+    except FileNotFoundError:
+        raise DataError(
+            f"{path} is missing; prepare the dataset again (vaecf prepare ...)"
+        ) from None
+    except Exception as e:  # zip/npz corruption
+        raise DataError(f"{path} is unreadable ({e}); prepare the dataset again") from None
+    return m.tocsr().astype(np.float32)

@@ -66,16 +66,25 @@ class TrainBench:
         return dict(self.__dict__)
 
 
-def bench_train(precision: str = "bf16", batch_size: int = 500, users: int = ML20M["users"],
-                items: int = ML20M["items"], nnz: int = ML20M["nnz"], steps: int = 30,
-                warmup: int = 5, device: str = "auto", model: str = "multvae",
-                progress: bool = True, seed: int = 0) -> TrainBench:
+def bench_train(
+    precision: str = "bf16",
+    batch_size: int = 500,
+    users: int = ML20M["users"],
+    items: int = ML20M["items"],
+    nnz: int = ML20M["nnz"],
+    steps: int = 30,
+    warmup: int = 5,
+    device: str = "auto",
+    model: str = "multvae",
+    progress: bool = True,
+    seed: int = 0,
+) -> TrainBench:
     dev = prec.resolve_device(device)
     prec.check_precision(precision, dev)
     prec.set_matmul_precision(precision)
     if dev.type == "cpu":
         tune_cpu_allocator()
-    from vaecf.train import make_optimizer
+    from vaecf.trainer import make_optimizer
 
     csr = CSR.from_scipy(synthetic_csr(users, items, nnz, seed), dev)
     torch.manual_seed(seed)
@@ -109,21 +118,37 @@ def bench_train(precision: str = "bf16", batch_size: int = 500, users: int = ML2
                 parts[k].append(v)
             flops.append(step_flops(net, batch_size, batch.indices.numel()))
     step = sum(statistics.median(v) for v in parts.values())
-    return TrainBench(precision, batch_size, batch_size / step, step * 1e3,
-                      statistics.mean(flops) / step / 1e9,
-                      {k: statistics.median(v) * 1e3 for k, v in parts.items()})
+    return TrainBench(
+        precision,
+        batch_size,
+        batch_size / step,
+        step * 1e3,
+        statistics.mean(flops) / step / 1e9,
+        {k: statistics.median(v) * 1e3 for k, v in parts.items()},
+    )
 
 
 def _percentiles(times: list[float]) -> dict:
     a = np.asarray(times) * 1e3
-    return {"mean_ms": float(a.mean()), "p50_ms": float(np.percentile(a, 50)),
-            "p90_ms": float(np.percentile(a, 90)), "p95_ms": float(np.percentile(a, 95)),
-            "p99_ms": float(np.percentile(a, 99))}
+    return {
+        "mean_ms": float(a.mean()),
+        "p50_ms": float(np.percentile(a, 50)),
+        "p90_ms": float(np.percentile(a, 90)),
+        "p95_ms": float(np.percentile(a, 95)),
+        "p99_ms": float(np.percentile(a, 99)),
+    }
 
 
-def bench_infer(run_or_items: str | int = ML20M["items"], batch_sizes=(1, 1024),
-                precision: str = "bf16", device: str = "cpu", history: int = 50,
-                seconds: float = 3.0, k: int = 100, progress: bool = True) -> list[dict]:
+def bench_infer(
+    run_or_items: str | int = ML20M["items"],
+    batch_sizes=(1, 1024),
+    precision: str = "bf16",
+    device: str = "cpu",
+    history: int = 50,
+    seconds: float = 3.0,
+    k: int = 100,
+    progress: bool = True,
+) -> list[dict]:
     """Latency and throughput of scoring + masking seen items + top-k, per batch size."""
     dev = prec.resolve_device(device)
     prec.check_precision(precision, dev)
@@ -140,8 +165,9 @@ def bench_infer(run_or_items: str | int = ML20M["items"], batch_sizes=(1, 1024),
     if precision in ("bf16", "fp16"):  # serve from a half-width copy: no per-call casts
         net = net.to(torch.bfloat16 if precision == "bf16" else torch.float16)
     items = net.n_items
-    csr = CSR.from_scipy(synthetic_csr(max(batch_sizes) * 4, items, max(batch_sizes) * 4 * history,
-                                       seed=1), dev)
+    csr = CSR.from_scipy(
+        synthetic_csr(max(batch_sizes) * 4, items, max(batch_sizes) * 4 * history, seed=1), dev
+    )
     out = []
     for bs in batch_sizes:
         times = []
@@ -162,30 +188,45 @@ def bench_infer(run_or_items: str | int = ML20M["items"], batch_sizes=(1, 1024),
                 n += 1
                 bar.update(1)
         bar.close()
-        times = times[max(1, len(times) // 10):]  # drop warm-up
+        times = times[max(1, len(times) // 10) :]  # drop warm-up
         stats = _percentiles(times)
-        out.append({"batch_size": bs, "precision": precision, "users_per_s":
-                    bs / statistics.mean(times), "n": len(times), **stats})
+        out.append(
+            {
+                "batch_size": bs,
+                "precision": precision,
+                "users_per_s": bs / statistics.mean(times),
+                "n": len(times),
+                **stats,
+            }
+        )
     return out
 
 
 def format_train(results: list[TrainBench]) -> str:
-    head = (f"{'precision':>9s} {'batch':>6s} {'users/s':>9s} {'step ms':>8s} {'GFLOP/s':>8s}  "
-            "breakdown ms (batch / forward / backward / optimizer)")
+    head = (
+        f"{'precision':>9s} {'batch':>6s} {'users/s':>9s} {'step ms':>8s} {'GFLOP/s':>8s}  "
+        "breakdown ms (batch / forward / backward / optimizer)"
+    )
     lines = [head]
     for r in results:
         b = r.breakdown_ms
-        lines.append(f"{r.precision:>9s} {r.batch_size:6d} {r.users_per_s:9.0f} {r.step_ms:8.1f} "
-                     f"{r.gflops:8.1f}  {b['batch']:.1f} / {b['forward']:.1f} / "
-                     f"{b['backward']:.1f} / {b['optimizer']:.1f}")
+        lines.append(
+            f"{r.precision:>9s} {r.batch_size:6d} {r.users_per_s:9.0f} {r.step_ms:8.1f} "
+            f"{r.gflops:8.1f}  {b['batch']:.1f} / {b['forward']:.1f} / "
+            f"{b['backward']:.1f} / {b['optimizer']:.1f}"
+        )
     return "\n".join(lines)
 
 
 def format_infer(rows: list[dict]) -> str:
-    lines = [f"{'batch':>6s} {'precision':>9s} {'users/s':>10s} {'mean ms':>8s} {'p50':>7s} "
-             f"{'p90':>7s} {'p95':>7s} {'p99':>7s}"]
+    lines = [
+        f"{'batch':>6s} {'precision':>9s} {'users/s':>10s} {'mean ms':>8s} {'p50':>7s} "
+        f"{'p90':>7s} {'p95':>7s} {'p99':>7s}"
+    ]
     for r in rows:
-        lines.append(f"{r['batch_size']:6d} {r['precision']:>9s} {r['users_per_s']:10.0f} "
-                     f"{r['mean_ms']:8.3f} {r['p50_ms']:7.3f} {r['p90_ms']:7.3f} "
-                     f"{r['p95_ms']:7.3f} {r['p99_ms']:7.3f}")
+        lines.append(
+            f"{r['batch_size']:6d} {r['precision']:>9s} {r['users_per_s']:10.0f} "
+            f"{r['mean_ms']:8.3f} {r['p50_ms']:7.3f} {r['p90_ms']:7.3f} "
+            f"{r['p95_ms']:7.3f} {r['p99_ms']:7.3f}"
+        )
     return "\n".join(lines)

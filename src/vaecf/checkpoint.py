@@ -1,4 +1,4 @@
-"""Checkpoints: atomic writes, `weights_only=True` loads, clear errors for foreign or broken files."""
+"""Checkpoints: atomic writes, `weights_only=True` loads, clear errors for broken files."""
 
 from __future__ import annotations
 

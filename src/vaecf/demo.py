@@ -1,4 +1,4 @@
-"""The demo: built-in synthetic dataset -> prepare -> train Mult-VAE -> metrics -> recommendations."""
+"""The demo: synthetic dataset -> prepare -> train Mult-VAE -> metrics -> recommendations."""
 
 from __future__ import annotations
 
@@ -14,11 +14,12 @@ from vaecf.data.matrix import CSR
 from vaecf.data.prepare import PrepareSettings, prepare_csv
 from vaecf.evaluate import evaluate_scores, popularity_scores
 from vaecf.recommender import Recommender
-from vaecf.train import train
+from vaecf.trainer import train
 
 
-def run_demo(out: Path, epochs: int = 20, n_users: int = 12_000, n_items: int = 3_000,
-             seed: int = 0) -> dict:
+def run_demo(
+    out: Path, epochs: int = 20, n_users: int = 12_000, n_items: int = 3_000, seed: int = 0
+) -> dict:
     t0 = time.perf_counter()
     out.mkdir(parents=True, exist_ok=True)
     csv = out / f"synthetic-u{n_users}-i{n_items}-s{seed}.csv"
@@ -28,11 +29,18 @@ def run_demo(out: Path, epochs: int = 20, n_users: int = 12_000, n_items: int = 
         with atomic_file(csv) as f:
             df.write_csv(f)
     heldout = max(1, n_users // 10)
-    ds = prepare_csv(csv, out / f"prepared-{csv.stem}", "user_id", "item_id",
-                     settings=PrepareSettings(heldout_users=heldout, seed=seed))
+    ds = prepare_csv(
+        csv,
+        out / f"prepared-{csv.stem}",
+        "user_id",
+        "item_id",
+        settings=PrepareSettings(heldout_users=heldout, seed=seed),
+    )
     c = ds.manifest["counts"]
-    print(f"prepared: {c['n_train_users']} training users, {c['n_items']} items, "
-          f"{c['nnz_train']} interactions; {heldout} validation + {heldout} test users")
+    print(
+        f"prepared: {c['n_train_users']} training users, {c['n_items']} items, "
+        f"{c['nnz_train']} interactions; {heldout} validation + {heldout} test users"
+    )
 
     run_dir = out / "runs" / time.strftime("%Y%m%d-%H%M%S")
     res = train(ds, TrainConfig(epochs=epochs, seed=seed, device="auto"), run_dir)
@@ -54,6 +62,8 @@ def run_demo(out: Path, epochs: int = 20, n_users: int = 12_000, n_items: int = 
         r = rec.recommend(history, k=10)
         shown = " ".join(f"{i}{'*' if i in hidden else ''}" for i in r.item_ids)
         print(f"  history {len(history):3d} items, e.g. {history[:6]}\n    top 10: {shown}")
-    print(f"\nrun directory: {run_dir}  ({time.perf_counter() - t0:.0f} s in all, "
-          f"{torch.get_num_threads()} threads)")
+    print(
+        f"\nrun directory: {run_dir}  ({time.perf_counter() - t0:.0f} s in all, "
+        f"{torch.get_num_threads()} threads)"
+    )
     return {"test": res.test_metrics, "popularity": pop, "run_dir": str(run_dir)}

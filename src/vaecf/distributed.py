@@ -50,8 +50,7 @@ def setup(device: str) -> tuple[DistContext, str]:
     if world <= 1:
         return DistContext(), device
     rank, local = int(os.environ["RANK"]), int(os.environ.get("LOCAL_RANK", "0"))
-    use_cuda = device in ("auto", "cuda") and torch.cuda.is_available() or device.startswith(
-        "cuda")
+    use_cuda = device in ("auto", "cuda") and torch.cuda.is_available() or device.startswith("cuda")
     if use_cuda:
         torch.cuda.set_device(local)
         device = f"cuda:{local}"

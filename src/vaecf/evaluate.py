@@ -67,8 +67,13 @@ def summarize(sums: torch.Tensor, metrics: Sequence[str] = DEFAULT_METRICS) -> d
     return out
 
 
-def evaluate_scores(score_fn: ScoreFn, fold_in: CSR, target: CSR,
-                    metrics: Sequence[str] = DEFAULT_METRICS, batch_size: int = 2000) -> dict:
+def evaluate_scores(
+    score_fn: ScoreFn,
+    fold_in: CSR,
+    target: CSR,
+    metrics: Sequence[str] = DEFAULT_METRICS,
+    batch_size: int = 2000,
+) -> dict:
     """Mean of each metric over users with a non-empty target; `n_users` evaluated and
     `n_skipped` (users with an empty target) are reported beside them."""
     return summarize(metric_sums(score_fn, fold_in, target, metrics, batch_size), metrics)
@@ -85,8 +90,15 @@ def model_scores(model: torch.nn.Module, precision: str = "fp32") -> ScoreFn:
     return fn
 
 
-def evaluate_model(model, fold_in: CSR, target: CSR, metrics=DEFAULT_METRICS,
-                   batch_size: int = 2000, precision: str = "fp32", dist=None) -> dict:
+def evaluate_model(
+    model,
+    fold_in: CSR,
+    target: CSR,
+    metrics=DEFAULT_METRICS,
+    batch_size: int = 2000,
+    precision: str = "fp32",
+    dist=None,
+) -> dict:
     """Metrics of `model` (in eval mode); with a DistContext, each rank scores its share of the
     users and the sums are all-reduced."""
     was_training = model.training
@@ -95,8 +107,9 @@ def evaluate_model(model, fold_in: CSR, target: CSR, metrics=DEFAULT_METRICS,
         rows = torch.arange(fold_in.n_rows, device=fold_in.device)
         if dist is not None and dist.enabled:
             rows = rows.tensor_split(dist.world)[dist.rank]
-        sums = metric_sums(model_scores(model, precision), fold_in, target, metrics, batch_size,
-                           rows)
+        sums = metric_sums(
+            model_scores(model, precision), fold_in, target, metrics, batch_size, rows
+        )
         if dist is not None:
             dist.all_reduce_sum(sums)
         return summarize(sums, metrics)
@@ -107,7 +120,8 @@ def evaluate_model(model, fold_in: CSR, target: CSR, metrics=DEFAULT_METRICS,
 def popularity_scores(train: CSR) -> ScoreFn:
     """The popularity baseline: every user gets the items' training counts as scores."""
     counts = torch.zeros(train.shape[1], device=train.device).index_add_(
-        0, train.indices, torch.ones_like(train.values))
+        0, train.indices, torch.ones_like(train.values)
+    )
 
     def fn(batch: SparseBatch) -> torch.Tensor:
         return counts.expand(batch.batch_size, -1).clone()

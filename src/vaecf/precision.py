@@ -16,7 +16,9 @@ def resolve_device(device: str | None) -> torch.device:
     try:
         dev = torch.device(device)
     except RuntimeError:
-        raise ValueError(f"--device must be like 'cpu', 'cuda' or 'cuda:1', not {device!r}") from None
+        raise ValueError(
+            f"--device must be like 'cpu', 'cuda' or 'cuda:1', not {device!r}"
+        ) from None
     if dev.type == "cuda" and not torch.cuda.is_available():
         raise ValueError("--device cuda was asked for but no CUDA GPU is visible; use --device cpu")
     return dev

@@ -19,8 +19,9 @@ from vaecf import precision as prec
 from vaecf.config import from_dict
 from vaecf.data.matrix import SparseBatch
 from vaecf.data.vocab import Vocabulary
+from vaecf.errors import RunError
 from vaecf.models.multvae import ModelConfig, MultAE, build_model
-from vaecf.train import load_run_config
+from vaecf.trainer import load_run_config
 
 
 @dataclass
@@ -30,8 +31,10 @@ class Recommendation:
     unknown: list = field(default_factory=list)  # history ids the model has never seen
 
     def to_dict(self) -> dict:
-        return {"items": [{"item_id": i, "score": s} for i, s in zip(self.item_ids, self.scores)],
-                "unknown": self.unknown}
+        return {
+            "items": [{"item_id": i, "score": s} for i, s in zip(self.item_ids, self.scores)],
+            "unknown": self.unknown,
+        }
 
 
 class Recommender:
@@ -47,8 +50,13 @@ class Recommender:
         self.device = next(model.parameters()).device
 
     @classmethod
-    def load(cls, run_dir: str | os.PathLike, device: str = "cpu",
-             checkpoint_name: str = "best.pt", precision: str = "fp32") -> Recommender:
+    def load(
+        cls,
+        run_dir: str | os.PathLike,
+        device: str = "cpu",
+        checkpoint_name: str = "best.pt",
+        precision: str = "fp32",
+    ) -> Recommender:
         """The run's best model on `device`; precision "bf16" serves a bfloat16 copy."""
         run_dir = Path(run_dir)
         cfg = load_run_config(run_dir)
@@ -58,9 +66,9 @@ class Recommender:
         try:
             model.load_state_dict(ck["model"])
         except (RuntimeError, KeyError) as e:
-            from vaecf.errors import RunError
-
-            raise RunError(f"{run_dir}/{checkpoint_name} does not match the run's config ({e})")
+            raise RunError(
+                f"{run_dir}/{checkpoint_name} does not match the run's config ({e})"
+            ) from None
         items = Vocabulary.load(run_dir / "items.parquet")
         return cls(model.to(dev), items, precision)
 
@@ -76,12 +84,15 @@ class Recommender:
         )
 
     @torch.no_grad()
-    def recommend_batch(self, histories: Sequence[Iterable], k: int = 10,
-                        exclude_history: bool = True) -> list[Recommendation]:
+    def recommend_batch(
+        self, histories: Sequence[Iterable], k: int = 10, exclude_history: bool = True
+    ) -> list[Recommendation]:
         """One Recommendation per history (a list of raw item ids)."""
         if k < 1:
             raise ValueError("k must be at least 1")
-        known, unknown = zip(*(self.items.index_of(h) for h in histories)) if histories else ((), ())
+        known, unknown = (
+            zip(*(self.items.index_of(h) for h in histories)) if histories else ((), ())
+        )
         known = [sorted(set(r)) for r in known]
         if not known:
             return []
@@ -96,11 +107,17 @@ class Recommender:
         for r in range(len(known)):
             idx, sc = top.indices[r].tolist(), top.values[r].tolist()
             keep = [j for j, s in enumerate(sc) if s >= 0]  # fewer items left than k
-            out.append(Recommendation(self.items.id_of([idx[j] for j in keep]),
-                                      [sc[j] for j in keep], list(unknown[r])))
+            out.append(
+                Recommendation(
+                    self.items.id_of([idx[j] for j in keep]),
+                    [sc[j] for j in keep],
+                    list(unknown[r]),
+                )
+            )
         return out
 
-    def recommend(self, history: Iterable, k: int = 10,
-                  exclude_history: bool = True) -> Recommendation:
+    def recommend(
+        self, history: Iterable, k: int = 10, exclude_history: bool = True
+    ) -> Recommendation:
         """Top-k raw item ids and scores for one history of raw item ids."""
         return self.recommend_batch([list(history)], k, exclude_history)[0]

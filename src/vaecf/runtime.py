@@ -21,8 +21,10 @@ _tuned = False
 def tune_cpu_allocator() -> bool:
     """Apply the mallopt settings once per process (Linux/glibc only); True if applied."""
     global _tuned
-    if _tuned or os.environ.get("VAECF_MALLOPT", "1") == "0" or not sys.platform.startswith(
-        "linux"
+    if (
+        _tuned
+        or os.environ.get("VAECF_MALLOPT", "1") == "0"
+        or not sys.platform.startswith("linux")
     ):
         return _tuned
     try:

@@ -6,7 +6,6 @@ plus the row id of every non-zero for segment sums.
 
 from __future__ import annotations
 
-import os
 import queue
 import threading
 from collections.abc import Iterator
@@ -16,24 +15,7 @@ import numpy as np
 import scipy.sparse as sp
 import torch
 
-from vaecf._io import atomic_file
-from vaecf.errors import DataError
-
-
-def save_csr(path: str | os.PathLike, m: sp.csr_matrix) -> None:
-    """Write `m` as a scipy .npz, atomically."""
-    with atomic_file(path) as f:
-        sp.save_npz(f, m.tocsr(), compressed=False)
-
-
-def load_csr(path: str | os.PathLike) -> sp.csr_matrix:
-    try:
-        m = sp.load_npz(path)
-    except FileNotFoundError:
-        raise DataError(f"{path} is missing; prepare the dataset again (vaecf prepare ...)") from None
-    except Exception as e:  # zip/npz corruption
-        raise DataError(f"{path} is unreadable ({e}); prepare the dataset again") from None
-    return m.tocsr().astype(np.float32)
+from vaecf._io import load_csr, save_csr  # noqa: F401  (CSR <-> disk, torch-free)
 
 
 @dataclass
@@ -66,8 +48,13 @@ class SparseBatch:
 class CSR:
     """A CSR matrix held as torch tensors on one device, with vectorised row slicing."""
 
-    def __init__(self, indptr: torch.Tensor, indices: torch.Tensor, values: torch.Tensor,
-                 shape: tuple[int, int]):
+    def __init__(
+        self,
+        indptr: torch.Tensor,
+        indices: torch.Tensor,
+        values: torch.Tensor,
+        shape: tuple[int, int],
+    ):
         self.indptr = indptr  # (n_rows + 1,) int64
         self.indices = indices  # (nnz,) int64
         self.values = values  # (nnz,) float32
@@ -120,12 +107,15 @@ class CSR:
 
     def keys(self) -> torch.Tensor:
         """(nnz,) sorted int64 keys row * n_cols + col, for membership tests by searchsorted."""
-        rows = torch.repeat_interleave(torch.arange(self.n_rows, device=self.device), self.row_nnz())
+        rows = torch.repeat_interleave(
+            torch.arange(self.n_rows, device=self.device), self.row_nnz()
+        )
         return rows * self.shape[1] + self.indices
 
 
-def prefetch_batches(csr: CSR, row_batches: list[torch.Tensor], device: torch.device,
-                     depth: int = 2) -> Iterator[SparseBatch]:
+def prefetch_batches(
+    csr: CSR, row_batches: list[torch.Tensor], device: torch.device, depth: int = 2
+) -> Iterator[SparseBatch]:
     """Slice `csr` (on the host) into batches in a background thread and copy them to `device`
     through pinned memory, `depth` batches ahead of the consumer."""
     q: queue.Queue = queue.Queue(maxsize=depth)

@@ -59,7 +59,9 @@ def read_table(
             )
         names = lf.collect_schema().names()
     except (pl.exceptions.PolarsError, OSError) as e:
-        raise DataError(f"cannot read {path} as {'Parquet' if is_parquet else 'CSV'}: {e}") from None
+        raise DataError(
+            f"cannot read {path} as {'Parquet' if is_parquet else 'CSV'}: {e}"
+        ) from None
     missing = [c for c in wanted if c not in names]
     if missing:
         hint = " (is --sep right?)" if len(names) == 1 and not is_parquet else ""
@@ -99,3 +101,296 @@ def read_table(
             )
         out[RATING] = r.alias(RATING)
     return pl.DataFrame(out)
+
+
+# -- the registry's formats ----------------------------------------------------------------------
+# Each parser takes the raw file paths (in the order they are read) and returns the frame plus a
+# dict of parse counts for the manifest. Typed Polars reads are the fast path; when one fails (or
+# yields a null), a plain line scan finds the first bad line so the error names it.
+
+Parsed = tuple[pl.DataFrame, dict]
+_INT = r"^\s*-?\d+\s*$"
+_NUM = r"^\s*-?(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?\s*$"
+
+
+def _first_bad_line(
+    path: Path, sep: str, kinds: tuple[str, ...], header: bool, names: tuple[str, ...]
+) -> str:
+    """'line N: what is wrong' for the first line that does not hold len(kinds) typed fields."""
+    import re
+
+    checks = {"int": re.compile(_INT), "num": re.compile(_NUM), "str": None}
+    with open(path, encoding="utf-8", errors="replace", newline="") as f:
+        for n, line in enumerate(f, 1):
+            if header and n == 1:
+                continue
+            line = line.rstrip("\r\n")
+            fields = line.split(sep)
+            if len(fields) != len(kinds):
+                return (
+                    f"line {n}: {len(fields)} field(s) where {len(kinds)} "
+                    f"({', '.join(names)}) are expected: {line[:80]!r}"
+                )
+            for value, kind, name in zip(fields, kinds, names, strict=False):
+                rx = checks[kind]
+                if value.strip() == "" or (rx is not None and not rx.match(value)):
+                    return f"line {n}: {name} is {value!r}, not {'a number' if rx else 'set'}"
+    return "no bad line found by the line scan"
+
+
+def _typed_read(
+    path: Path,
+    sep: str,
+    kinds: tuple[str, ...],
+    names: tuple[str, ...],
+    header: bool,
+    select: tuple[str, ...],
+    what: str,
+) -> pl.DataFrame:
+    dtypes = {"int": pl.Int64, "num": pl.Float64, "str": pl.String}
+    schema = {n: dtypes[k] for n, k in zip(names, kinds, strict=False)}
+    if path.stat().st_size == 0:
+        raise DataError(f"{path} is empty; is it a complete {what} file? Download it again")
+    last = names[-1]  # a short row leaves the last field null: read it to notice
+    try:
+        df = (
+            pl.scan_csv(path, separator=sep, has_header=header, schema=schema, quote_char=None)
+            .select(*select, *([] if last in select else [pl.col(last).is_null().alias("_e")]))
+            .collect()
+        )
+        bad = df.select(pl.any_horizontal(pl.all().is_null()).any()).item()
+        if "_e" in df.columns:
+            bad = bad or bool(df.get_column("_e").any())
+            df = df.drop("_e")
+    except pl.exceptions.PolarsError:
+        bad = True
+    if bad:
+        where = _first_bad_line(path, sep, kinds, header, names)
+        raise DataError(
+            f"{path}, {where}. This is not the {what} format; fix or re-download the file"
+        )
+    if df.height == 0:
+        raise DataError(f"{path} holds no rows; is it a complete {what} file?")
+    return df
+
+
+def _one(paths: list[Path], what: str) -> Path:
+    if len(paths) != 1:
+        raise DataError(f"expected one {what} file, got {len(paths)}: {[str(p) for p in paths]}")
+    return paths[0]
+
+
+ML_COLUMNS = ("userId", "movieId", "rating", "timestamp")
+
+
+def read_movielens_csv(paths: list[Path]) -> Parsed:
+    """MovieLens ratings.csv (ml-20m, ml-25m, ml-32m, ml-latest): header
+    userId,movieId,rating,timestamp; ids are integers, ratings half stars."""
+    path = _one(paths, "ratings.csv")
+    with open(path, encoding="utf-8", errors="replace") as f:
+        head = f.readline().strip()
+    if head != ",".join(ML_COLUMNS):
+        raise DataError(
+            f"{path}, line 1: header is {head[:80]!r}, not "
+            f"{','.join(ML_COLUMNS)!r}; is this a MovieLens ratings.csv?"
+        )
+    df = _typed_read(
+        path,
+        ",",
+        ("int", "int", "num", "int"),
+        ML_COLUMNS,
+        True,
+        ("userId", "movieId", "rating"),
+        "MovieLens ratings.csv",
+    )
+    return df.rename({"userId": USER, "movieId": ITEM, "rating": RATING}), {}
+
+
+def read_movielens_dat(paths: list[Path]) -> Parsed:
+    """MovieLens 1M/10M ratings.dat: UserID::MovieID::Rating::Timestamp, no header."""
+    path = _one(paths, "ratings.dat")
+    if path.stat().st_size == 0:
+        raise DataError(f"{path} is empty; download ml-1m again")
+    lines = pl.read_csv(
+        path, has_header=False, separator="\x1f", quote_char=None, schema={"line": pl.String}
+    )
+    parts = lines.select(pl.col("line").str.split("::").alias("f"))
+    df = parts.select(
+        pl.col("f").list.len().alias("n"),
+        pl.col("f")
+        .list.get(0, null_on_oob=True)
+        .str.strip_chars()
+        .cast(pl.Int64, strict=False)
+        .alias(USER),
+        pl.col("f")
+        .list.get(1, null_on_oob=True)
+        .str.strip_chars()
+        .cast(pl.Int64, strict=False)
+        .alias(ITEM),
+        pl.col("f")
+        .list.get(2, null_on_oob=True)
+        .str.strip_chars()
+        .cast(pl.Float64, strict=False)
+        .alias(RATING),
+    )
+    bad = df.select(
+        (
+            (pl.col("n") != 4)
+            | pl.col(USER).is_null()
+            | pl.col(ITEM).is_null()
+            | pl.col(RATING).is_null()
+        ).fill_null(True)
+    ).to_series()
+    if bad.any():
+        n = int(bad.arg_true()[0])
+        line = lines.get_column("line")[n]
+        raise DataError(
+            f"{path}, line {n + 1}: {line!r} is not UserID::MovieID::Rating::Timestamp"
+            "; fix or re-download the file"
+        )
+    return df.select(USER, ITEM, RATING), {}
+
+
+def read_netflix(paths: list[Path]) -> Parsed:
+    """Netflix Prize: blocks of a 'MovieID:' line then CustomerID,Rating,Date rows, in one
+    file per movie (mv_*.txt) or four combined_data_*.txt files. Rows in file order."""
+    if not paths:
+        raise DataError("no Netflix files given")
+    frames = []
+    for path in paths:
+        if path.stat().st_size == 0:
+            raise DataError(f"{path} is empty; the Netflix files are incomplete")
+        lines = pl.read_csv(
+            path, has_header=False, separator="\x1f", quote_char=None, schema={"line": pl.String}
+        )
+        f = lines.select(
+            pl.col("line").str.split_exact(",", 2).struct.unnest(),
+            pl.col("line").str.ends_with(":").alias("head"),
+        )
+        f = f.select(
+            pl.col("head"),
+            pl.when(pl.col("head"))
+            .then(pl.col("field_0").str.strip_suffix(":"))
+            .cast(pl.Int32, strict=False)
+            .forward_fill()
+            .alias(ITEM),
+            pl.col("field_0").cast(pl.Int32, strict=False).alias(USER),
+            pl.col("field_1").cast(pl.Int8, strict=False).alias(RATING),
+            pl.col("field_2").is_null().alias("no_date"),
+        )
+        row_bad = (
+            pl.col(USER).is_null()
+            | pl.col(RATING).is_null()
+            | pl.col("no_date")
+            | pl.col(ITEM).is_null()
+        )
+        bad = f.select(
+            pl.when(pl.col("head")).then(pl.col(ITEM).is_null()).otherwise(row_bad).fill_null(True)
+        ).to_series()
+        if bad.any():
+            n = int(bad.arg_true()[0])
+            raise DataError(
+                f"{path}, line {n + 1}: {lines.get_column('line')[n]!r} is neither a 'MovieID:' "
+                "line nor CustomerID,Rating,Date under one; fix or re-obtain the file"
+            )
+        frames.append(f.filter(~pl.col("head")).select(USER, ITEM, RATING))
+        del lines, f
+    df = pl.concat(frames, rechunk=True) if len(frames) > 1 else frames[0]
+    return df, {"n_files": len(paths)}
+
+
+def read_lastfm(paths: list[Path]) -> Parsed:
+    """Last.fm 360K: user sha1 <tab> artist MBID <tab> artist name <tab> plays, no header.
+
+    Known to be dirty: rows without exactly 4 fields, an empty user or artist, or a plays value
+    that is not an integer are skipped and counted. Items: the MBID, or 'name:' + artist name
+    where the MBID is empty."""
+    path = _one(paths, "usersha1-artmbid-artname-plays.tsv")
+    if path.stat().st_size == 0:
+        raise DataError(f"{path} is empty; download lastfm-360k again")
+    lines = pl.read_csv(
+        path,
+        has_header=False,
+        separator="\x1f",
+        quote_char=None,
+        schema={"line": pl.String},
+        encoding="utf8-lossy",
+    )
+    f = lines.select(pl.col("line").str.split("\t").alias("f")).select(
+        pl.col("f").list.len().alias("n"),
+        pl.col("f").list.get(0, null_on_oob=True).str.strip_chars().alias(USER),
+        pl.col("f").list.get(1, null_on_oob=True).str.strip_chars().alias("mbid"),
+        pl.col("f").list.get(2, null_on_oob=True).alias("name"),
+        pl.col("f")
+        .list.get(3, null_on_oob=True)
+        .str.strip_chars()
+        .cast(pl.Int64, strict=False)
+        .alias(RATING),
+    )
+    n_lines = f.height
+    item = (
+        pl.when(pl.col("mbid") != "")
+        .then(pl.col("mbid"))
+        .when(pl.col("name").str.strip_chars() != "")
+        .then(pl.lit("name:") + pl.col("name"))
+        .otherwise(None)
+    )
+    f = f.with_columns(item.alias(ITEM))
+    ok = (
+        (pl.col("n") == 4)
+        & pl.col(USER).is_not_null()
+        & (pl.col(USER) != "")
+        & pl.col(ITEM).is_not_null()
+        & pl.col(RATING).is_not_null()
+    )
+    df = f.filter(ok).select(USER, ITEM, pl.col(RATING).cast(pl.Float64))
+    skipped = n_lines - df.height
+    if df.height == 0:
+        raise DataError(
+            f"{path}: none of its {n_lines} lines is user<TAB>mbid<TAB>name<TAB>plays;"
+            " is this usersha1-artmbid-artname-plays.tsv?"
+        )
+    if skipped > 0.01 * n_lines:
+        raise DataError(
+            f"{path}: {skipped} of {n_lines} lines are malformed (more than 1%); "
+            "the file is probably damaged: download lastfm-360k again"
+        )
+    return df, {"n_lines": n_lines, "n_skipped_malformed": skipped}
+
+
+def read_pinterest(paths: list[Path]) -> Parsed:
+    """NCF Pinterest: pinterest-20.train.rating then pinterest-20.test.rating, each
+    user <tab> item <tab> rating <tab> timestamp, no header."""
+    order = {"train": 0, "test": 1}
+    names = ("user", "item", "rating", "timestamp")
+    frames = []
+    for path in sorted(paths, key=lambda p: order.get(p.name.split(".")[-2], 2)):
+        df = _typed_read(
+            path, "\t", ("int", "int", "num", "str"), names, False, ("user", "item"), "NCF .rating"
+        )
+        frames.append(df.rename({"user": USER, "item": ITEM}))
+    if not frames:
+        raise DataError("no Pinterest files given")
+    return pl.concat(frames), {"n_files": len(frames)}
+
+
+def read_msd(paths: list[Path]) -> Parsed:
+    """Taste Profile train_triplets.txt: user <tab> song <tab> play count, no header."""
+    path = _one(paths, "train_triplets.txt")
+    names = ("user", "song", "plays")
+    df = _typed_read(path, "\t", ("str", "str", "int"), names, False, names, "MSD triplets")
+    return df.select(
+        pl.col("user").alias(USER),
+        pl.col("song").alias(ITEM),
+        pl.col("plays").cast(pl.Float64).alias(RATING),
+    ), {}
+
+
+PARSERS = {
+    "movielens-csv": read_movielens_csv,
+    "movielens-dat": read_movielens_dat,
+    "netflix": read_netflix,
+    "lastfm": read_lastfm,
+    "pinterest": read_pinterest,
+    "msd": read_msd,
+}

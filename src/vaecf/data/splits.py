@@ -41,8 +41,9 @@ def shuffle_users(sorted_user_ids: np.ndarray, seed: int) -> np.ndarray:
     return sorted_user_ids[np.random.RandomState(seed).permutation(sorted_user_ids.size)]
 
 
-def fold_in_mask(group_sizes: np.ndarray, seed: int, test_prop: float = 0.2,
-                 min_items: int = 5) -> np.ndarray:
+def fold_in_mask(
+    group_sizes: np.ndarray, seed: int, test_prop: float = 0.2, min_items: int = 5
+) -> np.ndarray:
     """Boolean mask over rows grouped by user (consecutive groups): True = target (held out).
 
     Reproduces `split_train_test_proportion` of the paper's code draw for draw.

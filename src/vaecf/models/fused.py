@@ -44,7 +44,7 @@ class LinearMultinomialNLL(torch.autograd.Function):
             chunk = b if h.device.type != "cpu" else max(1, _CHUNK_BYTES // (4 * n))
             lse = torch.empty(b, dtype=acc, device=h.device)
             for lo in range(0, b, chunk):
-                lse[lo: lo + chunk] = torch.logsumexp(logits[lo: lo + chunk].to(acc), dim=1)
+                lse[lo : lo + chunk] = torch.logsumexp(logits[lo : lo + chunk].to(acc), dim=1)
             picked = logits[row_ids, indices].to(acc) * values.to(acc)
             s = torch.zeros(b, dtype=acc, device=h.device).index_add_(0, row_ids, picked)
             nll = (n_u.to(acc) * lse - s).sum()
@@ -62,14 +62,13 @@ class LinearMultinomialNLL(torch.autograd.Function):
         same = logits.dtype == acc
         with torch.autocast(logits.device.type, enabled=False):
             for lo in range(0, b, ctx.chunk):
-                rows = logits[lo: lo + ctx.chunk]
+                rows = logits[lo : lo + ctx.chunk]
                 t = rows if same else rows.to(acc)
-                t.sub_(lse[lo: lo + ctx.chunk, None]).exp_().mul_(coef[lo: lo + ctx.chunk])
+                t.sub_(lse[lo : lo + ctx.chunk, None]).exp_().mul_(coef[lo : lo + ctx.chunk])
                 if not same:
                     rows.copy_(t)
             g = logits  # now d loss / d logits (B, n_items)
-            g.index_put_((row_ids, indices), (-scale * values.to(acc)).to(g.dtype),
-                         accumulate=True)
+            g.index_put_((row_ids, indices), (-scale * values.to(acc)).to(g.dtype), accumulate=True)
             h_dt, w_dt, b_dt = ctx.dtypes
             grad_h = (g @ wc).to(h_dt) if ctx.needs_input_grad[0] else None
             grad_w = (g.t() @ hc).to(w_dt) if ctx.needs_input_grad[1] else None
@@ -79,5 +78,6 @@ class LinearMultinomialNLL(torch.autograd.Function):
 
 def linear_multinomial_nll(h, weight, bias, batch) -> torch.Tensor:
     """Summed multinomial NLL of logits h @ weight.T + bias against the batch's non-zeros."""
-    return LinearMultinomialNLL.apply(h, weight, bias, batch.indices, batch.row_ids,
-                                      batch.values, batch.row_sums())
+    return LinearMultinomialNLL.apply(
+        h, weight, bias, batch.indices, batch.row_ids, batch.values, batch.row_sums()
+    )

@@ -53,8 +53,7 @@ class MultAE(nn.Module):
         self.config = config = config or ModelConfig()
         self.n_items = n_items
         self.variational = config.model == "multvae"
-        enc = [n_items, *config.hidden_dims,
-               config.latent_dim * (2 if self.variational else 1)]
+        enc = [n_items, *config.hidden_dims, config.latent_dim * (2 if self.variational else 1)]
         dec = [config.latent_dim, *reversed(config.hidden_dims), n_items]
         # first layer as a (n_items, d) table for the sparse product
         self.in_weight = nn.Parameter(torch.empty(n_items, enc[1]))  # (n_items, d1)
@@ -78,8 +77,16 @@ class MultAE(nn.Module):
         v = batch.values
         inv_norm = torch.rsqrt(batch.row_sums(v * v).clamp_min(1e-12))  # tf.nn.l2_normalize
         v = F.dropout(v * inv_norm[batch.row_ids], self.config.dropout, self.training)
-        h = F.embedding_bag(batch.indices, self.in_weight, batch.offsets, mode="sum",
-                            per_sample_weights=v.to(self.in_weight.dtype)) + self.in_bias  # (B, d1)
+        h = (
+            F.embedding_bag(
+                batch.indices,
+                self.in_weight,
+                batch.offsets,
+                mode="sum",
+                per_sample_weights=v.to(self.in_weight.dtype),
+            )
+            + self.in_bias
+        )  # (B, d1)
         if self.encoder or not self.variational:
             h = torch.tanh(h)
         for i, layer in enumerate(self.encoder):
@@ -113,8 +120,9 @@ class MultAE(nn.Module):
         z, mu, logvar = self._latent(batch)
         return self.decode(z), mu, logvar
 
-    def loss(self, batch: SparseBatch, beta: float = 0.0,
-             denom: float | None = None) -> tuple[torch.Tensor, dict]:
+    def loss(
+        self, batch: SparseBatch, beta: float = 0.0, denom: float | None = None
+    ) -> tuple[torch.Tensor, dict]:
         """(NLL + beta * KL) summed over the batch / denom (default: the batch size, i.e. the
         mean), plus the weight penalty; and the summed NLL and KL (detached).
 
@@ -134,8 +142,9 @@ class MultAE(nn.Module):
             parts["kl_sum"] = kl.detach()
         loss = total / max(denom, 1)
         if self.config.weight_decay:
-            loss = loss + self.config.weight_decay * sum(_wide(w).pow(2).sum()
-                                                         for w in self.weights())
+            loss = loss + self.config.weight_decay * sum(
+                _wide(w).pow(2).sum() for w in self.weights()
+            )
         return loss, parts
 
 
@@ -163,5 +172,3 @@ class MultDAE(MultAE):
 
 def build_model(n_items: int, config: ModelConfig) -> MultAE:
     return (MultVAE if config.model == "multvae" else MultDAE)(n_items, config)
-
-

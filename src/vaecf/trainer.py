@@ -70,8 +70,10 @@ def _is_run(path: Path) -> bool:
 def load_run_config(run_dir: str | os.PathLike) -> dict:
     run_dir = Path(run_dir)
     if not _is_run(run_dir):
-        raise RunError(f"{run_dir} is not a vaecf run directory (no config.json); "
-                       "pass the --out directory of `vaecf train`")
+        raise RunError(
+            f"{run_dir} is not a vaecf run directory (no config.json); "
+            "pass the --out directory of `vaecf train`"
+        )
     try:
         return json.loads((run_dir / "config.json").read_text())
     except json.JSONDecodeError as e:
@@ -91,16 +93,19 @@ def train(
     if resume and _is_run(out):
         saved = load_run_config(out)
         if saved["data"]["fingerprint"] != ds.fingerprint:
-            raise RunError(f"{out} was trained on another dataset "
-                           f"({saved['data']['path']}); pass that --data to resume")
+            raise RunError(
+                f"{out} was trained on another dataset "
+                f"({saved['data']['path']}); pass that --data to resume"
+            )
         epochs = config.epochs if config is not None else None
         config = from_dict(TrainConfig, saved["train"])
         if epochs is not None:
             config.epochs = epochs  # the one setting a resume may change: train longer
         model_config = from_dict(ModelConfig, saved["model"])
     elif _is_run(out):
-        raise RunError(f"{out} already holds a run; pass --resume to continue it "
-                       "or choose another --out")
+        raise RunError(
+            f"{out} already holds a run; pass --resume to continue it or choose another --out"
+        )
     elif out.exists() and any(out.iterdir()):
         raise RunError(f"{out} exists and is not a run directory; choose another --out")
     config = config or TrainConfig()
@@ -110,8 +115,10 @@ def train(
     ctx, device = distributed.setup(config.device)
     try:
         if ctx.enabled and config.batch_size < ctx.world:
-            raise ValueError(f"--batch-size {config.batch_size} is below the {ctx.world} "
-                             "processes; it is the global batch, split across them")
+            raise ValueError(
+                f"--batch-size {config.batch_size} is below the {ctx.world} "
+                "processes; it is the global batch, split across them"
+            )
         return Trainer(ds, config, model_config, out, ctx, device).fit()
     finally:
         if started:
@@ -119,8 +126,15 @@ def train(
 
 
 class Trainer:
-    def __init__(self, ds: PreparedDataset, cfg: TrainConfig, model_cfg: ModelConfig, out: Path,
-                 ctx: distributed.DistContext | None = None, device: str | None = None):
+    def __init__(
+        self,
+        ds: PreparedDataset,
+        cfg: TrainConfig,
+        model_cfg: ModelConfig,
+        out: Path,
+        ctx: distributed.DistContext | None = None,
+        device: str | None = None,
+    ):
         self.ds, self.cfg, self.model_cfg, self.out = ds, cfg, model_cfg, out
         self.ctx = ctx or distributed.DistContext()
         self.device = prec.resolve_device(device or cfg.device)
@@ -131,8 +145,10 @@ class Trainer:
         prec.set_matmul_precision(cfg.precision)
         host = cfg.data_on == "host"
         self.train_csr = CSR.from_scipy(ds.split("train"), "cpu" if host else self.device)
-        self.val = (CSR.from_scipy(ds.split("validation_tr"), self.device),
-                    CSR.from_scipy(ds.split("validation_te"), self.device))
+        self.val = (
+            CSR.from_scipy(ds.split("validation_tr"), self.device),
+            CSR.from_scipy(ds.split("validation_te"), self.device),
+        )
         torch.manual_seed(cfg.seed)
         self.gen = torch.Generator().manual_seed(cfg.seed)
         self.model: MultAE = build_model(ds.n_items, model_cfg).to(self.device)
@@ -148,24 +164,38 @@ class Trainer:
         if not self.ctx.is_main:
             return
         self.out.mkdir(parents=True, exist_ok=True)
-        write_json(self.out / "config.json", {
-            "model": asdict(self.model_cfg),
-            "train": self.cfg.to_dict(),
-            "data": {"path": str(self.ds.path.resolve()), "fingerprint": self.ds.fingerprint,
-                     "n_items": self.ds.n_items},
-            "vaecf_version": self.ds.manifest.get("vaecf_version"),
-        })
+        write_json(
+            self.out / "config.json",
+            {
+                "model": asdict(self.model_cfg),
+                "train": self.cfg.to_dict(),
+                "data": {
+                    "path": str(self.ds.path.resolve()),
+                    "fingerprint": self.ds.fingerprint,
+                    "n_items": self.ds.n_items,
+                },
+                "vaecf_version": self.ds.manifest.get("vaecf_version"),
+            },
+        )
         shutil.copyfile(self.ds.path / "items.parquet", self.out / ".items.parquet.tmp")
         os.replace(self.out / ".items.parquet.tmp", self.out / "items.parquet")
 
     def _save_last(self) -> None:
         if not self.ctx.is_main:
             return
-        checkpoint.save(self.out / "last.pt", {
-            "model": self.model.state_dict(), "optimizer": self.opt.state_dict(),
-            "scaler": self.scaler.state_dict(), "epoch": self.epoch, "step": self.step,
-            "best": self.best, "history": self.history, "rng": _rng_state(self.gen),
-        })
+        checkpoint.save(
+            self.out / "last.pt",
+            {
+                "model": self.model.state_dict(),
+                "optimizer": self.opt.state_dict(),
+                "scaler": self.scaler.state_dict(),
+                "epoch": self.epoch,
+                "step": self.step,
+                "best": self.best,
+                "history": self.history,
+                "rng": _rng_state(self.gen),
+            },
+        )
         with atomic_file(self.out / "metrics.jsonl", "w") as f:
             for row in self.history:
                 f.write(json.dumps(row) + "\n")
@@ -210,12 +240,23 @@ class Trainer:
         seconds = time.perf_counter() - t0
         nll, kl = (totals / n).tolist()
         beta = beta_at(self.step - 1, cfg)
-        return {"loss": nll + beta * kl, "nll": nll, "kl": kl, "beta": beta,
-                "train_seconds": round(seconds, 4), "users_per_s": round(n / seconds, 1)}
+        return {
+            "loss": nll + beta * kl,
+            "nll": nll,
+            "kl": kl,
+            "beta": beta,
+            "train_seconds": round(seconds, 4),
+            "users_per_s": round(n / seconds, 1),
+        }
 
     def validate(self) -> dict:
-        return evaluate_model(self.model, *self.val, batch_size=self.cfg.eval_batch_size,
-                              precision=self.cfg.precision, dist=self.ctx)
+        return evaluate_model(
+            self.model,
+            *self.val,
+            batch_size=self.cfg.eval_batch_size,
+            precision=self.cfg.precision,
+            dist=self.ctx,
+        )
 
     def fit(self) -> RunResult:
         cfg = self.cfg
@@ -230,34 +271,52 @@ class Trainer:
             ids = [self.device.index] if self.device.type == "cuda" else None
             self.step_module = DistributedDataParallel(self.step_module, device_ids=ids)
         show = cfg.progress and self.ctx.is_main
-        bar = tqdm(total=cfg.epochs, initial=self.epoch, desc="train", unit="epoch",
-                   disable=not show, dynamic_ncols=True)
+        bar = tqdm(
+            total=cfg.epochs,
+            initial=self.epoch,
+            desc="train",
+            unit="epoch",
+            disable=not show,
+            dynamic_ncols=True,
+        )
         try:
             while self.epoch < cfg.epochs:
                 row = {"epoch": self.epoch + 1, "step": None, **self.train_epoch()}
                 self.epoch += 1
                 row["step"] = self.step
                 if not math.isfinite(row["loss"]):
-                    raise RuntimeError(f"loss became {row['loss']} at epoch {self.epoch}; "
-                                       "lower --lr or use --precision fp32")
+                    raise RuntimeError(
+                        f"loss became {row['loss']} at epoch {self.epoch}; "
+                        "lower --lr or use --precision fp32"
+                    )
                 if self.epoch % cfg.eval_every == 0 or self.epoch == cfg.epochs:
                     val = self.validate()
                     row["validation"] = val
                     if val[cfg.select_metric] > self.best["value"]:
-                        self.best = {"epoch": self.epoch, "value": val[cfg.select_metric],
-                                     "metrics": val}
+                        self.best = {
+                            "epoch": self.epoch,
+                            "value": val[cfg.select_metric],
+                            "metrics": val,
+                        }
                         if self.ctx.is_main:
-                            checkpoint.save(self.out / "best.pt", {
-                                "model": self.model.state_dict(), "epoch": self.epoch,
-                                "metrics": val})
+                            checkpoint.save(
+                                self.out / "best.pt",
+                                {
+                                    "model": self.model.state_dict(),
+                                    "epoch": self.epoch,
+                                    "metrics": val,
+                                },
+                            )
                     if show:
-                        tqdm.write(_epoch_line(row, cfg.select_metric,
-                                               self.best["epoch"] == self.epoch))
+                        tqdm.write(
+                            _epoch_line(row, cfg.select_metric, self.best["epoch"] == self.epoch)
+                        )
                 self.history.append(row)
                 self._save_last()
                 bar.update(1)
-                bar.set_postfix(loss=f"{row['loss']:.2f}",
-                                best=f"{self.best['value']:.4f}@{self.best['epoch']}")
+                bar.set_postfix(
+                    loss=f"{row['loss']:.2f}", best=f"{self.best['value']:.4f}@{self.best['epoch']}"
+                )
         finally:
             bar.close()
         return self._finish()
@@ -270,22 +329,34 @@ class Trainer:
         if self.ctx.enabled:  # the other ranks need not see rank 0's filesystem
             for t in self.model.state_dict().values():
                 torch.distributed.broadcast(t, 0)
-        test = (CSR.from_scipy(self.ds.split("test_tr"), self.device),
-                CSR.from_scipy(self.ds.split("test_te"), self.device))
-        test_metrics = evaluate_model(self.model, *test, batch_size=self.cfg.eval_batch_size,
-                                      precision=self.cfg.precision, dist=self.ctx)
-        results = {"best_epoch": self.best["epoch"], "validation": self.best["metrics"],
-                   "test": test_metrics, "epochs": self.epoch, "steps": self.step}
+        test = (
+            CSR.from_scipy(self.ds.split("test_tr"), self.device),
+            CSR.from_scipy(self.ds.split("test_te"), self.device),
+        )
+        test_metrics = evaluate_model(
+            self.model,
+            *test,
+            batch_size=self.cfg.eval_batch_size,
+            precision=self.cfg.precision,
+            dist=self.ctx,
+        )
+        results = {
+            "best_epoch": self.best["epoch"],
+            "validation": self.best["metrics"],
+            "test": test_metrics,
+            "epochs": self.epoch,
+            "steps": self.step,
+        }
         if self.ctx.is_main:
             write_json(self.out / "results.json", results)
         self.ctx.barrier()
-        return RunResult(self.out, results["best_epoch"], results["validation"],
-                         results["test"], self.history)
+        return RunResult(
+            self.out, results["best_epoch"], results["validation"], results["test"], self.history
+        )
 
     def _result(self) -> RunResult:
         res = json.loads((self.out / "results.json").read_text())
-        return RunResult(self.out, res["best_epoch"], res["validation"], res["test"],
-                         self.history)
+        return RunResult(self.out, res["best_epoch"], res["validation"], res["test"], self.history)
 
 
 class _LossModule(torch.nn.Module):
@@ -301,7 +372,10 @@ class _LossModule(torch.nn.Module):
 
 def _epoch_line(row: dict, metric: str, is_best: bool) -> str:
     val = row["validation"]
-    shown = "  ".join(f"{k} {val[k]:.4f}" for k in ("recall@20", "recall@50", "ndcg@100")
-                      if k in val)
-    return (f"epoch {row['epoch']:4d}  loss {row['loss']:9.3f}  {shown}"
-            f"  {row['users_per_s']:8.0f} users/s{'  *' if is_best else ''}")
+    shown = "  ".join(
+        f"{k} {val[k]:.4f}" for k in ("recall@20", "recall@50", "ndcg@100") if k in val
+    )
+    return (
+        f"epoch {row['epoch']:4d}  loss {row['loss']:9.3f}  {shown}"
+        f"  {row['users_per_s']:8.0f} users/s{'  *' if is_best else ''}"
+    )

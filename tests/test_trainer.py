@@ -8,7 +8,7 @@ import torch
 import vaecf
 from vaecf.data import synthetic
 from vaecf.data.matrix import CSR
-from vaecf.train import beta_at
+from vaecf.trainer import beta_at
 
 
 @pytest.fixture(scope="module")
@@ -44,8 +44,14 @@ def test_beta_schedule():
 def test_run_directory_contents(small_ds, tmp_path):
     res = vaecf.train(small_ds, fast_cfg(eval_every=3), tmp_path / "run")
     names = {p.name for p in (tmp_path / "run").iterdir()}
-    assert {"config.json", "items.parquet", "last.pt", "best.pt", "metrics.jsonl",
-            "results.json"} <= names
+    assert {
+        "config.json",
+        "items.parquet",
+        "last.pt",
+        "best.pt",
+        "metrics.jsonl",
+        "results.json",
+    } <= names
     assert not [n for n in names if n.startswith(".")]  # no temp files left
     rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").open()]
     assert [r["epoch"] for r in rows] == [1, 2, 3, 4]
@@ -64,8 +70,9 @@ def test_same_seed_same_result(small_ds, tmp_path):
     c = vaecf.train(small_ds, fast_cfg(epochs=2, seed=8), tmp_path / "c")
     assert a.test_metrics == b.test_metrics
     assert_same_weights(weights(tmp_path / "a/last.pt"), weights(tmp_path / "b/last.pt"))
-    assert not torch.equal(weights(tmp_path / "a/last.pt")["in_weight"],
-                           weights(tmp_path / "c/last.pt")["in_weight"])
+    assert not torch.equal(
+        weights(tmp_path / "a/last.pt")["in_weight"], weights(tmp_path / "c/last.pt")["in_weight"]
+    )
     assert c.test_metrics != a.test_metrics
 
 
