@@ -48,6 +48,12 @@ def step_flops(model: MultAE, batch_size: int, nnz: int) -> float:
     return 2.0 * (3 * dense * batch_size + 2 * model.in_weight.shape[1] * nnz)
 
 
+def default_precisions(device: str = "auto") -> list[str]:
+    """fp32, and bf16 where the device computes it natively (emulated bf16 is far slower)."""
+    dev = prec.resolve_device(device)
+    return ["fp32", "bf16"] if prec.native_bf16(dev) else ["fp32"]
+
+
 def _sync(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
@@ -142,7 +148,7 @@ def _percentiles(times: list[float]) -> dict:
 def bench_infer(
     run_or_items: str | int = ML20M["items"],
     batch_sizes=(1, 1024),
-    precision: str = "bf16",
+    precision: str = "auto",
     device: str = "cpu",
     history: int = 50,
     seconds: float = 3.0,
@@ -151,6 +157,7 @@ def bench_infer(
 ) -> list[dict]:
     """Latency and throughput of scoring + masking seen items + top-k, per batch size."""
     dev = prec.resolve_device(device)
+    precision = prec.resolve_precision(precision, dev)
     prec.check_precision(precision, dev)
     if dev.type == "cpu":
         tune_cpu_allocator()
