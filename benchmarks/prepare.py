@@ -104,8 +104,9 @@ def make_netflix(directory: Path, n_rows: int, seed: int = 1) -> None:
         )
         body = part.with_columns(pl.lit(1).alias("o"))
         lines = pl.concat([head, body]).sort("movie", "o", maintain_order=True).select("line")
-        with open(directory / f"combined_data_{k + 1}.txt", "w") as f:
-            f.write("\n".join(lines.get_column("line").to_list()) + "\n")
+        lines.write_csv(
+            directory / f"combined_data_{k + 1}.txt", include_header=False, quote_style="never"
+        )
 
 
 PANDAS_REFERENCE = r"""

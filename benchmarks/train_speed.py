@@ -68,7 +68,7 @@ def main() -> int:
     tune_cpu_allocator()
     m = bench.synthetic_csr(a.users, a.items, a.nnz)
     rows = [("dense PyTorch (fp32)", dense_users_per_s(m, a.batch_size, a.steps))]
-    for p in ("fp32", "bf16"):
+    for p in bench.default_precisions("cpu"):
         r = bench.bench_train(p, a.batch_size, a.users, a.items, a.nnz, a.steps, progress=False)
         rows.append((f"vaecf ({p})", r.users_per_s))
     base = rows[0][1]

@@ -11,6 +11,7 @@ import torch
 from vaecf import precision as prec
 from vaecf.data.matrix import CSR, SparseBatch
 from vaecf.metrics import parse_metric, ranking_metrics
+from vaecf.models.multvae import Scorer
 
 DEFAULT_METRICS = ("recall@20", "recall@50", "ndcg@100")
 
@@ -80,12 +81,13 @@ def evaluate_scores(
 
 
 def model_scores(model: torch.nn.Module, precision: str = "fp32") -> ScoreFn:
-    """Score function of a model in eval mode (z = mu, no dropout)."""
+    """Score function of a model in eval mode (z = mu, no dropout); a snapshot of its weights."""
     device = next(model.parameters()).device
+    scorer = Scorer(model)
 
     def fn(batch: SparseBatch) -> torch.Tensor:
         with prec.autocast(device, precision):
-            return model(batch)[0]
+            return scorer(batch)
 
     return fn
 

@@ -20,7 +20,7 @@ from vaecf.config import from_dict
 from vaecf.data.matrix import SparseBatch
 from vaecf.data.vocab import Vocabulary
 from vaecf.errors import RunError
-from vaecf.models.multvae import ModelConfig, MultAE, build_model
+from vaecf.models.multvae import ModelConfig, MultAE, Scorer, build_model
 from vaecf.trainer import load_run_config
 
 
@@ -45,6 +45,7 @@ class Recommender:
         if precision in ("bf16", "fp16"):  # a half-width copy: no casts per call
             model = model.to(torch.bfloat16 if precision == "bf16" else torch.float16)
         self.model = model.eval()
+        self.scorer = Scorer(self.model)
         self.items = items
         self.precision = precision
         self.device = next(model.parameters()).device
@@ -97,7 +98,7 @@ class Recommender:
         if not known:
             return []
         batch = self._batch(known)
-        logits = self.model(batch)[0]
+        logits = self.scorer(batch)
         probs = torch.softmax(logits.float(), dim=1)
         if exclude_history:
             probs[batch.row_ids, batch.indices] = -1.0

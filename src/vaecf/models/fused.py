@@ -4,9 +4,9 @@ Where the FLOPs and bytes of Mult-VAE go: the output layer (B x d) @ (d x n_item
 backward products are ~95% of the FLOPs, and the (B, n_items) logits are the only large
 activation. Plain autograd walks that array many times (logsumexp, its backward, the gather's
 backward into a fresh zero array, the sum of both) and allocates several copies of it per step.
-Here the logits are computed once, their log-sum-exp read in cache-sized row chunks, and in
-backward the same buffer is overwritten with the logits' gradient
-n_u * softmax - x, so one (B, n_items) array serves the whole step.
+Here the logits are computed once; in cache-sized row chunks their log-sum-exp is taken and the
+buffer overwritten with the softmax (one exp per logit), and backward turns that same buffer into
+the logits' gradient n_u * softmax - x, so one (B, n_items) array serves the whole step.
 
 Under autocast (bf16/fp16) the products run in the autocast dtype and every reduction and the
 softmax run in float32 (float64 inputs stay float64).
@@ -41,35 +41,38 @@ class LinearMultinomialNLL(torch.autograd.Function):
             hc, wc = h.to(dtype), weight.to(dtype)
             logits = torch.addmm(bias.to(dtype), hc, wc.t())  # (B, n_items)
             b, n = logits.shape
+            picked = logits[row_ids, indices].to(acc) * values.to(acc)  # before the overwrite
+            s = torch.zeros(b, dtype=acc, device=h.device).index_add_(0, row_ids, picked)
+            # logsumexp per row, and the buffer overwritten with softmax(logits) in one sweep of
+            # cache-sized chunks (backward needs only the softmax: one exp per logit per step)
             chunk = b if h.device.type != "cpu" else max(1, _CHUNK_BYTES // (4 * n))
             lse = torch.empty(b, dtype=acc, device=h.device)
+            same = logits.dtype == acc
             for lo in range(0, b, chunk):
-                lse[lo : lo + chunk] = torch.logsumexp(logits[lo : lo + chunk].to(acc), dim=1)
-            picked = logits[row_ids, indices].to(acc) * values.to(acc)
-            s = torch.zeros(b, dtype=acc, device=h.device).index_add_(0, row_ids, picked)
+                rows = logits[lo : lo + chunk]
+                t = rows if same else rows.to(acc)
+                top = t.amax(dim=1, keepdim=True)
+                top = torch.where(torch.isfinite(top), top, torch.zeros_like(top))
+                t.sub_(top).exp_()
+                total = t.sum(dim=1, keepdim=True)
+                lse[lo : lo + chunk] = (top + total.log()).squeeze(1)
+                t.div_(total)
+                if not same:
+                    rows.copy_(t)
             nll = (n_u.to(acc) * lse - s).sum()
-        ctx.save_for_backward(hc, wc, logits, lse, n_u, indices, row_ids, values)
-        ctx.chunk, ctx.dtypes = chunk, (h.dtype, weight.dtype, bias.dtype)
+        ctx.save_for_backward(hc, wc, logits, n_u, indices, row_ids, values)
+        ctx.dtypes = (h.dtype, weight.dtype, bias.dtype)
         return nll
 
     @staticmethod
     def backward(ctx, grad):
-        hc, wc, logits, lse, n_u, indices, row_ids, values = ctx.saved_tensors
-        b = logits.shape[0]
-        acc = lse.dtype
+        hc, wc, probs, n_u, indices, row_ids, values = ctx.saved_tensors
+        acc = _acc(probs.dtype)
         scale = grad.to(acc)
-        coef = (n_u.to(acc) * scale)[:, None]  # (B, 1)
-        same = logits.dtype == acc
-        with torch.autocast(logits.device.type, enabled=False):
-            for lo in range(0, b, ctx.chunk):
-                rows = logits[lo : lo + ctx.chunk]
-                t = rows if same else rows.to(acc)
-                t.sub_(lse[lo : lo + ctx.chunk, None]).exp_().mul_(coef[lo : lo + ctx.chunk])
-                if not same:
-                    rows.copy_(t)
-            g = logits  # now d loss / d logits (B, n_items)
+        with torch.autocast(probs.device.type, enabled=False):
+            g = probs.mul_((n_u.to(acc) * scale)[:, None].to(probs.dtype))  # n_u * softmax
             g.index_put_((row_ids, indices), (-scale * values.to(acc)).to(g.dtype), accumulate=True)
-            h_dt, w_dt, b_dt = ctx.dtypes
+            h_dt, w_dt, b_dt = ctx.dtypes  # g is now d loss / d logits (B, n_items)
             grad_h = (g @ wc).to(h_dt) if ctx.needs_input_grad[0] else None
             grad_w = (g.t() @ hc).to(w_dt) if ctx.needs_input_grad[1] else None
             grad_b = g.sum(0, dtype=acc).to(b_dt) if ctx.needs_input_grad[2] else None

@@ -160,6 +160,33 @@ def multinomial_nll(logits: torch.Tensor, batch: SparseBatch) -> torch.Tensor:
     return (batch.row_sums() * lse - batch.row_sums(picked)).mean()
 
 
+class Scorer:
+    """Evaluation-time logits of a MultAE (z = mu, no dropout), laid out for scoring.
+
+    Where the weights are float32 on a CPU, the output layer's weight is kept transposed,
+    (d, n_items) and contiguous: MKL's sgemm then streams it once per call, which is what
+    small batches are bound by (on a 2-core AVX2 CPU, batch 1: 4.5 ms instead of 7.5 ms;
+    batches of 256 and more: the same within noise). Other dtypes and devices keep the
+    nn.Linear layout, which their libraries prefer (bf16 on a CPU without native bf16 is 8x
+    slower transposed). Build a Scorer after the weights have changed, not before.
+    """
+
+    def __init__(self, model: MultAE):
+        self.model = model
+        out = model.decoder[-1]
+        self.bias = out.bias.detach()
+        transpose = out.weight.device.type == "cpu" and out.weight.dtype == torch.float32
+        self.weight_t = out.weight.detach().t().contiguous() if transpose else None
+
+    def __call__(self, batch: SparseBatch) -> torch.Tensor:
+        """(B, n_items) logits; the model must be in eval mode."""
+        net = self.model
+        h = net.decode_hidden(net.encode(batch)[0])
+        if self.weight_t is None:
+            return net.decoder[-1](h)
+        return torch.addmm(self.bias, h, self.weight_t)
+
+
 class MultVAE(MultAE):
     def __init__(self, n_items: int, config: ModelConfig | None = None):
         super().__init__(n_items, config or ModelConfig("multvae"))
