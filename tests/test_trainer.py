@@ -114,8 +114,45 @@ def test_bf16_trains_on_cpu(small_ds, tmp_path):
 def test_bad_settings_are_rejected(small_ds, tmp_path):
     with pytest.raises(ValueError, match="batch-size"):
         vaecf.train(small_ds, fast_cfg(batch_size=0), tmp_path / "x")
-    with pytest.raises(ValueError, match="fp16"):
-        vaecf.train(small_ds, fast_cfg(precision="fp16"), tmp_path / "y")
+    with pytest.raises(ValueError, match="precision must be one of"):
+        vaecf.train(small_ds, fast_cfg(precision="fp8"), tmp_path / "y")
+
+
+def test_fp16_trains_on_cpu_with_loss_scaling(small_ds, tmp_path):
+    res = vaecf.train(small_ds, fast_cfg(epochs=2, precision="fp16"), tmp_path / "fp16")
+    ref = vaecf.train(small_ds, fast_cfg(epochs=2), tmp_path / "fp32")
+    assert abs(res.test_metrics["ndcg@100"] - ref.test_metrics["ndcg@100"]) < 0.05
+    scaler = torch.load(tmp_path / "fp16/last.pt", weights_only=True)["scaler"]
+    assert 0 < scaler["scale"] <= 65536.0  # the scaler ran (and is saved for --resume)
+
+
+def test_fp16_scaler_skips_an_overflowing_step_and_backs_off():
+    from vaecf import precision as prec
+    from vaecf.trainer import make_optimizer
+
+    torch.manual_seed(0)
+    cpu = torch.device("cpu")
+    net = torch.nn.Linear(16, 4)
+    opt = make_optimizer(net, 1e-2, cpu)  # the fused Adam the trainer uses
+    scaler = prec.grad_scaler(cpu, "fp16")
+    x = torch.randn(8, 16)
+
+    def step(scale_input: float):
+        with prec.autocast(cpu, "fp16"):
+            loss = net(x * scale_input).float().pow(2).mean()
+        opt.zero_grad(set_to_none=True)
+        scaler.scale(loss).backward()
+        scaler.step(opt)
+        scaler.update()
+
+    step(1.0)
+    first = scaler.get_scale()
+    before = [p.detach().clone() for p in net.parameters()]
+    step(1e4)  # fp16 overflows: inf gradients
+    assert scaler.get_scale() == first / 2
+    assert all(torch.equal(a, b) for a, b in zip(before, net.parameters()))  # step skipped
+    step(1.0)
+    assert not all(torch.equal(a, b) for a, b in zip(before, net.parameters()))
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
