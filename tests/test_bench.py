@@ -70,3 +70,10 @@ def test_cli_bench_json():
     assert p.returncode == 0, p.stderr
     (row,) = json.loads(p.stdout)
     assert row["precision"] == "fp32" and row["batch_size"] == 20 and row["users_per_s"] > 0
+
+
+def test_bench_eval_scores_every_user():
+    r = bench.bench_eval(items=300, users=120, history=20, batch_size=50, device="cpu", repeats=1)
+    assert r["precision"] in ("fp32", "bf16") and r["users"] == 120
+    assert 0 < r["n_users"] <= 120  # users whose 20% draw came out empty are skipped
+    assert r["seconds"] > 0 and r["users_per_s"] == pytest.approx(120 / r["seconds"])

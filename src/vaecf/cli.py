@@ -395,6 +395,17 @@ def cmd_bench(a) -> int:
         else:
             print(bench.format_train(res))
         return 0
+    if a.what == "eval":
+        r = bench.bench_eval(a.items, a.users, a.history, a.batch_size, a.precision, a.device)
+        if a.json:
+            _print_json(r)
+        else:
+            print(
+                f"full evaluation of {r['users']:,} held-out users x {r['items']:,} items "
+                f"({r['precision']}, batch {r['batch_size']}): {r['seconds']:.2f} s, "
+                f"{r['users_per_s']:,.0f} users/s"
+            )
+        return 0
     target = a.target if not a.target.isdigit() else int(a.target)
     rows = bench.bench_infer(
         target,
@@ -642,6 +653,22 @@ def build_parser() -> argparse.ArgumentParser:
     bi.add_argument("--device", default="cpu", help="cpu (default), cuda, cuda:N")
     bi.add_argument("--json", action="store_true", help="print JSON instead of a table")
     bi.set_defaults(fn=cmd_bench)
+    be = bsub.add_parser(
+        "eval", help="seconds for one full validation pass (fold-in, mask, top-100, metrics)"
+    )
+    be.add_argument("--users", type=int, default=10_000, help="held-out users (default 10000)")
+    be.add_argument("--items", type=int, default=20_108, help="items (ML-20M: 20108)")
+    be.add_argument("--history", type=int, default=50, help="items per user (default 50)")
+    be.add_argument("--batch-size", type=int, default=2000, help="users per batch (default 2000)")
+    be.add_argument(
+        "--precision",
+        choices=["auto", "fp32", "tf32", "bf16", "fp16"],
+        default="auto",
+        help="auto (default): bf16 where the device has native bf16, else fp32",
+    )
+    be.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N")
+    be.add_argument("--json", action="store_true", help="print JSON instead of a line")
+    be.set_defaults(fn=cmd_bench)
     return p
 
 
