@@ -84,7 +84,9 @@ def bench_train(
     model: str = "multvae",
     progress: bool = True,
     seed: int = 0,
+    data: sp.csr_matrix | None = None,
 ) -> TrainBench:
+    """Time whole training steps on `data` (default: `synthetic_csr(users, items, nnz)`)."""
     dev = prec.resolve_device(device)
     prec.check_precision(precision, dev)
     prec.set_matmul_precision(precision)
@@ -92,7 +94,10 @@ def bench_train(
         tune_cpu_allocator()
     from vaecf.trainer import make_optimizer
 
-    csr = CSR.from_scipy(synthetic_csr(users, items, nnz, seed), dev)
+    if data is None:
+        data = synthetic_csr(users, items, nnz, seed)
+    users, items = data.shape
+    csr = CSR.from_scipy(data, dev)
     torch.manual_seed(seed)
     net = build_model(items, ModelConfig(model)).to(dev).train()
     opt = make_optimizer(net, 1e-3, dev)
