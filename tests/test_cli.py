@@ -297,6 +297,17 @@ def test_evaluate_test_split_reproduces_results(ws, queries):
         assert m[k] == results["test"][k], k
 
 
+def test_evaluate_uses_the_runs_precision(ws, env):
+    run_dir = ws.root / "runs" / "bf16"
+    args = ["train", "--data", ws.data, "--out", run_dir, "--epochs", 1, "--batch-size", 100]
+    tr = run([*args, "--precision", "bf16", "--quiet", "--json"], env)
+    assert tr.returncode == 0, str(tr)
+    m = run(["evaluate", run_dir, "--json"], env).json()
+    results = json.loads((run_dir / "results.json").read_text())
+    for k in (*METRICS, "n_users"):
+        assert m[k] == results["test"][k], k
+
+
 def test_evaluate_validation_split_reproduces_results(ws, queries):
     m = queries["eval_validation"].json()
     _check_metrics(m)

@@ -179,7 +179,8 @@ def cmd_evaluate(a) -> int:
         raise RunError(f"{ds.path} is not the dataset {a.run} was trained on; pass its --data")
     rec = Recommender.load(a.run, device=a.device)
     fold_in, target = (CSR.from_scipy(ds.split(f"{a.split}_{p}"), rec.device) for p in ("tr", "te"))
-    m = evaluate_model(rec.model, fold_in, target)
+    # in the run's precision, so that the test split reproduces results.json
+    m = evaluate_model(rec.model, fold_in, target, precision=cfg["train"]["precision"])
     if a.json:
         _print_json({"split": a.split, **m})
     else:
