@@ -170,6 +170,7 @@ def test_scorer_equals_the_models_eval_forward(kind, dtype):
     model = build_model(50, ModelConfig(kind, latent_dim=8)).to(dtype).eval()
     scorer = Scorer(model)
     assert (scorer.weight_t is not None) == (dtype == torch.float32)  # transposed: fp32 CPU
+    assert Scorer(model, precision="bf16").weight_t is None  # autocast: nn.Linear layout
     batch = CSR.from_scipy(x).batch(torch.arange(9))
     with torch.no_grad():
         want = model(batch)[0]

@@ -81,9 +81,9 @@ def evaluate_scores(
 
 
 def model_scores(model: torch.nn.Module, precision: str = "fp32") -> ScoreFn:
-    """Score function of a model in eval mode (z = mu, no dropout); a snapshot of its weights."""
+    """Score function of a model in eval mode (z = mu, no dropout), for its current weights."""
     device = next(model.parameters()).device
-    scorer = Scorer(model)
+    scorer = Scorer(model, precision)
 
     def fn(batch: SparseBatch) -> torch.Tensor:
         with prec.autocast(device, precision):

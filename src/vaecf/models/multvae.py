@@ -163,19 +163,24 @@ def multinomial_nll(logits: torch.Tensor, batch: SparseBatch) -> torch.Tensor:
 class Scorer:
     """Evaluation-time logits of a MultAE (z = mu, no dropout), laid out for scoring.
 
-    Where the weights are float32 on a CPU, the output layer's weight is kept transposed,
+    Where the products run in float32 on a CPU, the output layer's weight is kept transposed,
     (d, n_items) and contiguous: MKL's sgemm then streams it once per call, which is what
-    small batches are bound by (on a 2-core AVX2 CPU, batch 1: 4.5 ms instead of 7.5 ms;
-    batches of 256 and more: the same within noise). Other dtypes and devices keep the
-    nn.Linear layout, which their libraries prefer (bf16 on a CPU without native bf16 is 8x
-    slower transposed). Build a Scorer after the weights have changed, not before.
+    small batches are bound by (on a 2-core AVX2 CPU, batch 1: ~4 ms instead of ~7 ms;
+    batches of 256 and more: the same within noise; benchmarks/matmul.py). Half-width weights
+    or a bf16/fp16 `precision` (autocast), and other devices, keep the nn.Linear layout, which
+    their libraries prefer (bf16 on a CPU without native bf16 is 8x slower transposed).
+    Build a Scorer after the weights have changed, not before.
     """
 
-    def __init__(self, model: MultAE):
+    def __init__(self, model: MultAE, precision: str = "fp32"):
         self.model = model
         out = model.decoder[-1]
         self.bias = out.bias.detach()
-        transpose = out.weight.device.type == "cpu" and out.weight.dtype == torch.float32
+        transpose = (
+            out.weight.device.type == "cpu"
+            and out.weight.dtype == torch.float32
+            and precision in ("fp32", "tf32")
+        )
         self.weight_t = out.weight.detach().t().contiguous() if transpose else None
 
     def __call__(self, batch: SparseBatch) -> torch.Tensor:
