@@ -46,6 +46,8 @@ def _train_cmd(ds, out, nproc, *extra):
         "125",
         "--device",
         "cpu",
+        "--precision",
+        "fp32",  # compared within float tolerance: pinned whatever the default becomes
         "--quiet",
         "--json",
         *extra,
