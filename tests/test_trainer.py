@@ -19,7 +19,7 @@ def small_ds(tmp_path_factory):
 
 
 def fast_cfg(**kw):
-    base = dict(epochs=4, batch_size=128, seed=7, device="cpu", progress=False)
+    base = dict(epochs=4, batch_size=128, seed=7, device="cpu", precision="fp32", progress=False)
     return vaecf.TrainConfig(**{**base, **kw})
 
 
@@ -185,3 +185,16 @@ def test_prefetch_stops_cleanly_and_reraises():
     bad = rows[:2] + [torch.tensor([999])]
     with pytest.raises(IndexError):
         list(prefetch_batches(csr, bad, torch.device("cpu")))
+
+
+@pytest.mark.parametrize("native", [False, True])
+def test_default_precision_is_auto_and_recorded_resolved(small_ds, tmp_path, monkeypatch, native):
+    from vaecf import precision as prec
+
+    assert vaecf.TrainConfig().precision == "auto"
+    monkeypatch.setattr(prec, "native_bf16", lambda dev: native)
+    cfg = fast_cfg(epochs=1)
+    cfg.precision = "auto"
+    vaecf.train(small_ds, cfg, tmp_path / "r")
+    saved = json.loads((tmp_path / "r/config.json").read_text())
+    assert saved["train"]["precision"] == ("bf16" if native else "fp32")  # resolved, recorded

@@ -539,7 +539,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--precision",
         choices=["auto", "fp32", "tf32", "bf16", "fp16"],
         help="numeric precision; auto = bf16 where the CPU/GPU has native bf16, "
-        "else fp32 (default fp32); fp16 uses dynamic loss scaling",
+        "else fp32 (the default); fp16 uses dynamic loss scaling",
     )
     pt.add_argument("--eval-every", type=int, help="validate every N epochs (default 1)")
     pt.add_argument(

@@ -19,7 +19,7 @@ class TrainConfig:
     anneal_cap: float = 0.2  # largest beta (KL weight)
     seed: int = 98765  # initialisation, shuffling, dropout and sampling
     device: str = "auto"  # "auto" (cuda if present), "cpu", "cuda", "cuda:N"
-    precision: str = "fp32"  # "fp32", "tf32", "bf16", "fp16" (loss-scaled) or "auto"
+    precision: str = "auto"  # "auto" (bf16 where native, else fp32), "fp32", "tf32", "bf16", "fp16"
     data_on: str = "device"  # training matrix on the "device", or on the "host" (prefetched)
     eval_every: int = 1  # validate every this many epochs (and after the last)
     eval_batch_size: int = 2000  # users per evaluation batch
