@@ -70,11 +70,12 @@ def main() -> int:
     tune_cpu_allocator()
     m = bench.synthetic_csr(a.users, a.items, a.nnz)
     # the machine is shared and its speed drifts: run the contenders in turn, several rounds
-    names = ["dense PyTorch (fp32)"] + [f"vaecf ({p})" for p in bench.default_precisions("cpu")]
-    runs: dict[str, list[float]] = {n: [] for n in names}
+    precisions = bench.default_precisions("cpu")
+    dense = "dense PyTorch (fp32)"
+    runs: dict[str, list[float]] = {dense: [], **{f"vaecf ({p})": [] for p in precisions}}
     for _ in range(a.rounds):
-        runs[names[0]].append(dense_users_per_s(m, a.batch_size, a.steps))
-        for p in bench.default_precisions("cpu"):
+        runs[dense].append(dense_users_per_s(m, a.batch_size, a.steps))
+        for p in precisions:
             r = bench.bench_train(p, a.batch_size, steps=a.steps, progress=False, data=m)
             runs[f"vaecf ({p})"].append(r.users_per_s)
     rows = [(n, statistics.median(v)) for n, v in runs.items()]
