@@ -20,6 +20,7 @@ def small_ds(tmp_path_factory):
 
 def fast_cfg(**kw):
     base = dict(epochs=4, batch_size=128, seed=7, device="cpu", precision="fp32", progress=False)
+    base["preset"] = "paper"  # annealing not rescaled to the run: resume can extend epochs
     return vaecf.TrainConfig(**{**base, **kw})
 
 

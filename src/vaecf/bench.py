@@ -18,9 +18,11 @@ import scipy.sparse as sp
 import torch
 from tqdm.auto import tqdm
 
+from vaecf import models
 from vaecf import precision as prec
 from vaecf.data.matrix import CSR
-from vaecf.models.multvae import ModelConfig, MultAE, Scorer, build_model
+from vaecf.errors import ConfigError
+from vaecf.models.multvae import MultAE
 from vaecf.runtime import tune_cpu_allocator
 
 ML20M = {"users": 136_677, "items": 20_108, "nnz": 10_000_000}  # the paper's ML-20M training set
@@ -41,9 +43,12 @@ def synthetic_csr(users: int, items: int, nnz: int, seed: int = 0) -> sp.csr_mat
     return m
 
 
-def step_flops(model: MultAE, batch_size: int, nnz: int) -> float:
-    """FLOPs of one training step: dense layers x3 (forward, input and weight gradients), the
-    sparse first layer x2 (forward and weight gradient) over the batch's non-zeros."""
+def step_flops(model, batch_size: int, nnz: int) -> float:
+    """FLOPs of one Mult-VAE/DAE training step: dense layers x3 (forward, input and weight
+    gradients), the sparse first layer x2 (forward and weight gradient) over the batch's
+    non-zeros. NaN for other models."""
+    if not isinstance(model, MultAE):
+        return float("nan")
     dense = sum(m.weight.numel() for m in [*model.encoder, *model.decoder])
     return 2.0 * (3 * dense * batch_size + 2 * model.in_weight.shape[1] * nnz)
 
@@ -86,10 +91,11 @@ def bench_train(
     seed: int = 0,
     data: sp.csr_matrix | None = None,
 ) -> TrainBench:
-    """Time whole training steps on `data` (default: `synthetic_csr(users, items, nnz)`)."""
+    """Time whole training steps on `data` (default: `synthetic_csr(users, items, nnz)`).
+    A step is one update of every phase of the model's epoch (RecVAE: 3 encoder updates and 1
+    decoder update), so users/s is users of an epoch per second for every model."""
     dev = prec.resolve_device(device)
     prec.check_precision(precision, dev)
-    prec.set_matmul_precision(precision)
     if dev.type == "cpu":
         tune_cpu_allocator()
     from vaecf.trainer import make_optimizer
@@ -99,8 +105,13 @@ def bench_train(
     users, items = data.shape
     csr = CSR.from_scipy(data, dev)
     torch.manual_seed(seed)
-    net = build_model(items, ModelConfig(model)).to(dev).train()
-    opt = make_optimizer(net, 1e-3, dev)
+    net = models.build(model, items).to(dev).train()
+    if net.closed_form:
+        raise ConfigError(f"{model} is fitted in closed form: time `vaecf train --model {model}`")
+    opts = {k: make_optimizer(p, 1e-3, dev) for k, p in net.param_groups().items()}
+    phase_steps = [
+        (ph, [opts[g] for g in ph.groups]) for ph in net.phases() for _ in range(ph.passes)
+    ]
     scaler = prec.grad_scaler(dev, precision)
     gen = torch.Generator().manual_seed(seed)
     parts = {"batch": [], "forward": [], "backward": [], "optimizer": []}
@@ -112,18 +123,25 @@ def bench_train(
         batch = csr.batch(rows)
         _sync(dev)
         t1 = time.perf_counter()
-        with prec.autocast(dev, precision):
-            loss, _ = net.loss(batch, beta=0.2)
-        _sync(dev)
-        t2 = time.perf_counter()
-        opt.zero_grad(set_to_none=True)
-        scaler.scale(loss).backward()
-        _sync(dev)
-        t3 = time.perf_counter()
-        scaler.step(opt)
-        scaler.update()
-        _sync(dev)
-        t4 = time.perf_counter()
+        t2 = t3 = t4 = 0.0
+        for phase, phase_opts in phase_steps:
+            s0 = time.perf_counter()
+            with prec.matmul_scope(dev, precision), prec.autocast(dev, precision):
+                loss, _ = net.loss(batch, 0.2, batch_size, phase)
+            _sync(dev)
+            s1 = time.perf_counter()
+            for o in opts.values():
+                o.zero_grad(set_to_none=True)
+            with prec.matmul_scope(dev, precision):
+                scaler.scale(loss).backward()
+            _sync(dev)
+            s2 = time.perf_counter()
+            for o in phase_opts:
+                scaler.step(o)
+            scaler.update()
+            _sync(dev)
+            t2, t3, t4 = t2 + s1 - s0, t3 + s2 - s1, t4 + time.perf_counter() - s2
+        t2, t3, t4 = t1 + t2, t1 + t2 + t3, t1 + t2 + t3 + t4
         if i >= warmup:
             for k, v in zip(parts, (t1 - t0, t2 - t1, t3 - t2, t4 - t3)):
                 parts[k].append(v)
@@ -167,17 +185,17 @@ def bench_infer(
     if dev.type == "cpu":
         tune_cpu_allocator()
     if isinstance(run_or_items, str) and Path(run_or_items).is_dir():
-        from vaecf.recommender import Recommender
+        from vaecf.rundir import load_model
 
-        net = Recommender.load(run_or_items, device=str(dev)).model
+        net = load_model(run_or_items, dev)[0]
     else:
         torch.manual_seed(0)
-        net = build_model(int(run_or_items), ModelConfig()).to(dev)
+        net = models.build("multvae", int(run_or_items)).to(dev)
     net.eval()
     if precision in ("bf16", "fp16"):  # serve from a half-width copy: no per-call casts
         net = net.to(torch.bfloat16 if precision == "bf16" else torch.float16)
     items = net.n_items
-    scorer = Scorer(net)
+    scorer = net.scorer("fp32" if precision in ("bf16", "fp16") else precision)
     csr = CSR.from_scipy(
         synthetic_csr(max(batch_sizes) * 4, items, max(batch_sizes) * 4 * history, seed=1), dev
     )
@@ -242,7 +260,7 @@ def bench_eval(
     target.eliminate_zeros()
     fold_in, target = CSR.from_scipy(fold_in, dev), CSR.from_scipy(target, dev)
     torch.manual_seed(0)
-    net = build_model(items, ModelConfig()).to(dev)
+    net = models.build("multvae", items).to(dev)
     times = []
     for _ in range(repeats + 1):
         _sync(dev)

@@ -1,49 +1,94 @@
-"""Settings as dataclasses, each field with its meaning; the paper's hyperparameters by default."""
+"""Settings as dataclasses. Each setting is declared once, with `setting()`: its type (the
+annotation), its default and its help; the command line's options and their help are derived
+from the declarations, and `validate_fields` checks the enumerations (`Literal` types) before
+any work starts.
+
+Training settings left at None are resolved from the model and the data when a run starts
+(`Model.resolve_train`) and recorded, resolved, in the run's config.json.
+"""
 
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, fields
+from typing import Literal
 
 from vaecf.data.prepare import PrepareSettings
+from vaecf.errors import ConfigError
 from vaecf.models.multvae import ModelConfig
+from vaecf.settings import setting, validate_fields
 
-__all__ = ["ModelConfig", "PrepareSettings", "TrainConfig", "from_dict"]
+Precision = Literal["auto", "fp32", "tf32", "bf16", "fp16"]
 
 
 @dataclass
 class TrainConfig:
-    epochs: int = 200  # passes over the training users
-    batch_size: int = 500  # users per update (global batch)
-    lr: float = 1e-3  # Adam learning rate
-    total_anneal_steps: int = 200_000  # updates until beta would reach 1 (beta = step / this)
-    anneal_cap: float = 0.2  # largest beta (KL weight)
-    seed: int = 98765  # initialisation, shuffling, dropout and sampling
-    device: str = "auto"  # "auto" (cuda if present), "cpu", "cuda", "cuda:N"
-    precision: str = "auto"  # "auto" (bf16 where native, else fp32), "fp32", "tf32", "bf16", "fp16"
-    data_on: str = "device"  # training matrix on the "device", or on the "host" (prefetched)
-    eval_every: int = 1  # validate every this many epochs (and after the last)
-    eval_batch_size: int = 2000  # users per evaluation batch
-    select_metric: str = "ndcg@100"  # validation metric that picks the best model
-    progress: bool = True  # progress bar and a line per validation
+    preset: Literal["auto", "paper"] = setting(
+        "auto",
+        "auto: unset training settings fitted to the data (batch size, KL annealing length); "
+        "paper: the model's published settings",
+    )
+    epochs: int | None = setting(None, "passes over the training users (Mult-VAE 200, RecVAE 50)")
+    batch_size: int | None = setting(
+        None,
+        "users per update, the global batch (paper 500; auto: 500 from 50,000 training users, "
+        "n/100 below, at least 100)",
+    )
+    lr: float | None = setting(None, "Adam learning rate (Mult-VAE 1e-3, RecVAE 5e-4)")
+    total_anneal_steps: int | None = setting(
+        None,
+        "Mult-VAE: updates for the KL weight to reach 1, beta = step / this (paper 200000; "
+        "auto: beta reaches --anneal-cap after 85%% of the run's updates, as on ML-20M)",
+    )
+    anneal_cap: float | None = setting(None, "Mult-VAE: largest KL weight beta (paper 0.2)")
+    seed: int = setting(98765, "seed of initialisation, shuffling, dropout and sampling")
+    device: str = setting("auto", "auto (cuda if present), cpu, cuda, cuda:N")
+    precision: Precision = setting(
+        "auto",
+        "numeric precision; auto: bf16 where the CPU/GPU computes it natively, else fp32; "
+        "fp16 uses dynamic loss scaling",
+    )
+    data_on: Literal["device", "host"] = setting(
+        "device",
+        "keep the training matrix on the device, or on the host with batches prefetched by a "
+        "background thread (for data that does not fit)",
+    )
+    eval_every: int = setting(1, "validate every N epochs (and after the last)")
+    eval_batch_size: int = setting(2000, "users per evaluation batch")
+    select_metric: str = setting(
+        "ndcg@100", "validation metric that picks the best model (recall@K or ndcg@K)"
+    )
+    progress: bool = setting(True, "progress bar and a line per validation")
 
     def validate(self) -> None:
-        for name in ("epochs", "batch_size", "eval_every", "eval_batch_size"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"--{name.replace('_', '-')} must be at least 1")
-        if self.data_on not in ("device", "host"):
-            raise ValueError(f"--data-on must be 'device' or 'host', not {self.data_on!r}")
-        if self.lr <= 0:
-            raise ValueError("--lr must be positive")
-        if self.total_anneal_steps < 1:
-            raise ValueError("--total-anneal-steps must be at least 1")
-        if not 0.0 <= self.anneal_cap:
-            raise ValueError("--anneal-cap must be >= 0")
+        from vaecf.metrics import parse_metric
+
+        validate_fields(self)
+        for name in ("epochs", "batch_size", "eval_every", "eval_batch_size", "total_anneal_steps"):
+            v = getattr(self, name)
+            if v is not None and v < 1:
+                raise ConfigError(f"--{name.replace('_', '-')} must be at least 1")
+        if self.lr is not None and self.lr <= 0:
+            raise ConfigError("--lr must be positive")
+        if self.anneal_cap is not None and not self.anneal_cap >= 0:
+            raise ConfigError("--anneal-cap must be >= 0")
+        try:
+            parse_metric(self.select_metric)
+        except ValueError as e:
+            raise ConfigError(f"--select-metric: {e}") from None
 
     def to_dict(self) -> dict:
         return asdict(self)
+
+
+# Training settings that only gradient models read, and those only the annealed VAE reads.
+GRADIENT_SETTINGS = ("epochs", "batch_size", "lr", "data_on", "eval_every")
+ANNEAL_SETTINGS = ("total_anneal_steps", "anneal_cap")
 
 
 def from_dict(cls, d: dict):
     """Build a config dataclass from a dict, ignoring unknown keys (forward compatibility)."""
     names = {f.name for f in fields(cls)}
     return cls(**{k: v for k, v in d.items() if k in names})
+
+
+__all__ = ["ModelConfig", "PrepareSettings", "TrainConfig", "from_dict", "setting"]

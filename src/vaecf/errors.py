@@ -11,3 +11,7 @@ class DataError(VaecfError):
 
 class RunError(VaecfError):
     """A run directory or checkpoint is missing, foreign or corrupted."""
+
+
+class ConfigError(VaecfError):
+    """A setting is out of range, misspelt, or does not apply to what was asked."""

@@ -8,10 +8,9 @@ from collections.abc import Callable, Sequence
 
 import torch
 
-from vaecf import precision as prec
 from vaecf.data.matrix import CSR, SparseBatch
+from vaecf.errors import ConfigError
 from vaecf.metrics import parse_metric, ranking_metrics
-from vaecf.models.multvae import Scorer
 
 DEFAULT_METRICS = ("recall@20", "recall@50", "ndcg@100")
 
@@ -31,7 +30,7 @@ def metric_sums(
     a non-empty target, then the number of such users and the number of rows. Sums, so that
     data-parallel ranks can all-reduce them."""
     if fold_in.shape != target.shape:
-        raise ValueError(f"fold-in {fold_in.shape} and target {target.shape} differ in shape")
+        raise ConfigError(f"fold-in {fold_in.shape} and target {target.shape} differ in shape")
     n_items = fold_in.shape[1]
     device = fold_in.device
     rows = torch.arange(fold_in.n_rows, device=device) if rows is None else rows.to(device)
@@ -80,16 +79,9 @@ def evaluate_scores(
     return summarize(metric_sums(score_fn, fold_in, target, metrics, batch_size), metrics)
 
 
-def model_scores(model: torch.nn.Module, precision: str = "fp32") -> ScoreFn:
-    """Score function of a model in eval mode (z = mu, no dropout), for its current weights."""
-    device = next(model.parameters()).device
-    scorer = Scorer(model, precision)
-
-    def fn(batch: SparseBatch) -> torch.Tensor:
-        with prec.autocast(device, precision):
-            return scorer(batch)
-
-    return fn
+def model_scores(model, precision: str = "fp32") -> ScoreFn:
+    """Score function of a model of the contract (in eval mode), for its current weights."""
+    return model.scorer(precision)
 
 
 def evaluate_model(

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import torch
 
+from vaecf.errors import ConfigError
+
 
 def discounts(k: int, device=None) -> torch.Tensor:
     """(k,) 1 / log2(r + 1) for ranks r = 1..k."""
@@ -38,7 +40,7 @@ def parse_metric(label: str) -> tuple[str, int]:
     """'ndcg@100' -> ('ndcg', 100)."""
     name, _, k = label.partition("@")
     if name not in ("recall", "ndcg") or not k.isdigit() or int(k) < 1:
-        raise ValueError(f"metric must look like 'recall@20' or 'ndcg@100', not {label!r}")
+        raise ConfigError(f"metric must look like 'recall@20' or 'ndcg@100', not {label!r}")
     return name, int(k)
 
 

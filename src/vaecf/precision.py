@@ -6,6 +6,8 @@ import contextlib
 
 import torch
 
+from vaecf.errors import ConfigError
+
 PRECISIONS = ("fp32", "tf32", "bf16", "fp16")
 
 
@@ -16,11 +18,13 @@ def resolve_device(device: str | None) -> torch.device:
     try:
         dev = torch.device(device)
     except RuntimeError:
-        raise ValueError(
+        raise ConfigError(
             f"--device must be like 'cpu', 'cuda' or 'cuda:1', not {device!r}"
         ) from None
     if dev.type == "cuda" and not torch.cuda.is_available():
-        raise ValueError("--device cuda was asked for but no CUDA GPU is visible; use --device cpu")
+        raise ConfigError(
+            "--device cuda was asked for but no CUDA GPU is visible; use --device cpu"
+        )
     return dev
 
 
@@ -48,7 +52,7 @@ def check_precision(precision: str, device: torch.device) -> None:
     """Every precision runs on every device; on a CPU without native bf16/fp16 arithmetic the
     half-width ones are emulated (correct, and several times slower than fp32)."""
     if precision not in PRECISIONS:
-        raise ValueError(f"--precision must be one of {', '.join(PRECISIONS)}, not {precision!r}")
+        raise ConfigError(f"--precision must be one of {', '.join(PRECISIONS)}, not {precision!r}")
 
 
 def set_matmul_precision(precision: str) -> None:
@@ -56,12 +60,29 @@ def set_matmul_precision(precision: str) -> None:
     torch.backends.cudnn.allow_tf32 = precision == "tf32"
 
 
+@contextlib.contextmanager
+def _tf32():
+    old = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
+    set_matmul_precision("tf32")
+    try:
+        yield
+    finally:
+        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = old
+
+
+def matmul_scope(device: torch.device, precision: str):
+    """TF32 matmuls inside (forward and backward) for tf32 on CUDA, restored on exit."""
+    return _tf32() if precision == "tf32" and device.type == "cuda" else contextlib.nullcontext()
+
+
 def autocast(device: torch.device, precision: str):
-    """Context manager running the forward pass in `precision` (no-op for fp32/tf32)."""
+    """Context manager running the enclosed computation in `precision`: autocast for bf16 and
+    fp16, TF32 matmuls for tf32 on CUDA (restored on exit), nothing for fp32. Scoring and
+    training both enter it, so a result never depends on what the process did before."""
     if precision in ("bf16", "fp16"):
         dtype = torch.bfloat16 if precision == "bf16" else torch.float16
         return torch.autocast(device_type=device.type, dtype=dtype)
-    return contextlib.nullcontext()
+    return matmul_scope(device, precision)
 
 
 def grad_scaler(device: torch.device, precision: str) -> torch.amp.GradScaler:

@@ -1,8 +1,10 @@
-"""Recommender = trained model + item vocabulary: raw item ids in, ranked raw ids and scores out.
+"""Recommender = a model of the contract + item vocabulary: raw item ids in, ranked raw ids and
+scores out. It imports no training code (what a server loads).
 
-A recommendation is a fold-in: any history (a known user's or a new one's) is encoded, decoded,
-its own items are excluded, and the top k of the rest are returned with their probabilities
-under the model's multinomial.
+A recommendation is a fold-in: any history (a known user's or a new one's) is scored, its own
+items are excluded (unless asked otherwise), an allow list or a deny list filters the rest, and the
+top k are returned. Scores of multinomial models (Mult-VAE, Mult-DAE, RecVAE) are each item's
+probability under the model; EASE's are its raw scores, popularity's the training counts.
 """
 
 from __future__ import annotations
@@ -10,24 +12,21 @@ from __future__ import annotations
 import os
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import torch
 
-from vaecf import checkpoint
 from vaecf import precision as prec
-from vaecf.config import from_dict
+from vaecf import rundir
 from vaecf.data.matrix import SparseBatch
 from vaecf.data.vocab import Vocabulary
-from vaecf.errors import RunError
-from vaecf.models.multvae import ModelConfig, MultAE, Scorer, build_model
-from vaecf.trainer import load_run_config
+from vaecf.errors import ConfigError
+from vaecf.models.base import Model, cosine_neighbours
 
 
 @dataclass
 class Recommendation:
     item_ids: list  # raw ids, best first
-    scores: list[float]  # probability of each item under the model (history excluded)
+    scores: list[float]  # the model's score of each (probability for multinomial models)
     unknown: list = field(default_factory=list)  # history ids the model has never seen
 
     def to_dict(self) -> dict:
@@ -38,40 +37,32 @@ class Recommendation:
 
 
 class Recommender:
-    def __init__(self, model: MultAE, items: Vocabulary, precision: str = "fp32"):
+    def __init__(self, model: Model, items: Vocabulary, precision: str = "fp32", info=None):
         if len(items) != model.n_items:
-            raise ValueError(f"vocabulary has {len(items)} items, model {model.n_items}")
-        prec.check_precision(precision, next(model.parameters()).device)
+            raise ConfigError(f"vocabulary has {len(items)} items, model {model.n_items}")
+        self.device = model.device
+        prec.check_precision(precision, self.device)
         if precision in ("bf16", "fp16"):  # a half-width copy: no casts per call
             model = model.to(torch.bfloat16 if precision == "bf16" else torch.float16)
         self.model = model.eval()
-        self.scorer = Scorer(self.model)
+        self.score_fn = model.scorer("fp32" if precision in ("bf16", "fp16") else precision)
         self.items = items
         self.precision = precision
-        self.device = next(model.parameters()).device
+        self.info = info or {}  # the run's config, when loaded from a run directory
 
     @classmethod
     def load(
         cls,
         run_dir: str | os.PathLike,
         device: str = "cpu",
-        checkpoint_name: str = "best.pt",
+        checkpoint_name: str = rundir.BEST,
         precision: str = "fp32",
     ) -> Recommender:
-        """The run's best model on `device`; precision "bf16" serves a bfloat16 copy."""
-        run_dir = Path(run_dir)
-        cfg = load_run_config(run_dir)
+        """The run's selected model on `device`; precision "bf16" serves a bfloat16 copy."""
         dev = prec.resolve_device(device)
-        ck = checkpoint.load(run_dir / checkpoint_name, map_location=dev)
-        model = build_model(cfg["data"]["n_items"], from_dict(ModelConfig, cfg["model"]))
-        try:
-            model.load_state_dict(ck["model"])
-        except (RuntimeError, KeyError) as e:
-            raise RunError(
-                f"{run_dir}/{checkpoint_name} does not match the run's config ({e})"
-            ) from None
-        items = Vocabulary.load(run_dir / "items.parquet")
-        return cls(model.to(dev), items, precision)
+        model, cfg = rundir.load_model(run_dir, dev, checkpoint_name)
+        items = Vocabulary.load(os.path.join(run_dir, rundir.ITEMS))
+        return cls(model, items, precision, cfg)
 
     def _batch(self, rows: Sequence[list[int]]) -> SparseBatch:
         lens = torch.tensor([len(r) for r in rows], dtype=torch.long)
@@ -84,30 +75,55 @@ class Recommender:
             batch_size=len(rows),
         )
 
+    def _item_mask(self, allow: Iterable | None, deny: Iterable | None) -> torch.Tensor | None:
+        """(n_items,) True where an item may not be recommended, or None for no filter."""
+        if allow is not None and deny is not None:
+            raise ConfigError("give an allow list or a deny list, not both")
+        if allow is None and deny is None:
+            return None
+        idx = torch.tensor(self.items.index_of(allow if allow is not None else deny)[0])
+        mask = torch.full((self.model.n_items,), allow is not None, dtype=torch.bool)
+        mask[idx.long()] = allow is None
+        return mask.to(self.device)
+
+    @torch.no_grad()
+    def scores(self, histories: Sequence[list[int]]) -> tuple[torch.Tensor, SparseBatch]:
+        """(B, n_items) float32 scores of histories given as item indices (not raw ids)."""
+        batch = self._batch(histories)
+        s = self.score_fn(batch).float()
+        if self.model.multinomial:
+            s = torch.softmax(s, dim=1)
+        return s, batch
+
     @torch.no_grad()
     def recommend_batch(
-        self, histories: Sequence[Iterable], k: int = 10, exclude_history: bool = True
+        self,
+        histories: Sequence[Iterable],
+        k: int = 10,
+        exclude_history: bool = True,
+        allow: Iterable | None = None,
+        deny: Iterable | None = None,
     ) -> list[Recommendation]:
-        """One Recommendation per history (a list of raw item ids)."""
+        """One Recommendation per history (a list of raw item ids); `allow` (only these raw
+        ids) or `deny` (never these) filter the candidates."""
         if k < 1:
-            raise ValueError("k must be at least 1")
+            raise ConfigError("k must be at least 1")
+        mask = self._item_mask(allow, deny)
         known, unknown = (
             zip(*(self.items.index_of(h) for h in histories)) if histories else ((), ())
         )
         known = [sorted(set(r)) for r in known]
         if not known:
             return []
-        batch = self._batch(known)
-        logits = self.scorer(batch)
-        probs = torch.softmax(logits.float(), dim=1)
+        scores, batch = self.scores(known)
+        scores = scores.masked_fill_(mask, -torch.inf) if mask is not None else scores
         if exclude_history:
-            probs[batch.row_ids, batch.indices] = -1.0
-        k_eff = min(k, self.model.n_items)
-        top = probs.topk(k_eff, dim=1)
+            scores[batch.row_ids, batch.indices] = -torch.inf
+        top = scores.topk(min(k, self.model.n_items), dim=1)
         out = []
         for r in range(len(known)):
             idx, sc = top.indices[r].tolist(), top.values[r].tolist()
-            keep = [j for j, s in enumerate(sc) if s >= 0]  # fewer items left than k
+            keep = [j for j, s in enumerate(sc) if s != -float("inf")]  # fewer left than k
             out.append(
                 Recommendation(
                     self.items.id_of([idx[j] for j in keep]),
@@ -117,8 +133,18 @@ class Recommender:
             )
         return out
 
-    def recommend(
-        self, history: Iterable, k: int = 10, exclude_history: bool = True
-    ) -> Recommendation:
+    def recommend(self, history: Iterable, k: int = 10, **filters) -> Recommendation:
         """Top-k raw item ids and scores for one history of raw item ids."""
-        return self.recommend_batch([list(history)], k, exclude_history)[0]
+        return self.recommend_batch([list(history)], k, **filters)[0]
+
+    @torch.no_grad()
+    def similar_items(self, item_id, k: int = 10) -> Recommendation:
+        """The k items most similar to `item_id` under the model (cosine of its item vectors;
+        see each model's `item_vectors`), best first, with the similarity as the score."""
+        if k < 1:
+            raise ConfigError("k must be at least 1")
+        known, unknown = self.items.index_of([item_id])
+        if unknown:
+            return Recommendation([], [], unknown)
+        idx, sims = cosine_neighbours(self.model.item_vectors(), known[0], k)
+        return Recommendation(self.items.id_of(idx), sims)

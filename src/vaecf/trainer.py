@@ -1,8 +1,8 @@
-"""Trainer: epoch loop, KL annealing, precision, checkpoints, model selection, final test.
+"""Trainer: fits any model of the contract (models/base.py) into a run directory (rundir.py).
 
-Run directory: config.json (resolved settings), items.parquet (the item vocabulary), last.pt
-(everything needed to resume bit-for-bit), best.pt (weights with the best validation metric),
-metrics.jsonl (one line per epoch), results.json (best epoch, its validation and test metrics).
+Gradient models: epochs of phases (each phase steps its own optimizers), KL annealing, precision,
+data parallelism, checkpoints and bit-for-bit resume, model selection on validation, the final
+test. Closed-form models: `fit` with validation for their own model selection, then the test.
 """
 
 from __future__ import annotations
@@ -10,24 +10,30 @@ from __future__ import annotations
 import json
 import math
 import os
-import shutil
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 from tqdm.auto import tqdm
 
-from vaecf import checkpoint, distributed
+from vaecf import checkpoint, distributed, models, rundir
 from vaecf import precision as prec
 from vaecf._io import atomic_file, write_json
-from vaecf.config import TrainConfig, from_dict
+from vaecf.config import ANNEAL_SETTINGS, GRADIENT_SETTINGS, TrainConfig, from_dict
 from vaecf.data.matrix import CSR, prefetch_batches
 from vaecf.data.prepare import PreparedDataset
-from vaecf.errors import RunError
+from vaecf.errors import ConfigError, RunError
 from vaecf.evaluate import evaluate_model
-from vaecf.models.multvae import ModelConfig, MultAE, build_model
+from vaecf.models import Model, Phase
 from vaecf.runtime import tune_cpu_allocator
+
+# Settings a resumed run may change; every other one must match the run's own.
+RESUME_MAY_CHANGE = ("epochs", "progress", "device", "data_on", "eval_batch_size")
+
+
+class TrainingDiverged(RuntimeError):
+    """The loss stopped being finite: the run cannot go on as configured."""
 
 
 @dataclass
@@ -41,12 +47,16 @@ class RunResult:
 
 def beta_at(step: int, cfg: TrainConfig) -> float:
     """KL weight of update `step` (0-based): min(anneal_cap, step / total_anneal_steps)."""
+    if cfg.total_anneal_steps is None:  # a model without KL annealing
+        return 0.0
     return min(cfg.anneal_cap, step / cfg.total_anneal_steps)
 
 
-def make_optimizer(model: torch.nn.Module, lr: float, device: torch.device):
+def make_optimizer(params, lr: float, device: torch.device):
     """Adam (the paper's); the fused single-kernel implementation on CPU and CUDA."""
-    return torch.optim.Adam(model.parameters(), lr=lr, fused=device.type in ("cpu", "cuda"))
+    if isinstance(params, torch.nn.Module):
+        params = params.parameters()
+    return torch.optim.Adam(params, lr=lr, fused=device.type in ("cpu", "cuda"))
 
 
 def _rng_state(gen: torch.Generator) -> dict:
@@ -63,131 +73,282 @@ def _set_rng_state(state: dict, gen: torch.Generator) -> None:
         torch.cuda.set_rng_state_all(state["cuda"])
 
 
-def _is_run(path: Path) -> bool:
-    return (path / "config.json").is_file()
+load_run_config = rundir.load_config  # vaecf 0.1 name
 
 
-def load_run_config(run_dir: str | os.PathLike) -> dict:
-    run_dir = Path(run_dir)
-    if not _is_run(run_dir):
-        raise RunError(
-            f"{run_dir} is not a vaecf run directory (no config.json); "
-            "pass the --out directory of `vaecf train`"
+def model_name_of(model_config) -> str:
+    """Registry name of a config dataclass instance."""
+    if isinstance(model_config, models.ModelConfig):
+        return model_config.model
+    for name, cls in models.MODELS.items():
+        if type(model_config) is cls.Config:
+            return name
+    raise ConfigError(f"{type(model_config).__name__} is no model's config")
+
+
+def resolve_config(cfg: TrainConfig, model_cls: type[Model], n_train_users: int) -> TrainConfig:
+    """Refuse settings the model does not read; fill the unset ones from the model and data."""
+    cfg.validate()
+    unused = [n for n in GRADIENT_SETTINGS if model_cls.closed_form]
+    if model_cls.name != "multvae":
+        unused += ANNEAL_SETTINGS
+    given = [
+        n
+        for n in unused
+        if getattr(cfg, n) not in (None, TrainConfig.__dataclass_fields__[n].default)
+    ]
+    if given:
+        raise ConfigError(
+            f"{', '.join('--' + n.replace('_', '-') for n in given)} "
+            f"{'does' if len(given) == 1 else 'do'} not apply to --model {model_cls.name}"
         )
-    try:
-        return json.loads((run_dir / "config.json").read_text())
-    except json.JSONDecodeError as e:
-        raise RunError(f"{run_dir}/config.json is corrupted ({e})") from None
+    d = cfg.to_dict()
+    d.update(model_cls.resolve_train(d, n_train_users, cfg.preset))
+    return TrainConfig(**d)
+
+
+def _resume_config(saved: dict, given: TrainConfig | None) -> TrainConfig:
+    """The run's own settings; from `given`, only what a resume may change (else an error)."""
+    config = from_dict(TrainConfig, saved)
+    if given is None:
+        return config
+    defaults = TrainConfig()
+    clash = [
+        n
+        for n in saved
+        if hasattr(given, n)
+        and n not in RESUME_MAY_CHANGE
+        and getattr(given, n) not in (None, getattr(defaults, n), saved[n])
+    ]
+    if clash:
+        raise RunError(
+            "a resumed run keeps its settings; "
+            + ", ".join(
+                f"--{n.replace('_', '-')} {getattr(given, n)!r} (run: {saved[n]!r})" for n in clash
+            )
+            + f" conflict. A resume may change only {', '.join(RESUME_MAY_CHANGE)}; "
+            "start a new --out to train with other settings"
+        )
+    for n in RESUME_MAY_CHANGE:
+        v = getattr(given, n)
+        if v is not None and v != getattr(defaults, n):
+            setattr(config, n, v)
+    config.progress = given.progress
+    return config
 
 
 def train(
     data: PreparedDataset | str | os.PathLike,
     config: TrainConfig | None = None,
     out: str | os.PathLike = "runs/run",
-    model_config: ModelConfig | None = None,
+    model_config=None,
     resume: bool = False,
+    model: str | None = None,
 ) -> RunResult:
-    """Train on a prepared dataset into run directory `out`; `resume=True` continues it."""
+    """Train (or fit) a model on a prepared dataset into run directory `out`; `resume=True`
+    continues it. The model is `model` (a registry name) or the one `model_config` configures
+    (default Mult-VAE with the paper's network)."""
     ds = data if isinstance(data, PreparedDataset) else PreparedDataset(data)
     out = Path(out)
-    if resume and _is_run(out):
-        saved = load_run_config(out)
+    if resume and rundir.is_run(out):
+        saved = rundir.load_config(out)
         if saved["data"]["fingerprint"] != ds.fingerprint:
             raise RunError(
                 f"{out} was trained on another dataset "
                 f"({saved['data']['path']}); pass that --data to resume"
             )
-        epochs = config.epochs if config is not None else None
-        config = from_dict(TrainConfig, saved["train"])
-        if epochs is not None:
-            config.epochs = epochs  # the one setting a resume may change: train longer
-        model_config = from_dict(ModelConfig, saved["model"])
-    elif _is_run(out):
+        name = saved["model"]["name"]
+        if (model or name) != name or (
+            model_config is not None and model_name_of(model_config) != name
+        ):
+            raise RunError(f"{out} holds a {name} run; a resume cannot change the model")
+        config = _resume_config(saved["train"], config)
+        model_config = models.config_from_dict(name, saved["model"]["config"])
+    elif rundir.is_run(out):
         raise RunError(
             f"{out} already holds a run; pass --resume to continue it or choose another --out"
         )
     elif out.exists() and any(out.iterdir()):
         raise RunError(f"{out} exists and is not a run directory; choose another --out")
-    config = config or TrainConfig()
-    model_config = model_config or ModelConfig()
+    else:
+        name = model or (model_name_of(model_config) if model_config is not None else "multvae")
+        if model_config is None:
+            model_config = models.config_from_dict(name)
+        elif model_name_of(model_config) != name:
+            raise ConfigError(f"model {name!r} was given a {type(model_config).__name__}")
+        config = resolve_config(
+            config or TrainConfig(), models.get(name), ds.manifest["counts"]["n_train_users"]
+        )
     config.validate()
     started = not torch.distributed.is_initialized()
     ctx, device = distributed.setup(config.device)
     try:
-        if ctx.enabled and config.batch_size < ctx.world:
-            raise ValueError(
+        if ctx.enabled and config.batch_size and config.batch_size < ctx.world:
+            raise ConfigError(
                 f"--batch-size {config.batch_size} is below the {ctx.world} "
                 "processes; it is the global batch, split across them"
             )
-        return Trainer(ds, config, model_config, out, ctx, device).fit()
+        trainer_cls = ClosedFormFit if models.get(name).closed_form else Trainer
+        return trainer_cls(ds, config, name, model_config, out, ctx, device).fit()
     finally:
         if started:
             distributed.teardown()
 
 
-class Trainer:
+class _Run:
+    """What every fit shares: the device and precision, the data, the run directory."""
+
     def __init__(
         self,
         ds: PreparedDataset,
         cfg: TrainConfig,
-        model_cfg: ModelConfig,
+        model_name: str,
+        model_cfg,
         out: Path,
         ctx: distributed.DistContext | None = None,
         device: str | None = None,
     ):
-        self.ds, self.cfg, self.model_cfg, self.out = ds, cfg, model_cfg, out
+        self.ds, self.cfg, self.model_name, self.model_cfg, self.out = (
+            ds,
+            cfg,
+            model_name,
+            model_cfg,
+            out,
+        )
         self.ctx = ctx or distributed.DistContext()
         self.device = prec.resolve_device(device or cfg.device)
         if self.device.type == "cpu":
             tune_cpu_allocator()
         cfg.precision = prec.resolve_precision(cfg.precision, self.device)
         prec.check_precision(cfg.precision, self.device)
-        prec.set_matmul_precision(cfg.precision)
-        host = cfg.data_on == "host"
-        self.train_csr = CSR.from_scipy(ds.split("train"), "cpu" if host else self.device)
         self.val = (
             CSR.from_scipy(ds.split("validation_tr"), self.device),
             CSR.from_scipy(ds.split("validation_te"), self.device),
         )
         torch.manual_seed(cfg.seed)
-        self.gen = torch.Generator().manual_seed(cfg.seed)
-        self.model: MultAE = build_model(ds.n_items, model_cfg).to(self.device)
-        self.opt = make_optimizer(self.model, cfg.lr, self.device)
-        self.scaler = prec.grad_scaler(self.device, cfg.precision)
-        self.step_module: torch.nn.Module = _LossModule(self.model)  # DDP-wrapped in fit()
-        self.epoch, self.step = 0, 0
+        self.model: Model = models.build(model_name, ds.n_items, model_cfg).to(self.device)
         self.best = {"epoch": 0, "value": -math.inf, "metrics": {}}
         self.history: list[dict] = []
+        self.epoch, self.step = 0, 0
 
-    # -- run directory ------------------------------------------------------------------------
     def _write_config(self) -> None:
         if not self.ctx.is_main:
             return
         self.out.mkdir(parents=True, exist_ok=True)
-        write_json(
-            self.out / "config.json",
+        c = self.ds.manifest["counts"]
+        rundir.write_config(
+            self.out,
+            self.model_name,
+            models.config_to_dict(self.model_cfg),
+            self.cfg.to_dict(),
             {
-                "model": asdict(self.model_cfg),
-                "train": self.cfg.to_dict(),
-                "data": {
-                    "path": str(self.ds.path.resolve()),
-                    "fingerprint": self.ds.fingerprint,
-                    "n_items": self.ds.n_items,
-                },
-                "vaecf_version": self.ds.manifest.get("vaecf_version"),
+                "path": str(self.ds.path.resolve()),
+                "fingerprint": self.ds.fingerprint,
+                "n_items": self.ds.n_items,
+                "n_train_users": c["n_train_users"],
             },
+            self.ds.manifest.get("vaecf_version"),
         )
-        shutil.copyfile(self.ds.path / "items.parquet", self.out / ".items.parquet.tmp")
-        os.replace(self.out / ".items.parquet.tmp", self.out / "items.parquet")
+        rundir.copy_items(self.out, self.ds.path / "items.parquet")
 
+    def validate(self) -> dict:
+        return self._evaluate(*self.val)
+
+    def _evaluate(self, fold_in: CSR, target: CSR) -> dict:
+        return evaluate_model(
+            self.model,
+            fold_in,
+            target,
+            batch_size=self.cfg.eval_batch_size,
+            precision=self.cfg.precision,
+            dist=self.ctx,
+        )
+
+    def _finish(self) -> RunResult:
+        self.ctx.barrier()  # best.pt is written
+        if self.ctx.is_main:
+            ck = checkpoint.load(self.out / rundir.BEST, map_location=self.device)
+            self.model.load_state_dict(ck["model"])
+        if self.ctx.enabled:  # the other ranks need not see rank 0's filesystem
+            for t in self.model.state_dict().values():
+                torch.distributed.broadcast(t, 0)
+        test_metrics = self._evaluate(
+            CSR.from_scipy(self.ds.split("test_tr"), self.device),
+            CSR.from_scipy(self.ds.split("test_te"), self.device),
+        )
+        results = {
+            "model": self.model_name,
+            "best_epoch": self.best["epoch"],
+            "validation": self.best["metrics"],
+            "test": test_metrics,
+            "epochs": self.epoch,
+            "steps": self.step,
+        }
+        if self.ctx.is_main:
+            write_json(self.out / rundir.RESULTS, results)
+        self.ctx.barrier()
+        return RunResult(
+            self.out, results["best_epoch"], results["validation"], results["test"], self.history
+        )
+
+    def _result(self) -> RunResult:
+        res = rundir.load_results(self.out)
+        return RunResult(self.out, res["best_epoch"], res["validation"], res["test"], self.history)
+
+
+class ClosedFormFit(_Run):
+    """EASE, popularity: one fit (with its own validation-based choices), then the test."""
+
+    def fit(self) -> RunResult:
+        if (self.out / rundir.RESULTS).is_file():
+            return self._result()
+        self._write_config()
+        show = self.cfg.progress and self.ctx.is_main
+        t0 = time.perf_counter()
+        record = self.model.fit(
+            self.ds.split("train"),
+            validate=lambda m: self.validate(),
+            select_metric=self.cfg.select_metric,
+            log=tqdm.write if show else None,
+        )
+        val = self.validate()
+        self.epoch = 1
+        self.best = {"epoch": 1, "value": val[self.cfg.select_metric], "metrics": val}
+        row = {"epoch": 1, "fit_seconds": round(time.perf_counter() - t0, 3), **record}
+        row["validation"] = val
+        self.history = [row]
+        if self.ctx.is_main:
+            rundir.save_model(self.out, self.model, epoch=1, metrics=val)
+            with atomic_file(self.out / rundir.METRICS, "w") as f:
+                f.write(json.dumps(row) + "\n")
+        return self._finish()
+
+
+class Trainer(_Run):
+    """Gradient models: epochs of phases, checkpoints, resume, model selection."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        cfg = self.cfg
+        host = cfg.data_on == "host"
+        self.train_csr = CSR.from_scipy(self.ds.split("train"), "cpu" if host else self.device)
+        self.gen = torch.Generator().manual_seed(cfg.seed)
+        self.opts = {
+            name: make_optimizer(params, cfg.lr, self.device)
+            for name, params in self.model.param_groups().items()
+        }
+        self.scaler = prec.grad_scaler(self.device, cfg.precision)
+        self.step_module: torch.nn.Module = _LossModule(self.model)  # DDP-wrapped in fit()
+
+    # -- run directory ------------------------------------------------------------------------
     def _save_last(self) -> None:
         if not self.ctx.is_main:
             return
         checkpoint.save(
-            self.out / "last.pt",
+            self.out / rundir.LAST,
             {
                 "model": self.model.state_dict(),
-                "optimizer": self.opt.state_dict(),
+                "optimizer": {k: o.state_dict() for k, o in self.opts.items()},
                 "scaler": self.scaler.state_dict(),
                 "epoch": self.epoch,
                 "step": self.step,
@@ -196,80 +357,99 @@ class Trainer:
                 "rng": _rng_state(self.gen),
             },
         )
-        with atomic_file(self.out / "metrics.jsonl", "w") as f:
+        with atomic_file(self.out / rundir.METRICS, "w") as f:
             for row in self.history:
                 f.write(json.dumps(row) + "\n")
 
     def _load_last(self) -> None:
-        ck = checkpoint.load(self.out / "last.pt", map_location=self.device)
+        ck = checkpoint.load(self.out / rundir.LAST, map_location=self.device)
         self.model.load_state_dict(ck["model"])
-        self.opt.load_state_dict(ck["optimizer"])
+        opt_state = ck["optimizer"]
+        if "state" in opt_state:  # vaecf 0.1: one optimizer
+            opt_state = {"all": opt_state}
+        for k, o in self.opts.items():
+            o.load_state_dict(opt_state[k])
         self.scaler.load_state_dict(ck["scaler"])
         self.epoch, self.step = ck["epoch"], ck["step"]
         self.best, self.history = ck["best"], ck["history"]
         _set_rng_state(ck["rng"], self.gen)
 
     # -- training -----------------------------------------------------------------------------
-    def train_epoch(self) -> dict:
-        self.model.train()
-        cfg, ctx, n = self.cfg, self.ctx, self.train_csr.n_rows
-        perm = torch.randperm(n, generator=self.gen)  # the same on every rank
-        if cfg.data_on == "device":
-            perm = perm.to(self.device)
-        totals = torch.zeros(2, dtype=torch.float64, device=self.device)  # NLL, KL sums
-        t0 = time.perf_counter()
+    def _batches(self, perm: torch.Tensor):
+        cfg, ctx = self.cfg, self.ctx
         global_rows = perm.split(cfg.batch_size)
         shards = [ctx.shard(rows) for rows in global_rows]
         if cfg.data_on == "host":
             batches = prefetch_batches(self.train_csr, shards, self.device)
         else:
             batches = (self.train_csr.batch(rows) for rows in shards)
-        for rows, batch in zip(global_rows, batches):
-            beta = beta_at(self.step, cfg)
-            with prec.autocast(self.device, cfg.precision):
-                loss, parts = self.step_module(batch, beta, rows.numel() / ctx.world)
-            self.opt.zero_grad(set_to_none=True)
-            self.scaler.scale(loss).backward()
-            self.scaler.step(self.opt)
-            self.scaler.update()
-            self.step += 1
-            totals[0] += parts["nll_sum"]
-            if "kl_sum" in parts:
-                totals[1] += parts["kl_sum"]
+        return zip(global_rows, batches)
+
+    def train_epoch(self) -> dict:
+        self.model.train()
+        cfg, ctx, n = self.cfg, self.ctx, self.train_csr.n_rows
+        totals = torch.zeros(4, dtype=torch.float64, device=self.device)  # NLL, KL, KL term, n
+        t0 = time.perf_counter()
+        with prec.matmul_scope(self.device, cfg.precision):
+            self._run_phases(totals)
         ctx.all_reduce_sum(totals)
         seconds = time.perf_counter() - t0
-        nll, kl = (totals / n).tolist()
-        beta = beta_at(self.step - 1, cfg)
+        users = totals[3].item() or 1.0
+        nll, kl, term = (totals[:3] / users).tolist()
+        passes = sum(p.passes for p in self.model.phases())
         return {
-            "loss": nll + beta * kl,
+            "loss": nll + term,
             "nll": nll,
             "kl": kl,
-            "beta": beta,
+            "beta": beta_at(self.step - 1, cfg),
             "train_seconds": round(seconds, 4),
-            "users_per_s": round(n / seconds, 1),
+            "users_per_s": round(n * passes / seconds, 1),
         }
 
-    def validate(self) -> dict:
-        return evaluate_model(
-            self.model,
-            *self.val,
-            batch_size=self.cfg.eval_batch_size,
-            precision=self.cfg.precision,
-            dist=self.ctx,
-        )
+    def _run_phases(self, totals: torch.Tensor) -> None:
+        cfg, ctx, n = self.cfg, self.ctx, self.train_csr.n_rows
+        for phase in self.model.phases():
+            self.model.begin_phase(phase)
+            opts = [self.opts[g] for g in phase.groups]
+            for _ in range(phase.passes):
+                perm = torch.randperm(n, generator=self.gen)  # the same on every rank
+                if cfg.data_on == "device":
+                    perm = perm.to(self.device)
+                for rows, batch in self._batches(perm):
+                    beta = beta_at(self.step, cfg)
+                    with prec.autocast(self.device, cfg.precision):
+                        loss, parts = self.step_module(batch, beta, rows.numel() / ctx.world, phase)
+                    for o in self.opts.values():
+                        o.zero_grad(set_to_none=True)
+                    self.scaler.scale(loss).backward()
+                    for o in opts:
+                        self.scaler.step(o)
+                    self.scaler.update()
+                    self.step += 1
+                    if phase.log:
+                        totals[0] += parts["nll_sum"]
+                        if "kl_sum" in parts:
+                            totals[1] += parts["kl_sum"]
+                            totals[2] += parts["kl_term_sum"]
+                if phase.log:
+                    totals[3] += n
 
     def fit(self) -> RunResult:
         cfg = self.cfg
-        if (self.out / "last.pt").is_file():
+        if (self.out / rundir.LAST).is_file():
             self._load_last()
         self._write_config()
-        if self.epoch >= cfg.epochs and (self.out / "results.json").is_file():
+        if self.epoch >= cfg.epochs and (self.out / rundir.RESULTS).is_file():
             return self._result()
         if self.ctx.enabled:
             from torch.nn.parallel import DistributedDataParallel
 
             ids = [self.device.index] if self.device.type == "cuda" else None
-            self.step_module = DistributedDataParallel(self.step_module, device_ids=ids)
+            self.step_module = DistributedDataParallel(
+                self.step_module,
+                device_ids=ids,
+                find_unused_parameters=len(self.opts) > 1,  # phases leave groups unused
+            )
         show = cfg.progress and self.ctx.is_main
         bar = tqdm(
             total=cfg.epochs,
@@ -285,9 +465,10 @@ class Trainer:
                 self.epoch += 1
                 row["step"] = self.step
                 if not math.isfinite(row["loss"]):
-                    raise RuntimeError(
-                        f"loss became {row['loss']} at epoch {self.epoch}; "
-                        "lower --lr or use --precision fp32"
+                    raise TrainingDiverged(
+                        f"the training loss became {row['loss']} at epoch {self.epoch}; "
+                        "train a new run with a lower --lr, or with --precision fp32 "
+                        f"(the last finite state is in {self.out / rundir.LAST})"
                     )
                 if self.epoch % cfg.eval_every == 0 or self.epoch == cfg.epochs:
                     val = self.validate()
@@ -299,14 +480,7 @@ class Trainer:
                             "metrics": val,
                         }
                         if self.ctx.is_main:
-                            checkpoint.save(
-                                self.out / "best.pt",
-                                {
-                                    "model": self.model.state_dict(),
-                                    "epoch": self.epoch,
-                                    "metrics": val,
-                                },
-                            )
+                            rundir.save_model(self.out, self.model, epoch=self.epoch, metrics=val)
                     if show:
                         tqdm.write(
                             _epoch_line(row, cfg.select_metric, self.best["epoch"] == self.epoch)
@@ -321,53 +495,16 @@ class Trainer:
             bar.close()
         return self._finish()
 
-    def _finish(self) -> RunResult:
-        self.ctx.barrier()  # best.pt is written
-        if self.ctx.is_main:
-            ck = checkpoint.load(self.out / "best.pt", map_location=self.device)
-            self.model.load_state_dict(ck["model"])
-        if self.ctx.enabled:  # the other ranks need not see rank 0's filesystem
-            for t in self.model.state_dict().values():
-                torch.distributed.broadcast(t, 0)
-        test = (
-            CSR.from_scipy(self.ds.split("test_tr"), self.device),
-            CSR.from_scipy(self.ds.split("test_te"), self.device),
-        )
-        test_metrics = evaluate_model(
-            self.model,
-            *test,
-            batch_size=self.cfg.eval_batch_size,
-            precision=self.cfg.precision,
-            dist=self.ctx,
-        )
-        results = {
-            "best_epoch": self.best["epoch"],
-            "validation": self.best["metrics"],
-            "test": test_metrics,
-            "epochs": self.epoch,
-            "steps": self.step,
-        }
-        if self.ctx.is_main:
-            write_json(self.out / "results.json", results)
-        self.ctx.barrier()
-        return RunResult(
-            self.out, results["best_epoch"], results["validation"], results["test"], self.history
-        )
-
-    def _result(self) -> RunResult:
-        res = json.loads((self.out / "results.json").read_text())
-        return RunResult(self.out, res["best_epoch"], res["validation"], res["test"], self.history)
-
 
 class _LossModule(torch.nn.Module):
     """The model's loss as a forward(), so DDP can wrap the training step."""
 
-    def __init__(self, model: MultAE):
+    def __init__(self, model: Model):
         super().__init__()
         self.model = model
 
-    def forward(self, batch, beta: float, denom: float):
-        return self.model.loss(batch, beta, denom)
+    def forward(self, batch, beta: float, denom: float, phase: Phase):
+        return self.model.loss(batch, beta, denom, phase)
 
 
 def _epoch_line(row: dict, metric: str, is_best: bool) -> str:

@@ -1,5 +1,70 @@
-"""Models: Mult-VAE and Mult-DAE with sparse input."""
+"""Models behind one contract (models/base.py), by registry name: `--model NAME`."""
 
+from __future__ import annotations
+
+from dataclasses import asdict, fields
+
+from vaecf.errors import RunError
+from vaecf.models.base import Model, Phase
+from vaecf.models.ease import EASE, EASEConfig, Popular, PopularConfig
 from vaecf.models.multvae import ModelConfig, MultDAE, MultVAE, build_model
+from vaecf.models.recvae import RecVAE, RecVAEConfig
 
-__all__ = ["ModelConfig", "MultDAE", "MultVAE", "build_model"]
+MODELS: dict[str, type[Model]] = {m.name: m for m in (MultVAE, MultDAE, RecVAE, EASE, Popular)}
+
+__all__ = [
+    "EASE",
+    "MODELS",
+    "EASEConfig",
+    "Model",
+    "ModelConfig",
+    "MultDAE",
+    "MultVAE",
+    "Phase",
+    "Popular",
+    "PopularConfig",
+    "RecVAE",
+    "RecVAEConfig",
+    "build",
+    "build_model",
+    "config_from_dict",
+    "config_to_dict",
+    "get",
+]
+
+
+def get(name: str) -> type[Model]:
+    try:
+        return MODELS[name]
+    except KeyError:
+        raise RunError(f"unknown model {name!r}; choose one of {', '.join(MODELS)}") from None
+
+
+def config_from_dict(name: str, d: dict | None = None):
+    """The model's config dataclass from a dict (unknown keys are an error)."""
+    cls = get(name).Config
+    d = dict(d or {})
+    if cls is ModelConfig:
+        d["model"] = name
+    known = {f.name for f in fields(cls)}
+    extra = sorted(set(d) - known)
+    if extra:
+        raise RunError(
+            f"{', '.join(extra)} {'is' if len(extra) == 1 else 'are'} not a setting "
+            f"of model {name}; its settings: {', '.join(sorted(known - {'model'}))}"
+        )
+    return cls(**d)
+
+
+def config_to_dict(config) -> dict:
+    d = asdict(config)
+    d.pop("model", None)  # the registry name says it
+    return d
+
+
+def build(name: str, n_items: int, config=None) -> Model:
+    """A fresh model `name` over `n_items` items with `config` (a dataclass, dict or None)."""
+    cls = get(name)
+    if config is None or isinstance(config, dict):
+        config = config_from_dict(name, config)
+    return cls(n_items, config)

@@ -12,46 +12,101 @@ is never densified. Only the logits (B, n_items) are dense: they are the model's
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import math
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from vaecf import precision as prec
 from vaecf.data.matrix import SparseBatch
+from vaecf.errors import ConfigError
+from vaecf.models.base import Model, Phase, ScoreFn
 from vaecf.models.fused import linear_multinomial_nll
+from vaecf.settings import setting
+
+# The paper's training settings (Liang et al. 2018, section 4 and its code).
+PAPER_TRAIN = {
+    "epochs": 200,
+    "batch_size": 500,
+    "lr": 1e-3,
+    "total_anneal_steps": 200_000,
+    "anneal_cap": 0.2,
+}
+# On ML-20M the paper's schedule reaches the KL cap after 40,000 of its 46,800 updates (200
+# epochs x 234 batches of 500): the auto defaults keep that shape at any size.
+CAP_AT = 40_000 / 46_800
 
 
 @dataclass
 class ModelConfig:
-    model: str = "multvae"  # "multvae" (variational) or "multdae" (denoising)
-    hidden_dims: list[int] = field(default_factory=lambda: [600])  # encoder hidden sizes
-    latent_dim: int = 200  # size of z (Mult-DAE: its one hidden layer)
-    dropout: float = 0.5  # dropout rate on the normalised input
-    weight_decay: float | None = None  # lam in lam * sum(W^2); None: 0.0 (VAE) / 0.01 (DAE)
+    """Mult-VAE and Mult-DAE (`model` says which)."""
+
+    model: str = setting("multvae", "multvae (variational) or multdae (denoising)")
+    hidden_dims: list[int] = setting(
+        help="encoder hidden layer sizes, mirrored by the decoder (Mult-VAE [600]; Mult-DAE [])",
+        factory=lambda: [600],
+    )
+    latent_dim: int = setting(200, "size of z (Mult-DAE: its one hidden layer)")
+    dropout: float = setting(0.5, "dropout rate on the normalised input")
+    weight_decay: float | None = setting(None, "lam in lam * sum(W^2) (Mult-VAE 0, Mult-DAE 0.01)")
 
     def __post_init__(self) -> None:
         if self.model not in ("multvae", "multdae"):
-            raise ValueError(f"model must be 'multvae' or 'multdae', not {self.model!r}")
+            raise ConfigError(f"model must be 'multvae' or 'multdae', not {self.model!r}")
         if self.model == "multdae" and self.hidden_dims == [600]:
             self.hidden_dims = []  # the paper's Mult-DAE: [n_items -> 200 -> n_items]
         if self.weight_decay is None:
             self.weight_decay = 0.0 if self.model == "multvae" else 0.01
         if not 0.0 <= self.dropout < 1.0:
-            raise ValueError("dropout must lie in [0, 1)")
+            raise ConfigError("dropout must lie in [0, 1)")
 
 
 def _init_bias(b: torch.Tensor) -> None:
     nn.init.trunc_normal_(b, mean=0.0, std=0.001, a=-0.002, b=0.002)
 
 
-class MultAE(nn.Module):
+def auto_batch_size(n_train_users: int) -> int:
+    """Users per update that fit the data: the paper's 500 from 50,000 training users up (at
+    least 100 updates an epoch), 100 on small data (the paper's 500 gives ml-latest-small one
+    update an epoch), and n_train / 100 in between."""
+    return int(min(500, max(100, n_train_users // 100)))
+
+
+def scaled_anneal_steps(epochs: int, updates_per_epoch: int, cap: float) -> int:
+    """total_anneal_steps such that beta reaches `cap` after the paper's share (85%) of the
+    run's updates."""
+    return max(1, round(CAP_AT * epochs * updates_per_epoch / max(cap, 1e-12)))
+
+
+def resolve_vae_train(given: dict, n_train_users: int, preset: str, paper: dict) -> dict:
+    """Fill the unset annealed-VAE training settings: the paper's (`preset` "paper"), or with
+    the batch size and annealing length fitted to the data ("auto")."""
+    out = {k: paper[k] for k in paper if given.get(k) is None}
+    if preset == "paper":
+        return out
+    if given.get("batch_size") is None:
+        out["batch_size"] = auto_batch_size(n_train_users)
+    if "total_anneal_steps" in paper and given.get("total_anneal_steps") is None:
+        epochs = given.get("epochs") or out["epochs"]
+        batch = given.get("batch_size") or out["batch_size"]
+        cap = given.get("anneal_cap") if given.get("anneal_cap") is not None else out["anneal_cap"]
+        out["total_anneal_steps"] = scaled_anneal_steps(
+            epochs, math.ceil(n_train_users / batch), cap
+        )
+    return out
+
+
+class MultAE(Model):
     """The shared network; `variational` selects Mult-VAE or Mult-DAE."""
 
+    Config = ModelConfig
+    multinomial = True
+
     def __init__(self, n_items: int, config: ModelConfig | None = None):
-        super().__init__()
-        self.config = config = config or ModelConfig()
-        self.n_items = n_items
+        super().__init__(n_items, config or ModelConfig(self.name))
+        config = self.config
         self.variational = config.model == "multvae"
         enc = [n_items, *config.hidden_dims, config.latent_dim * (2 if self.variational else 1)]
         dec = [config.latent_dim, *reversed(config.hidden_dims), n_items]
@@ -120,8 +175,33 @@ class MultAE(nn.Module):
         z, mu, logvar = self._latent(batch)
         return self.decode(z), mu, logvar
 
+    def scores(self, batch: SparseBatch) -> torch.Tensor:
+        return self.decode(self.encode(batch)[0])  # (B, n_items) logits, z = mu
+
+    def scorer(self, precision: str = "fp32") -> ScoreFn:
+        scorer = Scorer(self, precision)
+        device = self.device
+
+        def fn(batch: SparseBatch) -> torch.Tensor:
+            with prec.autocast(device, precision):
+                return scorer(batch)
+
+        return fn
+
+    def item_vectors(self) -> torch.Tensor:
+        """(n_items, d) the output layer's rows: items the decoder ranks alike are similar."""
+        return self.decoder[-1].weight.detach()
+
+    @classmethod
+    def resolve_train(cls, given: dict, n_train_users: int, preset: str = "auto") -> dict:
+        return resolve_vae_train(given, n_train_users, preset, PAPER_TRAIN)
+
     def loss(
-        self, batch: SparseBatch, beta: float = 0.0, denom: float | None = None
+        self,
+        batch: SparseBatch,
+        beta: float = 0.0,
+        denom: float | None = None,
+        phase: Phase | None = None,
     ) -> tuple[torch.Tensor, dict]:
         """(NLL + beta * KL) summed over the batch / denom (default: the batch size, i.e. the
         mean), plus the weight penalty; and the summed NLL and KL (detached).
@@ -140,6 +220,7 @@ class MultAE(nn.Module):
             kl = (0.5 * (-logvar + logvar.exp() + mu * mu - 1.0)).sum()
             total = total + beta * kl
             parts["kl_sum"] = kl.detach()
+            parts["kl_term_sum"] = beta * parts["kl_sum"]
         loss = total / max(denom, 1)
         if self.config.weight_decay:
             loss = loss + self.config.weight_decay * sum(
@@ -193,13 +274,13 @@ class Scorer:
 
 
 class MultVAE(MultAE):
-    def __init__(self, n_items: int, config: ModelConfig | None = None):
-        super().__init__(n_items, config or ModelConfig("multvae"))
+    name = "multvae"
+    title = "Mult-VAE"
 
 
 class MultDAE(MultAE):
-    def __init__(self, n_items: int, config: ModelConfig | None = None):
-        super().__init__(n_items, config or ModelConfig("multdae"))
+    name = "multdae"
+    title = "Mult-DAE"
 
 
 def build_model(n_items: int, config: ModelConfig) -> MultAE:

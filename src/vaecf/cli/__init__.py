@@ -1,0 +1,55 @@
+"""Command line: one verb per user task, one module per family of verbs. Thin: parse, call the
+library, print.
+
+Exit codes: 0 ok, 2 bad input (vaecf's own input errors: a message says what to do), 1 failure.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from vaecf.cli import bench, data, train
+
+VERB_MODULES = (data, train, bench)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="vaecf",
+        description=(
+            "Mult-VAE / Mult-DAE for collaborative filtering: prepare interaction data, train, "
+            "evaluate and recommend."
+        ),
+    )
+    from vaecf import __version__
+
+    p.add_argument("--version", action="version", version=f"vaecf {__version__}")
+    sub = p.add_subparsers(dest="verb", required=True, metavar="VERB")
+
+    for module in VERB_MODULES:
+        module.register(sub)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    from vaecf.errors import VaecfError
+
+    try:
+        return args.fn(args)
+    except VaecfError as e:
+        print(f"vaecf {args.verb}: error: {e}", file=sys.stderr)
+        return 2
+    except RuntimeError as e:
+        if type(e).__name__ != "TrainingDiverged":
+            raise
+        print(f"vaecf {args.verb}: failed: {e}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print(f"vaecf {args.verb}: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,333 @@
+"""Data verbs: prepare, download, info."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from vaecf.cli.common import print_json
+
+
+# -- prepare ------------------------------------------------------------------------------------
+def cmd_prepare(a) -> int:
+    from vaecf.data.prepare import PrepareSettings, prepare_csv
+
+    settings = PrepareSettings(
+        min_rating=a.min_rating,
+        min_user_items=a.min_user_items,
+        min_item_users=a.min_item_users,
+        heldout_users=a.heldout_users,
+        seed=a.seed,
+    )
+    ds = prepare_csv(
+        a.path, a.out, a.user_col, a.item_col, a.rating_col, a.sep, settings, overwrite=a.overwrite
+    )
+    if a.json:
+        print_json({"path": str(ds.path), **ds.manifest})
+    else:
+        c = ds.manifest["counts"]
+        print(
+            f"prepared {ds.path}: {c['n_train_users']} training users, {c['n_items']} items, "
+            f"{c['nnz_train']} training interactions; {c['n_validation_users']} validation + "
+            f"{c['n_test_users']} test users"
+        )
+    return 0
+
+
+def _prepared_summary(ds) -> str:
+    c = ds.manifest["counts"]
+    return (
+        f"prepared {ds.path}: {c['n_train_users']} training users, {c['n_items']} items, "
+        f"{c['nnz_train']} training interactions; {c['n_validation_users']} validation + "
+        f"{c['n_test_users']} test users"
+    )
+
+
+def cmd_prepare_dataset(a) -> int:
+    from vaecf.data.prepare import dataset_settings, prepare_dataset
+
+    settings = dataset_settings(
+        a.source,
+        protocol=a.protocol,
+        seed=a.seed,
+        min_rating=a.min_rating,
+        min_user_items=a.min_user_items,
+        min_item_users=a.min_item_users,
+        heldout_users=a.heldout_users,
+        validation_frac=a.validation_frac,
+        test_frac=a.test_frac,
+        target_frac=a.target_frac,
+    )
+    if a.all_rows:
+        settings.min_rating = None
+    ds = prepare_dataset(
+        a.source,
+        source=a.source_path,
+        out=a.out,
+        settings=settings,
+        root=a.root,
+        url=a.url,
+        overwrite=a.overwrite,
+        progress=not a.quiet,
+    )
+    if a.json:
+        print_json({"path": str(ds.path), **ds.manifest})
+    else:
+        print(_prepared_summary(ds))
+    return 0
+
+
+# -- download -----------------------------------------------------------------------------------
+def cmd_download(a) -> int:
+    from vaecf.data import registry
+    from vaecf.data.download import download
+
+    spec = registry.get(a.name)
+    records = download(spec, a.root, url=a.url, progress=not a.quiet)
+    d = registry.raw_dir(spec.name, a.root)
+    if a.json:
+        print_json({"dataset": spec.name, "dir": str(d), "files": records})
+    else:
+        for fname, rec in records.items():
+            print(
+                f"{d / fname}  {rec['bytes']} bytes  sha256 {rec['sha256']}  "
+                f"(verified: {rec['verified']})"
+            )
+    return 0
+
+
+# -- info ---------------------------------------------------------------------------------------
+def _dataset_info(a) -> int:
+    from dataclasses import asdict
+
+    from vaecf.data import registry
+    from vaecf.data.prepare import PreparedDataset
+
+    spec = registry.get(a.path)
+    d = registry.raw_dir(spec.name, a.root)
+    raw = sorted(p.name for p in d.iterdir() if not p.name.startswith(".")) if d.is_dir() else []
+    prepared = []
+    for p in sorted(registry.prepared_root(a.root).glob(f"{spec.name}-*")):
+        if (p / "manifest.json").is_file():
+            m = PreparedDataset(p).manifest
+            prepared.append({"path": str(p), "counts": m["counts"], "settings": m["settings"]})
+    info = {**asdict(spec), "raw_dir": str(d), "raw_files_present": raw, "prepared": prepared}
+    if a.json:
+        print_json(info)
+        return 0
+    print(
+        f"{spec.name}: {spec.title}\n  {spec.size}\n  home: {spec.homepage}\n"
+        f"  licence: {spec.licence}\n  format: {spec.notes}"
+    )
+    for f in spec.files:
+        check = (
+            f"md5 {f.md5}"
+            if f.md5
+            else (f"sha256 {f.sha256}" if f.sha256 else "no published checksum")
+        )
+        print(f"  download: {f.url} ({check})")
+    if spec.manual:
+        print(f"  manual: {spec.manual}")
+    print("  default protocol: " + ", ".join(f"{k}={v}" for k, v in spec.defaults.items()))
+    if spec.known:
+        print("  published figures: " + ", ".join(f"{k}={v:,}" for k, v in spec.known.items()))
+    print(f"  raw files in {d}: {', '.join(raw) or 'none (run `vaecf download` or pass --source)'}")
+    for p in prepared:
+        c = p["counts"]
+        print(
+            f"  prepared {p['path']}: {c['n_train_users']} train / {c['n_validation_users']} "
+            f"validation / {c['n_test_users']} test users, {c['n_items']} items, "
+            f"{c['nnz_train']} training interactions ({p['settings']['protocol']})"
+        )
+    return 0
+
+
+def cmd_info(a) -> int:
+    from vaecf.data import registry
+    from vaecf.data.prepare import PreparedDataset
+
+    if a.path in registry.SPECS and not Path(a.path).is_dir():
+        return _dataset_info(a)
+    ds = PreparedDataset(a.path)
+    if a.json:
+        print_json(ds.manifest)
+        return 0
+    c, s = ds.manifest["counts"], ds.manifest["settings"]
+    density = c["nnz_train"] / max(1, c["n_train_users"] * c["n_items"])
+    total = sum(
+        c.get(f"nnz_{k}", 0)
+        for k in ("train", "validation_tr", "validation_te", "test_tr", "test_te")
+    )
+    src = ds.manifest.get("source", {})
+    print(
+        f"{ds.path}\n  users {c['n_users']} (train {c['n_train_users']}, validation "
+        f"{c['n_validation_users']}, test {c['n_test_users']})\n  items {c['n_items']}\n"
+        f"  training interactions {c['nnz_train']} (density {density:.4%}); all splits {total}"
+        f"\n  raw rows {c['n_rows']}, positives {c['n_positive_rows']}, after filters "
+        f"{c['n_filtered_pairs']}\n  source {src.get('dataset') or src.get('path')} "
+        f"(sha256 {str(src.get('sha256'))[:16]}...)\n  settings "
+        + ", ".join(f"{k}={v}" for k, v in s.items())
+    )
+    return 0
+
+
+def _add_dataset_prepare(psub, name: str, spec) -> None:
+    d = spec.defaults
+    pn = psub.add_parser(
+        name,
+        help=f"{spec.title} ({'download' if spec.files else 'needs --source'})",
+        description=f"Prepare {spec.title}: {'download and verify' if spec.files else 'read'} "
+        "the raw files, apply the protocol, write the prepared dataset. Defaults: "
+        + ", ".join(f"{k}={v}" for k, v in d.items())
+        + ". "
+        + spec.manual,
+    )
+    pn.add_argument(
+        "--source",
+        dest="source_path",
+        metavar="PATH",
+        help="a file or directory you already have (the archive, the raw file(s), "
+        "or a directory holding them) instead of downloading",
+    )
+    pn.add_argument(
+        "--protocol",
+        choices=["liang", "thesis"],
+        help=f"liang: N validation + N test users (the paper); thesis: 86/7/7 "
+        f"percent of users (default {d.get('protocol', 'liang')})",
+    )
+    pn.add_argument("--seed", type=int, help="shuffle/split seed (default 98765, the paper's)")
+    pn.add_argument(
+        "--min-rating",
+        type=float,
+        help=f"keep rows with rating >= X (default {d.get('min_rating')})",
+    )
+    pn.add_argument(
+        "--all-rows",
+        action="store_true",
+        help="treat every row as a positive (no rating threshold)",
+    )
+    pn.add_argument(
+        "--min-user-items",
+        type=int,
+        help=f"drop users with fewer positives (default {d.get('min_user_items', 5)})",
+    )
+    pn.add_argument(
+        "--min-item-users",
+        type=int,
+        help=f"first drop items with fewer users (default {d.get('min_item_users', 0)})",
+    )
+    pn.add_argument(
+        "--heldout-users",
+        type=int,
+        help=f"liang: N validation and N test users (default {d.get('heldout_users', 10_000)})",
+    )
+    pn.add_argument(
+        "--validation-frac",
+        type=float,
+        help="thesis: fraction of users for validation (default 0.07)",
+    )
+    pn.add_argument(
+        "--test-frac", type=float, help="thesis: fraction of users for test (default 0.07)"
+    )
+    pn.add_argument(
+        "--target-frac",
+        type=float,
+        help="fraction of each held-out user's items to predict (default 0.2)",
+    )
+    pn.add_argument("--root", help="data root (default $VAECF_HOME or ~/.cache/vaecf)")
+    pn.add_argument("--url", help="download from this mirror URL instead of the official one")
+    pn.add_argument("--out", help="output directory (default <root>/prepared/NAME-FINGERPRINT)")
+    pn.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="replace --out if it holds a dataset prepared with other settings",
+    )
+    pn.add_argument("--quiet", action="store_true", help="no progress output")
+    pn.add_argument("--json", action="store_true", help="print the manifest as JSON")
+    pn.set_defaults(fn=cmd_prepare_dataset)
+
+
+def register(sub) -> None:
+    pp = sub.add_parser("prepare", help="turn raw interactions into a prepared dataset")
+    psub = pp.add_subparsers(dest="source", required=True, metavar="SOURCE")
+    pc = psub.add_parser(
+        "csv",
+        help="any CSV/TSV/Parquet file with a header row",
+        description="Prepare a CSV/TSV/Parquet file of (user, item[, rating]) "
+        "rows with the paper's protocol: positives, dedup, min-count filter, "
+        "N validation + N test held-out users, 80/20 fold-in.",
+    )
+    pc.add_argument("--path", required=True, help="the interactions file (.csv, .tsv, .parquet)")
+    pc.add_argument("--user-col", required=True, help="name of the user id column")
+    pc.add_argument("--item-col", required=True, help="name of the item id column")
+    pc.add_argument("--rating-col", help="name of the rating column (needed by --min-rating)")
+    pc.add_argument(
+        "--min-rating",
+        type=float,
+        help="keep rows with rating >= X as positives "
+        "(the paper's 'rating > 3.5' on MovieLens is 4); default: every row",
+    )
+    pc.add_argument("--sep", help="field separator (default: ',' or tab for .tsv); '\\t' = tab")
+    pc.add_argument(
+        "--min-user-items",
+        type=int,
+        default=5,
+        help="drop users with fewer positives (default 5, as the paper)",
+    )
+    pc.add_argument(
+        "--min-item-users",
+        type=int,
+        default=0,
+        help="first drop items with fewer users (default 0: none)",
+    )
+    pc.add_argument(
+        "--heldout-users",
+        type=int,
+        required=True,
+        help="N: users in the validation split, and again in the test split",
+    )
+    pc.add_argument("--seed", type=int, default=98765, help="shuffle/split seed (paper: 98765)")
+    pc.add_argument("--out", required=True, help="directory to write the prepared dataset to")
+    pc.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="replace --out if it holds a dataset prepared with other settings",
+    )
+    pc.add_argument("--json", action="store_true", help="print the manifest as JSON")
+    pc.set_defaults(fn=cmd_prepare)
+    from vaecf.data import registry
+
+    for name, spec in registry.SPECS.items():
+        _add_dataset_prepare(psub, name, spec)
+
+    pdl = sub.add_parser(
+        "download",
+        help="fetch and verify a dataset's official files",
+        description="Download a registry dataset into <root>/raw/NAME/, "
+        "streamed to a temp file, verified against the published checksum "
+        "(or recorded by SHA-256 where none is published), resumable.",
+    )
+    pdl.add_argument(
+        "name",
+        choices=registry.names(),
+        metavar="NAME",
+        help="one of: " + ", ".join(registry.names()),
+    )
+    pdl.add_argument("--root", help="data root (default $VAECF_HOME or ~/.cache/vaecf)")
+    pdl.add_argument("--url", help="download from this mirror URL instead of the official one")
+    pdl.add_argument("--quiet", action="store_true", help="no progress bar")
+    pdl.add_argument("--json", action="store_true", help="print the file records as JSON")
+    pdl.set_defaults(fn=cmd_download)
+
+    pi = sub.add_parser("info", help="describe a prepared dataset or a registry dataset")
+    pi.add_argument(
+        "path",
+        metavar="NAME|DIR",
+        help="prepared dataset directory, or a dataset name (" + ", ".join(registry.names()) + ")",
+    )
+    pi.add_argument("--root", help="data root for NAME (default $VAECF_HOME or ~/.cache/vaecf)")
+    pi.add_argument(
+        "--json",
+        action="store_true",
+        help="print the manifest (DIR) or the registry entry (NAME) as JSON",
+    )
+    pi.set_defaults(fn=cmd_info)

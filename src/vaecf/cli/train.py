@@ -1,0 +1,208 @@
+"""Model verbs: train, evaluate, recommend."""
+
+from __future__ import annotations
+
+import os
+import sys
+from dataclasses import fields
+from pathlib import Path
+
+from vaecf.cli.common import metrics_table, print_json
+from vaecf.cli.options import add_settings, flag, given
+from vaecf.errors import VaecfError
+
+
+# -- train --------------------------------------------------------------------------------------
+def _model_settings() -> dict[str, list[str]]:
+    """Model name -> the names of its config's settings (model-specific options)."""
+    from vaecf import models
+
+    return {
+        name: [f.name for f in fields(cls.Config) if f.name != "model"]
+        for name, cls in models.MODELS.items()
+    }
+
+
+def cmd_train(a) -> int:
+    from vaecf import models
+    from vaecf.config import TrainConfig
+    from vaecf.trainer import train
+
+    name = a.model or "multvae"
+    per_model = _model_settings()
+    all_model = sorted({n for names in per_model.values() for n in names})
+    wrong = [n for n in given(a, all_model) if n not in per_model[name]]
+    if wrong:
+        owners = {n: [m for m, names in per_model.items() if n in names] for n in wrong}
+        raise VaecfError(
+            "; ".join(f"{flag(n)} applies to --model {'/'.join(owners[n])}" for n in wrong)
+            + f", not {name}"
+        )
+    train_given = given(a, [f.name for f in fields(TrainConfig)])
+    cfg = TrainConfig(**train_given)
+    cfg.progress = not a.quiet
+    mcfg = None
+    if a.resume and (Path(a.out) / "config.json").is_file():
+        if given(a, all_model):
+            raise VaecfError(
+                "a resumed run keeps its model settings; drop "
+                + ", ".join(map(flag, given(a, all_model)))
+            )
+    else:
+        mcfg = models.config_from_dict(name, given(a, per_model[name]))
+    res = train(a.data, cfg, a.out, mcfg, resume=a.resume, model=a.model)
+    if int(os.environ.get("RANK", "0")) != 0:
+        return 0  # under torchrun, rank 0 alone reports
+    if a.json:
+        print_json(
+            {
+                "run_dir": str(res.run_dir),
+                "best_epoch": res.best_epoch,
+                "validation": res.validation_metrics,
+                "test": res.test_metrics,
+            }
+        )
+    else:
+        print(f"\nbest epoch {res.best_epoch}; run directory {res.run_dir}")
+        print(metrics_table({"validation": res.validation_metrics, "test": res.test_metrics}))
+    return 0
+
+
+# -- evaluate -----------------------------------------------------------------------------------
+def cmd_evaluate(a) -> int:
+    from vaecf.data.matrix import CSR
+    from vaecf.data.prepare import PreparedDataset
+    from vaecf.evaluate import evaluate_model
+    from vaecf.recommender import Recommender
+    from vaecf.rundir import load_config
+
+    cfg = load_config(a.run)
+    ds = PreparedDataset(a.data or cfg["data"]["path"])
+    if ds.fingerprint != cfg["data"]["fingerprint"]:
+        from vaecf.errors import RunError
+
+        raise RunError(f"{ds.path} is not the dataset {a.run} was trained on; pass its --data")
+    rec = Recommender.load(a.run, device=a.device)
+    fold_in, target = (CSR.from_scipy(ds.split(f"{a.split}_{p}"), rec.device) for p in ("tr", "te"))
+    # in the run's precision, so that the test split reproduces results.json
+    m = evaluate_model(rec.model, fold_in, target, precision=cfg["train"]["precision"])
+    if a.json:
+        print_json({"split": a.split, **m})
+    else:
+        print(metrics_table({a.split: m}))
+        print(f"{m['n_users']} users evaluated, {m['n_skipped']} skipped (empty target)")
+    return 0
+
+
+# -- recommend ----------------------------------------------------------------------------------
+def cmd_recommend(a) -> int:
+    from vaecf.recommender import Recommender
+
+    history = [s.strip() for s in a.items.split(",") if s.strip()]
+    filters = {}
+    for key in ("allow", "deny"):
+        if getattr(a, key):
+            filters[key] = [s.strip() for s in getattr(a, key).split(",") if s.strip()]
+    r = Recommender.load(a.run, device=a.device).recommend(history, k=a.k, **filters)
+    if a.json:
+        print_json(r.to_dict())
+        return 0
+    if r.unknown:
+        print(f"unknown item ids (ignored): {', '.join(map(str, r.unknown))}", file=sys.stderr)
+    _print_ranked(r)
+    return 0
+
+
+def _print_ranked(r) -> None:
+    print(f"{'rank':>4s}  {'item_id':>12s}  score")
+    for i, (item, s) in enumerate(zip(r.item_ids, r.scores), 1):
+        print(f"{i:4d}  {item!s:>12s}  {s:.5g}")
+
+
+def cmd_similar(a) -> int:
+    from vaecf.recommender import Recommender
+
+    r = Recommender.load(a.run, device=a.device).similar_items(a.item, k=a.k)
+    if r.unknown:
+        raise VaecfError(f"item {a.item!r} is not in the model's vocabulary")
+    if a.json:
+        print_json(r.to_dict())
+    else:
+        _print_ranked(r)
+    return 0
+
+
+def register(sub) -> None:
+    from vaecf import models
+    from vaecf.config import TrainConfig
+
+    pt = sub.add_parser(
+        "train",
+        help="train or fit a model (Mult-VAE, Mult-DAE, RecVAE, EASE, popularity)",
+        description="Train a model on a prepared dataset; gradient models validate every "
+        "epoch, keep the best model by validation NDCG@100 and are resumable; EASE picks its "
+        "lambda on validation. The test split is scored once, with the selected model. Unset "
+        "settings are resolved from the model and the data and recorded in config.json.",
+    )
+    pt.add_argument("--data", required=True, help="prepared dataset directory")
+    pt.add_argument("--out", required=True, help="run directory to create (or resume)")
+    pt.add_argument(
+        "--model",
+        choices=list(models.MODELS),
+        help="multvae (default), multdae, recvae, ease, popular",
+    )
+    add_settings(pt.add_argument_group("training"), TrainConfig, skip=("progress",))
+    seen: dict = {}
+    for name, cls in models.MODELS.items():
+        title = cls.title or name
+        add_settings(
+            pt.add_argument_group(f"{title} (--model {name})"),
+            cls.Config,
+            skip=("model",),
+            note=f"{title}: ",
+            seen=seen,
+        )
+    pt.add_argument(
+        "--resume",
+        action="store_true",
+        help="continue the run in --out from its last checkpoint (its own settings; "
+        "--epochs may extend it)",
+    )
+    pt.add_argument("--quiet", action="store_true", help="no progress bar or epoch lines")
+    pt.add_argument("--json", action="store_true", help="print the final result as JSON")
+    pt.set_defaults(fn=cmd_train)
+
+    pe = sub.add_parser("evaluate", help="score a run's best model on a held-out split")
+    pe.add_argument("run", help="run directory written by `vaecf train`")
+    pe.add_argument(
+        "--split",
+        choices=["validation", "test"],
+        default="test",
+        help="which held-out users (default test)",
+    )
+    pe.add_argument("--data", help="prepared dataset (default: the one the run was trained on)")
+    pe.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N")
+    pe.add_argument(
+        "--json",
+        action="store_true",
+        help="print one JSON object: recall@20, recall@50, ndcg@100, n_users, ...",
+    )
+    pe.set_defaults(fn=cmd_evaluate)
+
+    pr = sub.add_parser("recommend", help="top-k items for a history of item ids")
+    pr.add_argument("run", help="run directory written by `vaecf train`")
+    pr.add_argument("--items", required=True, help="comma-separated raw item ids (the history)")
+    pr.add_argument("-k", type=int, default=10, help="how many items (default 10)")
+    pr.add_argument("--allow", help="comma-separated raw item ids: recommend only among these")
+    pr.add_argument("--deny", help="comma-separated raw item ids: never recommend these")
+    pr.add_argument("--device", default="cpu", help="cpu (default), cuda, cuda:N")
+    pr.add_argument("--json", action="store_true", help="print JSON: items with scores, unknown")
+    pr.set_defaults(fn=cmd_recommend)
+
+    ps = sub.add_parser("similar", help="the items most similar to an item, under a model")
+    ps.add_argument("run", help="run directory written by `vaecf train`")
+    ps.add_argument("--item", required=True, help="a raw item id")
+    ps.add_argument("-k", type=int, default=10, help="how many items (default 10)")
+    ps.add_argument("--device", default="cpu", help="cpu (default), cuda, cuda:N")
+    ps.add_argument("--json", action="store_true", help="print JSON: items with similarities")
+    ps.set_defaults(fn=cmd_similar)

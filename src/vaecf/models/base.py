@@ -1,0 +1,113 @@
+"""The model contract: what every model (Mult-VAE, Mult-DAE, RecVAE, EASE, popularity) provides.
+
+A model is a `torch.nn.Module` whose state dict is all it needs to score (weights-only
+checkpoints), built from `(n_items, config)` where `config` is the dataclass its class declares.
+Everything outside training (`evaluate`, `Recommender`, `bench infer`, serving) uses only:
+
+- `scores(batch) -> (B, n_items)`: fold-in scores of a sparse batch of histories, higher is
+  better, in eval semantics (no dropout, z = mu); the caller masks the history.
+- `scorer(precision) -> ScoreFn`: the same, laid out for repeated calls in `precision`.
+- `item_vectors() -> (n_items, d)`: one vector per item, whose cosine similarity is the model's
+  notion of "similar items".
+- `multinomial`: True where scores are logits of a multinomial over items (softmax gives each
+  item's probability); otherwise scores are shown as they are.
+
+How it is fitted: gradient models (`closed_form = False`) go through the Trainer, which owns
+epochs, precision, data parallelism, checkpoints, resume and model selection; they provide
+`param_groups()`, `phases()` and `loss()`. Closed-form models (`closed_form = True`) provide
+`fit()`. Each class resolves the training settings left unset from the data in `resolve_train()`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import torch
+from torch import nn
+
+from vaecf import precision as prec
+from vaecf.data.matrix import SparseBatch
+
+ScoreFn = Callable[[SparseBatch], torch.Tensor]  # batch -> (B, n_items) scores
+
+
+@dataclass(frozen=True)
+class Phase:
+    """One part of a gradient model's epoch: `passes` sweeps over the training users in which
+    only the optimizers of `groups` step; `log`: its losses are the ones the epoch reports."""
+
+    name: str
+    groups: tuple[str, ...]
+    passes: int = 1
+    log: bool = True
+
+
+class Model(nn.Module):
+    name: ClassVar[str]  # registry name, `--model NAME`
+    Config: ClassVar[type]  # the config dataclass
+    title: ClassVar[str] = ""  # for tables: "Mult-VAE"
+    closed_form: ClassVar[bool] = False
+    multinomial: ClassVar[bool] = False
+
+    def __init__(self, n_items: int, config: Any = None):
+        super().__init__()
+        self.n_items = n_items
+        self.config = config if config is not None else self.Config()
+
+    # -- scoring: every model -----------------------------------------------------------------
+    def scores(self, batch: SparseBatch) -> torch.Tensor:
+        raise NotImplementedError
+
+    def scorer(self, precision: str = "fp32") -> ScoreFn:
+        """Score function for the current weights in eval mode, under `precision`."""
+        device = self.device
+
+        def fn(batch: SparseBatch) -> torch.Tensor:
+            with prec.autocast(device, precision):
+                return self.scores(batch)
+
+        return fn
+
+    def item_vectors(self) -> torch.Tensor:
+        raise NotImplementedError
+
+    @property
+    def device(self) -> torch.device:
+        for t in self.state_dict().values():
+            return t.device
+        return torch.device("cpu")
+
+    # -- fitting: gradient models ---------------------------------------------------------------
+    def param_groups(self) -> dict[str, list[nn.Parameter]]:
+        """Parameters by optimizer (one Adam each); default one group."""
+        return {"all": [p for p in self.parameters() if p.requires_grad]}
+
+    def phases(self) -> list[Phase]:
+        return [Phase("all", ("all",))]
+
+    def begin_phase(self, phase: Phase) -> None:
+        """Called before each phase of every epoch (RecVAE refreshes its prior here)."""
+
+    def loss(
+        self, batch: SparseBatch, beta: float, denom: float, phase: Phase
+    ) -> tuple[torch.Tensor, dict]:
+        """(objective / denom, {"nll_sum", "kl_sum", "kl_term_sum"} detached sums)."""
+        raise NotImplementedError
+
+    @classmethod
+    def resolve_train(cls, given: dict, n_train_users: int, preset: str = "auto") -> dict:
+        """Values for the TrainConfig fields left unset (None) in `given`, resolved from the
+        data (`preset` "auto") or the model's paper ("paper")."""
+        return {}
+
+
+def cosine_neighbours(vectors: torch.Tensor, idx: int, k: int) -> tuple[list[int], list[float]]:
+    """The k items whose vectors have the highest cosine similarity to item `idx` (itself
+    excluded), best first."""
+    v = torch.nn.functional.normalize(vectors.float(), dim=1)
+    sim = v @ v[idx]
+    sim[idx] = -torch.inf
+    top = sim.topk(min(k, sim.numel() - 1))
+    return top.indices.tolist(), top.values.tolist()

@@ -1,0 +1,201 @@
+"""RecVAE (Shenbin, Alekseev, Tutubalina, Malykh, Nikolenko, WSDM 2020), sparse input.
+
+As its authors' code trains it:
+- encoder: L2-normalised input, dropout, then 5 layers of 600 with dense skip connections,
+  h_{k+1} = LayerNorm(swish(W_k h_k + b_k + h_1 + ... + h_k)), layer norm eps 0.1; (mu, logvar)
+  of a 200-dimensional z; the decoder is one linear layer (fused with the multinomial NLL);
+- composite prior, per latent dimension: 0.15 N(0, 1) + 0.75 the posterior of the encoder as it
+  was before the current encoder phase + 0.10 N(0, e^10);
+- KL (one-sample estimate log q(z|x) - log p(z)) weighted per user by gamma x |history|;
+- each epoch: 3 passes that step only the encoder (input dropout 0.5), then 1 pass that steps only
+  the decoder (no dropout); separate Adam optimizers; z = mu at evaluation.
+One deviation, documented: the authors' old-posterior encoder starts from its own random
+initialisation; here it is a copy of the encoder at the start of every encoder phase (the first
+included), as the paper describes the prior.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from vaecf.data.matrix import SparseBatch
+from vaecf.errors import ConfigError
+from vaecf.models.base import Model, Phase
+from vaecf.models.fused import linear_multinomial_nll
+from vaecf.models.multvae import _wide, resolve_vae_train
+from vaecf.settings import setting
+
+PAPER_TRAIN = {"epochs": 50, "batch_size": 500, "lr": 5e-4}  # the authors' run.py defaults
+LOG_2PI = math.log(2 * math.pi)
+
+
+@dataclass
+class RecVAEConfig:
+    hidden_dim: int = setting(600, "width of each encoder layer")
+    n_layers: int = setting(5, "encoder layers, with dense skip connections")
+    latent_dim: int = setting(200, "size of z")
+    dropout: float = setting(0.5, "input dropout in the encoder phase")
+    gamma: float = setting(0.005, "KL weight per user = gamma x that user's number of items")
+    prior_weights: list[float] = setting(
+        help="composite prior mixture weights: standard normal, old posterior, wide normal",
+        factory=lambda: [0.15, 0.75, 0.10],
+    )
+    wide_logvar: float = setting(10.0, "log variance of the wide prior component")
+    layer_norm_eps: float = setting(0.1, "epsilon of the encoder's layer norms")
+    encoder_passes: int = setting(3, "encoder passes over the users per epoch")
+    decoder_passes: int = setting(1, "decoder passes over the users per epoch")
+
+    def __post_init__(self) -> None:
+        if not 0.0 <= self.dropout < 1.0:
+            raise ConfigError("dropout must lie in [0, 1)")
+        if len(self.prior_weights) != 3 or min(self.prior_weights) <= 0:
+            raise ConfigError("prior_weights must be three positive weights")
+        for name in ("hidden_dim", "n_layers", "latent_dim", "encoder_passes", "decoder_passes"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"{name} must be at least 1")
+        if self.gamma < 0:
+            raise ConfigError("gamma must be >= 0")
+
+
+def swish(x: torch.Tensor) -> torch.Tensor:
+    return x * torch.sigmoid(x)
+
+
+def log_normal(z: torch.Tensor, mu, logvar) -> torch.Tensor:
+    """Element-wise log N(z; mu, exp(logvar))."""
+    return -0.5 * (logvar + LOG_2PI + (z - mu) ** 2 * torch.exp(-logvar))
+
+
+class Encoder(nn.Module):
+    def __init__(self, n_items: int, cfg: RecVAEConfig):
+        super().__init__()
+        h = cfg.hidden_dim
+        self.in_weight = nn.Parameter(torch.empty(n_items, h))  # (n_items, h), sparse product
+        self.in_bias = nn.Parameter(torch.empty(h))
+        self.layers = nn.ModuleList(nn.Linear(h, h) for _ in range(cfg.n_layers - 1))
+        self.norms = nn.ModuleList(
+            nn.LayerNorm(h, eps=cfg.layer_norm_eps) for _ in range(cfg.n_layers)
+        )
+        self.out = nn.Linear(h, 2 * cfg.latent_dim)  # (mu, logvar)
+        self.latent_dim = cfg.latent_dim
+        bound = 1.0 / math.sqrt(n_items)  # nn.Linear's default init for the first layer
+        nn.init.uniform_(self.in_weight, -bound, bound)
+        nn.init.uniform_(self.in_bias, -bound, bound)
+
+    def forward(self, batch: SparseBatch, dropout: float) -> tuple[torch.Tensor, torch.Tensor]:
+        v = batch.values
+        inv_norm = torch.rsqrt(batch.row_sums(v * v).clamp_min(1e-12))
+        v = F.dropout(v * inv_norm[batch.row_ids], dropout, self.training and dropout > 0)
+        h = F.embedding_bag(
+            batch.indices,
+            self.in_weight,
+            batch.offsets,
+            mode="sum",
+            per_sample_weights=v.to(self.in_weight.dtype),
+        )
+        h = self.norms[0](swish(h + self.in_bias))  # (B, hidden)
+        skip = h
+        for layer, norm in zip(self.layers, self.norms[1:]):
+            h = norm(swish(layer(h) + skip))
+            skip = skip + h
+        out = self.out(h)
+        return out[:, : self.latent_dim], out[:, self.latent_dim :]
+
+
+class RecVAE(Model):
+    name = "recvae"
+    title = "RecVAE"
+    Config = RecVAEConfig
+    multinomial = True
+
+    def __init__(self, n_items: int, config: RecVAEConfig | None = None):
+        super().__init__(n_items, config)
+        cfg = self.config
+        self.encoder = Encoder(n_items, cfg)
+        self.prior_encoder = Encoder(n_items, cfg).requires_grad_(False)  # the old posterior
+        self.prior_encoder.load_state_dict(self.encoder.state_dict())
+        self.decoder = nn.Linear(cfg.latent_dim, n_items)
+        self.register_buffer("log_weights", torch.log(torch.tensor(cfg.prior_weights)))
+
+    # -- scoring ------------------------------------------------------------------------------
+    def scores(self, batch: SparseBatch) -> torch.Tensor:
+        mu, _ = self.encoder(batch, 0.0)
+        return self.decoder(mu)  # (B, n_items) logits
+
+    def item_vectors(self) -> torch.Tensor:
+        return self.decoder.weight.detach()
+
+    # -- training -----------------------------------------------------------------------------
+    @classmethod
+    def resolve_train(cls, given: dict, n_train_users: int, preset: str = "auto") -> dict:
+        return resolve_vae_train(given, n_train_users, preset, PAPER_TRAIN)
+
+    def param_groups(self) -> dict[str, list[nn.Parameter]]:
+        return {
+            "encoder": list(self.encoder.parameters()),
+            "decoder": list(self.decoder.parameters()),
+        }
+
+    def phases(self) -> list[Phase]:
+        c = self.config
+        return [
+            Phase("encoder", ("encoder",), c.encoder_passes),
+            Phase("decoder", ("decoder",), c.decoder_passes, log=False),
+        ]
+
+    def begin_phase(self, phase: Phase) -> None:
+        if phase.name == "encoder":
+            with torch.no_grad():
+                for old, new in zip(self.prior_encoder.parameters(), self.encoder.parameters()):
+                    old.copy_(new)
+
+    def log_prior(self, batch: SparseBatch, z: torch.Tensor) -> torch.Tensor:
+        """(B, latent) log density of z under the composite prior, per dimension."""
+        with torch.no_grad():
+            post_mu, post_logvar = (_wide(t) for t in self.prior_encoder(batch, 0.0))
+        zero = torch.zeros((), dtype=z.dtype, device=z.device)
+        parts = torch.stack(
+            [
+                log_normal(z, zero, zero),
+                log_normal(z, post_mu, post_logvar),
+                log_normal(z, zero, zero + self.config.wide_logvar),
+            ],
+            dim=-1,
+        ) + self.log_weights.to(z.dtype)
+        return torch.logsumexp(parts, dim=-1)
+
+    def kl_per_user(
+        self, batch: SparseBatch, z: torch.Tensor, mu: torch.Tensor, logvar: torch.Tensor
+    ) -> torch.Tensor:
+        """(B,) one-sample KL estimate: sum over dims of log q(z|x) - log p(z)."""
+        return (log_normal(z, mu, logvar) - self.log_prior(batch, z)).sum(dim=1)
+
+    def loss(
+        self, batch: SparseBatch, beta: float, denom: float, phase: Phase | None = None
+    ) -> tuple[torch.Tensor, dict]:
+        decoder_phase = phase is not None and phase.name == "decoder"
+        with torch.set_grad_enabled(torch.is_grad_enabled() and not decoder_phase):
+            mu, logvar = self.encoder(batch, 0.0 if decoder_phase else self.config.dropout)
+        z = mu
+        if self.training:
+            z = mu + torch.randn_like(mu) * torch.exp(0.5 * logvar)
+        w, b = self.decoder.weight, self.decoder.bias
+        if phase is not None and phase.name == "encoder":
+            w, b = w.detach(), b.detach()  # the decoder does not move: skip its gradient
+        nll = linear_multinomial_nll(z, w, b, batch)
+        parts = {"nll_sum": nll.detach()}
+        total = nll
+        if not decoder_phase:
+            z, mu, logvar = _wide(z), _wide(mu), _wide(logvar)
+            kl = self.kl_per_user(batch, z, mu, logvar)  # (B,)
+            weight = self.config.gamma * batch.row_sums().to(kl.dtype)
+            term = (weight * kl).sum()
+            total = total + term
+            parts["kl_sum"] = kl.sum().detach()
+            parts["kl_term_sum"] = term.detach()
+        return total / max(denom, 1), parts

@@ -1,0 +1,129 @@
+"""The run directory: its file names, its config schema, and loading and saving a model.
+
+    config.json     {"model": {"name", "config"}, "train": {...}, "data": {path, fingerprint,
+                    n_items, n_train_users}, "vaecf_version"}: every setting, resolved
+    items.parquet   the item vocabulary (raw id of every model column)
+    best.pt         weights of the selected model (the best validation epoch; closed-form: the fit)
+    last.pt         everything needed to resume training bit for bit (gradient models)
+    metrics.jsonl   one JSON line per epoch (closed-form: one line with the fit's record)
+    results.json    best epoch, its validation metrics, the test metrics
+
+The trainer, the recommender, the CLI and the server all go through this module; it imports no
+training code.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+
+import torch
+
+from vaecf import checkpoint
+from vaecf._io import write_json
+from vaecf.errors import RunError
+
+CONFIG = "config.json"
+ITEMS = "items.parquet"
+BEST = "best.pt"
+LAST = "last.pt"
+METRICS = "metrics.jsonl"
+RESULTS = "results.json"
+
+
+def is_run(path: str | os.PathLike) -> bool:
+    return (Path(path) / CONFIG).is_file()
+
+
+def load_config(run_dir: str | os.PathLike) -> dict:
+    """config.json of a run, in the current schema (older runs' are converted)."""
+    run_dir = Path(run_dir)
+    if not is_run(run_dir):
+        raise RunError(
+            f"{run_dir} is not a vaecf run directory (no {CONFIG}); "
+            "pass the --out directory of `vaecf train`"
+        )
+    try:
+        cfg = json.loads((run_dir / CONFIG).read_text())
+        model = cfg["model"]
+        if "name" not in model:  # vaecf 0.1: the Mult-VAE config itself, with its kind
+            model = {"name": model.get("model", "multvae"), "config": model}
+            model["config"].pop("model", None)
+            cfg["model"] = model
+        cfg["train"], cfg["data"]["n_items"]  # noqa: B018 (present)
+    except (json.JSONDecodeError, KeyError, TypeError, AttributeError) as e:
+        raise RunError(
+            f"{run_dir / CONFIG} is corrupted ({type(e).__name__}: {e}); restore it from a "
+            "copy or train the run again"
+        ) from None
+    return cfg
+
+
+def write_config(
+    run_dir: Path, model_name: str, model_config: dict, train: dict, data: dict, version: str
+) -> dict:
+    cfg = {
+        "model": {"name": model_name, "config": model_config},
+        "train": train,
+        "data": data,
+        "vaecf_version": version,
+    }
+    write_json(run_dir / CONFIG, cfg)
+    return cfg
+
+
+def copy_items(run_dir: Path, items_parquet: Path) -> None:
+    tmp = run_dir / f".{ITEMS}.tmp"
+    shutil.copyfile(items_parquet, tmp)
+    os.replace(tmp, run_dir / ITEMS)
+
+
+def save_model(run_dir: Path, model: torch.nn.Module, **extra) -> None:
+    """best.pt: the model's weights (state dict) and `extra` (epoch, metrics), atomically."""
+    checkpoint.save(run_dir / BEST, {"model": model.state_dict(), **extra})
+
+
+def load_model(run_dir: str | os.PathLike, device: str | torch.device = "cpu", name: str = BEST):
+    """(model in eval mode on `device`, run config) from a run directory."""
+    from vaecf import models
+
+    run_dir = Path(run_dir)
+    cfg = load_config(run_dir)
+    ck = checkpoint.load(run_dir / name, map_location=device)
+    try:
+        model = models.build(cfg["model"]["name"], cfg["data"]["n_items"], cfg["model"]["config"])
+        model.load_state_dict(ck["model"])
+    except (RuntimeError, KeyError, TypeError, ValueError) as e:
+        raise RunError(
+            f"{run_dir / name} does not match the run's {CONFIG} ({str(e).splitlines()[0]}); "
+            "restore the run directory or train it again"
+        ) from None
+    return model.to(device).eval(), cfg
+
+
+def load_results(run_dir: str | os.PathLike) -> dict:
+    path = Path(run_dir) / RESULTS
+    if not path.is_file():
+        raise RunError(f"{path} is missing: the run has not finished; `vaecf train --resume`")
+    try:
+        return json.loads(path.read_text())
+    except json.JSONDecodeError as e:
+        raise RunError(f"{path} is corrupted ({e}); evaluate the run again") from None
+
+
+def read_metrics(run_dir: str | os.PathLike) -> list[dict]:
+    path = Path(run_dir) / METRICS
+    if not path.is_file():
+        return []
+    rows = []
+    for n, line in enumerate(path.read_text().splitlines(), 1):
+        if line.strip():
+            try:
+                rows.append(json.loads(line))
+            except json.JSONDecodeError:
+                raise RunError(
+                    f"{path} line {n} is corrupted; delete the line or retrain"
+                ) from None
+    return rows

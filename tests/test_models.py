@@ -1,0 +1,246 @@
+"""The model contract: one suite every model passes, and each model against a direct reference.
+
+Shared: scores shape, seeded determinism, save/load round trip through the run directory, the
+history excluded from recommendations, `evaluate` equal to a brute-force ranking. Then EASE
+against numpy, RecVAE's composite prior and KL against float64 formulas, its alternating
+schedule, and the resolution of training defaults from the data.
+"""
+
+import json
+import math
+
+import numpy as np
+import pytest
+import scipy.sparse as sp
+import torch
+from test_metrics import brute_force
+
+import vaecf
+from vaecf import models
+from vaecf.data import synthetic
+from vaecf.data.matrix import CSR
+from vaecf.evaluate import evaluate_model
+from vaecf.models.multvae import auto_batch_size, scaled_anneal_steps
+from vaecf.trainer import resolve_config
+
+NAMES = list(models.MODELS)
+
+
+@pytest.fixture(scope="module")
+def ds(tmp_path_factory):
+    root = tmp_path_factory.mktemp("models")
+    df = synthetic.generate(n_users=700, n_items=150, n_groups=5, mean_items=18, seed=4)
+    return vaecf.prepare_frame(df, root / "prep", vaecf.PrepareSettings(heldout_users=80, seed=4))
+
+
+def cfg_for(name: str, **kw) -> vaecf.TrainConfig:
+    base = dict(seed=5, device="cpu", precision="fp32", progress=False)
+    if not models.get(name).closed_form:
+        base.update(epochs=3, batch_size=100)
+    return vaecf.TrainConfig(**{**base, **kw})
+
+
+def model_cfg(name: str):
+    small = {"multvae": {"hidden_dims": [32], "latent_dim": 8}, "multdae": {"latent_dim": 8}}
+    small["recvae"] = {"hidden_dim": 32, "latent_dim": 8, "n_layers": 3}
+    small["ease"] = {"l2_grid": [1.0, 30.0, 1000.0]}
+    return models.config_from_dict(name, small.get(name))
+
+
+@pytest.fixture(scope="module")
+def runs(ds, tmp_path_factory):
+    root = tmp_path_factory.mktemp("runs")
+    return {n: vaecf.train(ds, cfg_for(n), root / n, model_cfg(n), model=n).run_dir for n in NAMES}
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_scores_shape_and_history_excluded(name, runs, ds):
+    rec = vaecf.Recommender.load(runs[name])
+    fold_in = ds.split("test_tr")
+    batch = CSR.from_scipy(fold_in).batch(torch.arange(7))
+    scores = rec.model.scores(batch)
+    assert scores.shape == (7, ds.n_items) and torch.isfinite(scores).all()
+    for row in range(5):
+        history = rec.items.id_of(fold_in[row].indices)
+        r = rec.recommend(history, k=30)
+        assert len(r.item_ids) == 30 and not set(r.item_ids) & set(history)
+        assert r.scores == sorted(r.scores, reverse=True)
+        kept = rec.recommend(history, k=ds.n_items, exclude_history=False)
+        assert set(history) <= set(kept.item_ids)
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_evaluate_equals_brute_force_ranking(name, runs, ds):
+    rec = vaecf.Recommender.load(runs[name])
+    fold_in, target = ds.split("test_tr"), ds.split("test_te")
+    m = evaluate_model(rec.model, CSR.from_scipy(fold_in), CSR.from_scipy(target), batch_size=13)
+    batch = CSR.from_scipy(fold_in).batch(torch.arange(fold_in.shape[0]))
+    with torch.no_grad():
+        scores = rec.model.scores(batch).double().numpy()
+    _, ndcg, n = brute_force(scores, fold_in.toarray(), target.toarray(), 100)
+    recall, _, _ = brute_force(scores, fold_in.toarray(), target.toarray(), 20)
+    assert m["n_users"] == n
+    tol = 2e-3 if name == "popular" else 1e-6  # popularity's tied counts rank either way
+    assert m["ndcg@100"] == pytest.approx(ndcg, abs=tol)
+    assert m["recall@20"] == pytest.approx(recall, abs=tol)
+    results = json.loads((runs[name] / "results.json").read_text())
+    assert results["test"]["ndcg@100"] == pytest.approx(m["ndcg@100"], abs=1e-9)
+    assert results["model"] == name
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_seeded_runs_are_identical_and_round_trip(name, runs, ds, tmp_path):
+    again = vaecf.train(ds, cfg_for(name), tmp_path / "again", model_cfg(name), model=name)
+    a, b = (vaecf.Recommender.load(d).model.state_dict() for d in (runs[name], again.run_dir))
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    saved = json.loads((runs[name] / "config.json").read_text())
+    assert saved["model"]["name"] == name
+    # the loaded model scores exactly as the one that was trained (round trip)
+    assert again.test_metrics == json.loads((runs[name] / "results.json").read_text())["test"]
+
+
+def test_ease_and_recvae_beat_popularity(runs, ds, tmp_path):
+    def ndcg(run_dir):
+        return json.loads((run_dir / "results.json").read_text())["test"]["ndcg@100"]
+
+    rec = vaecf.train(ds, cfg_for("recvae", epochs=15, lr=3e-3), tmp_path / "r", model="recvae")
+    assert ndcg(runs["ease"]) > 1.2 * ndcg(runs["popular"])
+    assert ndcg(rec.run_dir) > 1.2 * ndcg(runs["popular"])
+
+
+# -- EASE -------------------------------------------------------------------------------------
+def test_ease_matches_numpy():
+    rng = np.random.default_rng(0)
+    x = (rng.random((60, 25)) < 0.2).astype(np.float64)
+    lam = 7.0
+    p = np.linalg.inv(x.T @ x + lam * np.eye(25))
+    b = np.eye(25) - p / np.diag(p)  # P diagMat(1/diag(P)): column j divided by P_jj
+    assert np.allclose(np.diag(b), 0)
+    model = models.build("ease", 25, {"l2": lam, "solve_dtype": "float64"})
+    model.fit(sp.csr_matrix(x))
+    assert np.allclose(model.weight.numpy(), b, atol=1e-5)
+    batch = CSR.from_scipy(sp.csr_matrix(x[:9])).batch(torch.arange(9))
+    assert np.allclose(model.scores(batch).numpy(), x[:9] @ b, atol=1e-4)
+
+
+def test_ease_grid_is_recorded_and_best_chosen(runs):
+    row = json.loads((runs["ease"] / "metrics.jsonl").read_text().splitlines()[0])
+    grid = row["grid"]
+    assert [g["l2"] for g in grid] == [1.0, 30.0, 1000.0]
+    best = max(grid, key=lambda g: g["validation"]["ndcg@100"])
+    assert row["l2"] == best["l2"]
+    results = json.loads((runs["ease"] / "results.json").read_text())
+    assert results["validation"]["ndcg@100"] == pytest.approx(best["validation"]["ndcg@100"])
+
+
+def test_ease_refuses_what_does_not_fit(monkeypatch):
+    from vaecf.models import ease
+
+    monkeypatch.setattr(ease, "available_bytes", lambda device: 10**6)
+    with pytest.raises(vaecf.RunError, match=r"needs about .* GiB.*--min-item-users"):
+        models.build("ease", 2000, {"l2": 10.0}).fit(sp.csr_matrix((5, 2000), dtype=np.float32))
+
+
+# -- RecVAE -----------------------------------------------------------------------------------
+def _log_normal64(z, mu, logvar):
+    return -0.5 * (logvar + math.log(2 * math.pi) + (z - mu) ** 2 / np.exp(logvar))
+
+
+def test_recvae_prior_and_kl_match_float64():
+    torch.manual_seed(0)
+    m = models.build("recvae", 40, {"hidden_dim": 16, "latent_dim": 6, "n_layers": 2}).double()
+    x = sp.random(5, 40, density=0.2, format="csr", random_state=1, dtype=np.float64)
+    x.data[:] = 1
+    batch = CSR.from_scipy(x).batch(torch.arange(5))
+    batch.values = batch.values.double()
+    z = torch.randn(5, 6, dtype=torch.float64)
+    mu, logvar = torch.randn(5, 6, dtype=torch.float64), torch.randn(5, 6, dtype=torch.float64)
+    post_mu, post_logvar = (t.detach().numpy() for t in m.prior_encoder(batch, 0.0))
+    zn = z.numpy()
+    w = [0.15, 0.75, 0.10]
+    dens = (
+        w[0] * np.exp(_log_normal64(zn, 0, 0))
+        + w[1] * np.exp(_log_normal64(zn, post_mu, post_logvar))
+        + w[2] * np.exp(_log_normal64(zn, 0, 10.0))
+    )
+    assert np.allclose(m.log_prior(batch, z).detach().numpy(), np.log(dens), atol=1e-10)
+    kl = (_log_normal64(zn, mu.numpy(), logvar.numpy()) - np.log(dens)).sum(1)
+    assert np.allclose(m.kl_per_user(batch, z, mu, logvar).detach().numpy(), kl, atol=1e-9)
+
+
+def test_recvae_phases_move_only_their_parameters(ds, tmp_path):
+    torch.manual_seed(0)
+    m = models.build("recvae", ds.n_items, model_cfg("recvae"))
+    opts = {k: torch.optim.Adam(p, lr=1e-2) for k, p in m.param_groups().items()}
+    batch = CSR.from_scipy(ds.split("train")).batch(torch.arange(50))
+    m.train()
+    for phase in m.phases():
+        m.begin_phase(phase)
+        if phase.name == "encoder":  # the prior's old posterior is the encoder, refreshed
+            for a, b in zip(m.prior_encoder.parameters(), m.encoder.parameters()):
+                assert torch.equal(a, b)
+        before = {k: v.clone() for k, v in m.state_dict().items()}
+        loss, _ = m.loss(batch, 0.0, 50, phase)
+        for o in opts.values():
+            o.zero_grad()
+        loss.backward()
+        for g in phase.groups:
+            opts[g].step()
+        moved = {
+            k.split(".")[0] for k, v in m.state_dict().items() if not torch.equal(v, before[k])
+        }
+        assert moved == {phase.name}, (phase.name, moved)
+        if phase.name == "decoder":
+            assert all(p.grad is None for p in m.encoder.parameters())
+
+
+def test_recvae_resume_is_bit_exact(ds, tmp_path):
+    mcfg = model_cfg("recvae")
+    full = vaecf.train(ds, cfg_for("recvae", epochs=3), tmp_path / "full", mcfg)
+    vaecf.train(ds, cfg_for("recvae", epochs=1), tmp_path / "split", mcfg)
+    resumed = vaecf.train(ds, cfg_for("recvae", epochs=3), tmp_path / "split", resume=True)
+    a = torch.load(tmp_path / "full/last.pt", weights_only=True)["model"]
+    b = torch.load(tmp_path / "split/last.pt", weights_only=True)["model"]
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    assert resumed.test_metrics == full.test_metrics
+
+
+# -- settings ---------------------------------------------------------------------------------
+def test_auto_defaults_fit_the_data():
+    assert auto_batch_size(116_677) == 500  # ML-20M: the paper's
+    assert auto_batch_size(510) == 100  # ml-latest-small
+    assert auto_batch_size(20_000) == 200
+    vae = models.get("multvae")
+    ml20m = resolve_config(vaecf.TrainConfig(), vae, 116_677)
+    assert (ml20m.epochs, ml20m.batch_size, ml20m.anneal_cap) == (200, 500, 0.2)
+    assert abs(ml20m.total_anneal_steps - 200_000) / 200_000 < 0.01  # the paper's, recovered
+    small = resolve_config(vaecf.TrainConfig(), vae, 510)
+    updates = small.epochs * math.ceil(510 / small.batch_size)
+    cap_step = small.anneal_cap * small.total_anneal_steps
+    assert cap_step / updates == pytest.approx(40_000 / 46_800, rel=0.01)
+    assert scaled_anneal_steps(10, 10, 0.5) == round(40_000 / 46_800 * 100 / 0.5)
+    paper = resolve_config(vaecf.TrainConfig(preset="paper"), vae, 510)
+    assert (paper.batch_size, paper.total_anneal_steps) == (500, 200_000)
+    rec = resolve_config(vaecf.TrainConfig(preset="paper"), models.get("recvae"), 510)
+    assert (rec.epochs, rec.batch_size, rec.lr, rec.total_anneal_steps) == (50, 500, 5e-4, None)
+
+
+def test_settings_that_do_not_apply_are_refused(ds, tmp_path):
+    with pytest.raises(vaecf.VaecfError, match="--epochs does not apply to --model ease"):
+        vaecf.train(ds, cfg_for("ease", epochs=3), tmp_path / "e", model="ease")
+    with pytest.raises(vaecf.VaecfError, match="--anneal-cap does not apply to --model recvae"):
+        vaecf.train(ds, cfg_for("recvae", anneal_cap=0.3), tmp_path / "r", model="recvae")
+    with pytest.raises(vaecf.VaecfError, match="select-metric"):
+        vaecf.train(ds, cfg_for("multvae", select_metric="ndcg"), tmp_path / "m")
+    with pytest.raises(vaecf.VaecfError, match="not a setting of model ease"):
+        models.config_from_dict("ease", {"gamma": 1.0})
+
+
+def test_resume_refuses_conflicting_settings(ds, tmp_path):
+    vaecf.train(ds, cfg_for("multvae", epochs=1), tmp_path / "r", model_cfg("multvae"))
+    with pytest.raises(vaecf.RunError, match="--lr .* conflict"):
+        vaecf.train(ds, cfg_for("multvae", epochs=2, lr=0.5), tmp_path / "r", resume=True)
+    with pytest.raises(vaecf.RunError, match="cannot change the model"):
+        vaecf.train(ds, cfg_for("multvae", epochs=2), tmp_path / "r", resume=True, model="ease")
+    res = vaecf.train(ds, cfg_for("multvae", epochs=2), tmp_path / "r", resume=True)
+    assert len(res.history) == 2
