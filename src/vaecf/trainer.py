@@ -11,6 +11,7 @@ import json
 import math
 import os
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -144,10 +145,12 @@ def train(
     model_config=None,
     resume: bool = False,
     model: str | None = None,
+    on_epoch: Callable[[dict], None] | None = None,
 ) -> RunResult:
     """Train (or fit) a model on a prepared dataset into run directory `out`; `resume=True`
     continues it. The model is `model` (a registry name) or the one `model_config` configures
-    (default Mult-VAE with the paper's network)."""
+    (default Mult-VAE with the paper's network). `on_epoch(row)` is called with every epoch's
+    metrics row once it is saved (a tuner's pruner raises from it to stop the run)."""
     ds = data if isinstance(data, PreparedDataset) else PreparedDataset(data)
     out = Path(out)
     if resume and rundir.is_run(out):
@@ -189,7 +192,9 @@ def train(
                 "processes; it is the global batch, split across them"
             )
         trainer_cls = ClosedFormFit if models.get(name).closed_form else Trainer
-        return trainer_cls(ds, config, name, model_config, out, ctx, device).fit()
+        run = trainer_cls(ds, config, name, model_config, out, ctx, device)
+        run.on_epoch = on_epoch
+        return run.fit()
     finally:
         if started:
             distributed.teardown()
@@ -230,6 +235,7 @@ class _Run:
         self.best = {"epoch": 0, "value": -math.inf, "metrics": {}}
         self.history: list[dict] = []
         self.epoch, self.step = 0, 0
+        self.on_epoch: Callable[[dict], None] | None = None
 
     def _write_config(self) -> None:
         if not self.ctx.is_main:
@@ -321,6 +327,8 @@ class ClosedFormFit(_Run):
             rundir.save_model(self.out, self.model, epoch=1, metrics=val)
             with atomic_file(self.out / rundir.METRICS, "w") as f:
                 f.write(json.dumps(row) + "\n")
+        if self.on_epoch is not None:
+            self.on_epoch(row)
         return self._finish()
 
 
@@ -487,6 +495,8 @@ class Trainer(_Run):
                         )
                 self.history.append(row)
                 self._save_last()
+                if self.on_epoch is not None:
+                    self.on_epoch(row)
                 bar.update(1)
                 bar.set_postfix(
                     loss=f"{row['loss']:.2f}", best=f"{self.best['value']:.4f}@{self.best['epoch']}"
