@@ -43,10 +43,15 @@ def cmd_train(a) -> int:
     cfg.progress = not a.quiet
     mcfg = None
     if a.resume and (Path(a.out) / "config.json").is_file():
-        if given(a, all_model):
+        from vaecf.rundir import load_config
+
+        saved = load_config(a.out)["model"]["config"]
+        clash = {k: v for k, v in given(a, all_model).items() if saved.get(k) != v}
+        if clash:
             raise VaecfError(
-                "a resumed run keeps its model settings; drop "
-                + ", ".join(map(flag, given(a, all_model)))
+                "a resumed run keeps its model settings; "
+                + ", ".join(f"{flag(k)} {v!r} (run: {saved.get(k)!r})" for k, v in clash.items())
+                + " conflict; start a new --out to train with other settings"
             )
     else:
         mcfg = models.config_from_dict(name, given(a, per_model[name]))
