@@ -3,7 +3,8 @@
 Start-up refuses (ConfigError, exit 2) before listening when the address is not loopback and
 neither an API key nor --no-auth is given, and when the run does not load. SIGTERM (or SIGINT):
 uvicorn stops accepting, lets requests in flight finish (up to `graceful_s`), then the app's
-lifespan scores what is queued and stops its worker; the process exits 0. SIGHUP reloads the model (app.py).
+lifespan scores what is queued and stops its worker; the process exits 0. SIGHUP reloads the
+model (app.py).
 """
 
 from __future__ import annotations
