@@ -112,7 +112,7 @@ async def load(
                     errors += 1
 
         async def reloader() -> dict:
-            await asyncio.sleep(duration / 3)
+            await asyncio.sleep(1.0)
             t = time.perf_counter()
             r = await client.post("/v1/admin/reload", json={"run": str(reload_run)})
             return {"status": r.status_code, "seconds": round(time.perf_counter() - t, 2)}
@@ -161,10 +161,9 @@ def main(argv: list[str] | None = None) -> int:
                     rows.append({"mode": label, **res})
                     print(json.dumps(rows[-1]) if a.json else rows[-1], file=sys.stderr)
         with Server(run_a, a.batch_wait_ms) as server:
-            c = max(a.concurrency)
-            res = asyncio.run(
-                load(server.base, c, a.duration, a.max_requests, a.items, reload_run=run_b)
-            )
+            c = max(a.concurrency)  # long enough for the reload (seconds under load) and after
+            dur = max(a.duration, 12.0)
+            res = asyncio.run(load(server.base, c, dur, a.max_requests, a.items, reload_run=run_b))
             rows.append({"mode": "micro-batching + reload", **res})
     if a.json:
         for r in rows:

@@ -150,8 +150,9 @@ def validation_error(exc: RequestValidationError, s: ServeSettings) -> JSONRespo
 class Guard:
     """Auth, body size limit, metrics and last-resort error handling for every HTTP request."""
 
-    def __init__(self, app, settings: ServeSettings, metrics: Metrics):
+    def __init__(self, app, settings: ServeSettings, metrics: Metrics, active: dict):
         self.app = app
+        self.active = active  # {"n": HTTP requests in progress}, read by the batcher
         self.key = settings.api_key.encode() if settings.api_key else None
         self.max_body = settings.max_body_bytes
         self.metrics = metrics
@@ -168,6 +169,7 @@ class Guard:
             return await self.app(scope, receive, send)
         t0 = time.perf_counter()
         state = {"status": 500, "started": False}
+        self.active["n"] += 1
 
         async def send_wrapped(message):
             if message["type"] == "http.response.start":
@@ -182,6 +184,7 @@ class Guard:
                 resp = error(500, "internal", "internal server error; the server log says more")
                 await resp(scope, receive, send_wrapped)
         finally:
+            self.active["n"] -= 1
             route = scope.get("route")
             label = getattr(route, "path", None) or "(not routed)"
             self.metrics.observe_request(label, state["status"], time.perf_counter() - t0)
@@ -237,8 +240,12 @@ class Guard:
 def create_app(holder: ModelHolder, settings: ServeSettings) -> FastAPI:
     """The API over `holder`'s model. SIGHUP reloads where the app runs in the main thread."""
     metrics = Metrics()
+    active = {"n": 0}
     batcher = MicroBatcher(
-        settings.batch_wait_ms / 1000.0, settings.max_batch_size, metrics.observe_batch
+        settings.batch_wait_ms / 1000.0,
+        settings.max_batch_size,
+        metrics.observe_batch,
+        in_flight=lambda: active["n"],
     )
     ready = {"value": False}
     reload_lock = asyncio.Lock()
@@ -299,7 +306,7 @@ def create_app(holder: ModelHolder, settings: ServeSettings) -> FastAPI:
         'popularity. Item ids are the data\'s own; 42 and "42" name the same item.',
         lifespan=lifespan,
     )
-    app.add_middleware(Guard, settings=settings, metrics=metrics)
+    app.add_middleware(Guard, settings=settings, metrics=metrics, active=active)
     app.state.holder, app.state.batcher, app.state.metrics = holder, batcher, metrics
 
     @app.exception_handler(RequestValidationError)

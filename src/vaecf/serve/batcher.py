@@ -2,8 +2,9 @@
 as one batch by one worker thread.
 
 An asyncio queue sits in front of one scoring worker. The worker takes the first waiting job,
-waits `wait_s` (unless `max_batch_size` histories are already queued), takes what has queued up
-to `max_batch_size` histories, and scores them in its single thread (the event loop stays free
+waits `wait_s` (unless `max_batch_size` histories are already queued, or the server is handling
+no request beyond those in hand: then nobody could join), takes what has queued up to
+`max_batch_size` histories, and scores them in its single thread (the event loop stays free
 to accept requests meanwhile; under load, requests queue while a batch is scored and form the
 next batch). Jobs are grouped by what changes the answer (model, k, exclude_seen, allow, deny)
 and each group is one `Recommender.recommend_batch` call, so a request's answer is exactly the
@@ -47,10 +48,14 @@ class MicroBatcher:
         wait_s: float = 0.002,
         max_batch_size: int = 256,
         on_batch: Callable[[int, int], None] | None = None,
+        in_flight: Callable[[], int] | None = None,
     ):
         self.wait_s = wait_s
         self.max_batch_size = max_batch_size
         self.on_batch = on_batch  # (histories, requests) of every scoring call
+        # requests the server is handling (queued or not yet): with none but those in hand and
+        # queued, no one can join the batch and waiting would only add latency
+        self.in_flight = in_flight
         self.executor = ThreadPoolExecutor(1, thread_name_prefix="vaecf-score")
         self._queue: asyncio.Queue[_Job | None] | None = None
         self._queued = 0  # histories waiting in the queue
@@ -120,7 +125,10 @@ class MicroBatcher:
             self._queued -= len(first.histories)
             jobs, n = [first], len(first.histories)
             if self.wait_s > 0:
-                if n + self._queued < self.max_batch_size:
+                others = None if self.in_flight is None else self.in_flight() - 1
+                if n + self._queued < self.max_batch_size and (
+                    others is None or others > self._queue.qsize()
+                ):
                     await asyncio.sleep(self.wait_s)
                 while n < self.max_batch_size and not self._queue.empty():
                     job = self._take()
