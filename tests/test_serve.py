@@ -19,6 +19,7 @@ import httpx
 import pytest
 from serve_helpers import client, free_port, running
 
+from vaecf.cli import main
 from vaecf.recommender import Recommender
 from vaecf.serve.batcher import MicroBatcher
 from vaecf.serve.fixtures import fresh_run
@@ -382,7 +383,7 @@ def vaecf_cmd(*args: str) -> list[str]:
     return [sys.executable, "-m", "vaecf", *args]
 
 
-def test_non_loopback_without_key_is_refused_before_listening(runs, tmp_path):
+def test_non_loopback_without_key_is_refused_before_listening(runs, tmp_path, monkeypatch, capsys):
     env = {k: v for k, v in os.environ.items() if k != "VAECF_API_KEY"}
     r = subprocess.run(
         vaecf_cmd("serve", str(runs["a"]), "--host", "0.0.0.0", "--port", "1"),
@@ -393,24 +394,18 @@ def test_non_loopback_without_key_is_refused_before_listening(runs, tmp_path):
     )
     assert r.returncode == 2
     assert "--api-key-file" in r.stderr and "--no-auth" in r.stderr
+    # the same rule and the other start-up refusals, in-process (no subprocess to pay for)
+    monkeypatch.delenv("VAECF_API_KEY", raising=False)
     empty = tmp_path / "key"
     empty.write_text("\n")
-    r = subprocess.run(
-        vaecf_cmd("serve", str(runs["a"]), "--api-key-file", str(empty)),
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=60,
-    )
-    assert r.returncode == 2 and "empty" in r.stderr
-    r = subprocess.run(
-        vaecf_cmd("serve", str(runs["broken"]), "--port", str(free_port())),
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=60,
-    )
-    assert r.returncode == 2 and "corrupted" in r.stderr
+    assert main(["serve", str(runs["a"]), "--api-key-file", str(empty)]) == 2
+    assert "empty" in capsys.readouterr().err
+    assert main(["serve", str(runs["broken"]), "--port", str(free_port())]) == 2
+    assert "corrupted" in capsys.readouterr().err
+    assert main(["serve", str(runs["a"]), "--host", "10.0.0.1", "--port", "1"]) == 2
+    monkeypatch.setenv("VAECF_API_KEY", "k")  # a key from the environment satisfies the rule
+    assert main(["serve", str(runs["broken"]), "--host", "10.0.0.1", "--port", "1"]) == 2
+    assert "corrupted" in capsys.readouterr().err  # got past the auth rule, to loading
 
 
 def wait_ready(base: str, proc: subprocess.Popen) -> None:
@@ -472,3 +467,18 @@ def test_serve_cli_sighup_reloads_and_sigterm_lets_requests_finish(runs):
         if proc.poll() is None:
             proc.kill()
             proc.communicate()
+
+
+def test_auth_rule_for_addresses():
+    from vaecf.errors import ConfigError
+    from vaecf.serve.settings import check_auth
+
+    for host in ("127.0.0.1", "127.0.0.5", "::1", "localhost"):
+        check_auth(ServeSettings(host=host))
+    for host in ("0.0.0.0", "::", "10.1.2.3", "example.com"):
+        with pytest.raises(ConfigError, match="--api-key-file"):
+            check_auth(ServeSettings(host=host))
+        check_auth(ServeSettings(host=host, api_key="k"))
+        check_auth(ServeSettings(host=host, no_auth=True))
+    with pytest.raises(ConfigError, match="max_k"):
+        ServeSettings(max_k=0)
