@@ -9,9 +9,9 @@ from __future__ import annotations
 import argparse
 import sys
 
-from vaecf.cli import bench, data, train
+from vaecf.cli import bench, data, serve, train
 
-VERB_MODULES = (data, train, bench)
+VERB_MODULES = (data, train, bench, serve)
 
 
 def build_parser() -> argparse.ArgumentParser:
