@@ -364,14 +364,21 @@ class Trainer(_Run):
         }
         self.scaler = prec.grad_scaler(self.device, cfg.precision)
         self.step_module: torch.nn.Module = _LossModule(self.model)  # DDP-wrapped in fit()
+        self._best_state: dict | None = None  # a best model not yet written to best.pt
 
     # -- run directory ------------------------------------------------------------------------
     def _save_last(self) -> None:
         """Queue last.pt (a snapshot of everything a resume needs) for the background writer,
-        after making the metrics lines it covers durable."""
+        after making the metrics lines it covers durable, and before it best.pt if the best
+        model changed since the last checkpoint. best.pt is written only here, so it always
+        holds the best model that last.pt records: a kill loses a newer best together with
+        the epochs that found it, and the resumed run finds it again."""
         self._last_saved = time.perf_counter()
         if not self.ctx.is_main:
             return
+        if self._best_state is not None:
+            self.writer.submit(self.out / rundir.BEST, self._best_state)
+            self._best_state = None
         self._metrics_file.flush()
         os.fsync(self._metrics_file.fileno())
         state = {
@@ -555,9 +562,9 @@ class Trainer(_Run):
         row["validation"] = val
         if val[cfg.select_metric] > self.best["value"]:
             self.best = {"epoch": self.epoch, "value": val[cfg.select_metric], "metrics": val}
-            if self.ctx.is_main:
+            if self.ctx.is_main:  # written with the next last.pt (see _save_last)
                 state = {"model": self.model.state_dict(), "epoch": self.epoch, "metrics": val}
-                self.writer.submit(self.out / rundir.BEST, snapshot(state))
+                self._best_state = snapshot(state)
         if show:
             tqdm.write(_epoch_line(row, cfg.select_metric, self.best["epoch"] == self.epoch))
 
