@@ -87,6 +87,11 @@ def _set_rng_state(state: dict, gen: torch.Generator) -> None:
 load_run_config = rundir.load_config  # vaecf 0.1 name
 
 
+def _leftover(path: Path) -> bool:
+    """A temp file of an interrupted atomic write (vaecf._io.atomic_file's `.NAME.*.tmp`)."""
+    return path.is_file() and path.name.startswith(".") and path.name.endswith(".tmp")
+
+
 def model_name_of(model_config) -> str:
     """Registry name of a config dataclass instance."""
     if isinstance(model_config, models.ModelConfig):
@@ -181,9 +186,12 @@ def train(
         raise RunError(
             f"{out} already holds a run; pass --resume to continue it or choose another --out"
         )
-    elif out.exists() and any(out.iterdir()):
+    elif out.exists() and any(not _leftover(p) for p in out.iterdir()):
         raise RunError(f"{out} exists and is not a run directory; choose another --out")
     else:
+        if out.exists():  # what a process killed before its first config.json left behind
+            for p in out.iterdir():
+                p.unlink()
         name = model or (model_name_of(model_config) if model_config is not None else "multvae")
         if model_config is None:
             model_config = models.config_from_dict(name)
@@ -486,6 +494,8 @@ class Trainer(_Run):
         self._write_config()
         if self.epoch >= cfg.epochs and (self.out / rundir.RESULTS).is_file():
             return self._result()
+        if self.epoch < cfg.epochs and self.ctx.is_main:  # extending a finished run: its
+            (self.out / rundir.RESULTS).unlink(missing_ok=True)  # results are no longer the run's
         if self.ctx.enabled:
             from torch.nn.parallel import DistributedDataParallel
 
