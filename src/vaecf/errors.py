@@ -11,3 +11,11 @@ class DataError(VaecfError):
 
 class RunError(VaecfError):
     """A run directory or checkpoint is missing, foreign or corrupted."""
+
+
+class WriteError(VaecfError):
+    """A write could not be completed (no space left); what was there before is intact."""
+
+
+class BusyError(VaecfError):
+    """Another live process is writing the same directory (its pid is in the message)."""
