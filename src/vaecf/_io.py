@@ -248,10 +248,13 @@ def _read_lock(path: Path) -> dict | None:
         return {}  # unreadable: written by a process killed mid-write, or foreign
 
 
-def _holder_is_live(info: dict, path: Path) -> bool:
+def _holder_is_live(info: dict, path: Path, guarded: bool) -> bool:
     pid = info.get("pid")
     if not isinstance(pid, int):
-        # empty or torn: a writer killed between create and write, unless it is brand new
+        # empty or torn. Holders write it while holding the directory guard, so under the guard
+        # it can only be the remains of a process killed mid-write; without one, trust it a while
+        if guarded:
+            return False
         with contextlib.suppress(OSError):
             return time.time() - path.stat().st_mtime < 5.0
         return False
@@ -264,17 +267,18 @@ def _holder_is_live(info: dict, path: Path) -> bool:
 
 
 @contextlib.contextmanager
-def _dir_guard(directory: Path) -> Iterator[None]:
+def _dir_guard(directory: Path) -> Iterator[bool]:
     """Serialise lock acquisition in `directory` (flock, released by the kernel on death)."""
     try:
         import fcntl
-    except ImportError:  # not POSIX: O_EXCL alone
-        yield
+
+        fd = os.open(directory, os.O_RDONLY)
+    except (ImportError, OSError):  # not POSIX: O_EXCL alone
+        yield False
         return
-    fd = os.open(directory, os.O_RDONLY)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)
-        yield
+        yield True
     finally:
         os.close(fd)  # releases the flock
 
@@ -304,7 +308,7 @@ def writer_lock(directory: str | os.PathLike, what: str = "writing") -> Iterator
         "started": _start_time(os.getpid()),
         "what": what,
     }
-    with _dir_guard(directory.parent):
+    with _dir_guard(directory.parent) as guarded:
         for _ in range(3):
             try:
                 fd = os.open(lock, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
@@ -312,7 +316,7 @@ def writer_lock(directory: str | os.PathLike, what: str = "writing") -> Iterator
                 info = _read_lock(lock)
                 if info is None:
                     continue  # released meanwhile
-                if _holder_is_live(info, lock):
+                if _holder_is_live(info, lock, guarded):
                     pid = info.get("pid", "?")
                     raise BusyError(
                         f"{directory} is being written by another vaecf process (pid {pid}, "
@@ -322,10 +326,18 @@ def writer_lock(directory: str | os.PathLike, what: str = "writing") -> Iterator
                 with contextlib.suppress(FileNotFoundError):
                     lock.unlink()  # stale: its process is dead
                 continue
-            with os.fdopen(fd, "w") as f:
-                json.dump(me, f)
-                f.flush()
-                os.fsync(f.fileno())
+            try:
+                with os.fdopen(fd, "w") as f:
+                    json.dump(me, f)
+                    f.flush()
+                    os.fsync(f.fileno())
+            except OSError as e:
+                free = _free_bytes(lock.parent)
+                with contextlib.suppress(OSError):
+                    lock.unlink()
+                if (err := _no_space_error(e, lock, free)) is not None:
+                    raise err from None
+                raise
             break
         else:
             raise BusyError(f"could not take the lock {lock}; run the command again")
