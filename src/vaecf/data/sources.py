@@ -73,7 +73,10 @@ def read_table(
         df = lf.select(wanted).collect()
     except pl.exceptions.PolarsError as e:
         n = None if is_parquet else _first_non_utf8_line(path)
-        where = f", line {n}: not valid UTF-8 text" if n else f": {str(e).splitlines()[0][:200]}"
+        where = f", line {n}: not valid UTF-8 text" if n else None
+        if where is None and not is_parquet:
+            where = _csv_bad_line(path, _sep_for(path, sep))
+        where = where or f": {str(e).splitlines()[0][:200]}"
         raise DataError(
             f"cannot parse {path}{where}; fix the file or pass the right --sep"
         ) from None
@@ -113,6 +116,28 @@ def read_table(
     return pl.DataFrame(out)
 
 
+def _csv_bad_line(path: Path, sep: str) -> str | None:
+    """', line N: what is wrong' for the first row whose field count differs from the header's
+    (or whose quoting is broken), as Python's csv module reads it; None if none is found."""
+    import csv
+
+    if len(sep) != 1:
+        return None
+    with open(path, encoding="utf-8-sig", errors="replace", newline="") as f:
+        r = csv.reader(f, delimiter=sep, quotechar='"', strict=True)
+        try:
+            header = next(r, [])
+            for row in r:
+                if row and len(row) != len(header):
+                    return (
+                        f", line {r.line_num}: {len(row)} field(s) where the header has "
+                        f"{len(header)}"
+                    )
+        except csv.Error as e:
+            return f", line {r.line_num}: {e}"
+    return None
+
+
 # -- the registry's formats ----------------------------------------------------------------------
 # Each parser takes the raw file paths (in the order they are read) and returns the frame plus a
 # dict of parse counts for the manifest. Typed Polars reads are the fast path; when one fails (or
@@ -146,7 +171,7 @@ def _first_bad_line(
     import math
     import re
 
-    checks = {"int": re.compile(_INT), "num": re.compile(_NUM), "str": None}
+    checks = {"int": re.compile(_INT, re.ASCII), "num": re.compile(_NUM, re.ASCII), "str": None}
     with open(path, "rb") as f:
         for n, raw in enumerate(f, 1):
             try:
@@ -203,6 +228,9 @@ def _typed_read(
             .collect()
         )
         bad = df.select(pl.any_horizontal(pl.all().is_null()).any()).item()
+        for n, k in zip(names, kinds, strict=False):
+            if k == "str" and n in select:
+                bad = bad or bool((df.get_column(n).str.strip_chars() == "").any())
         if "_e" in df.columns:
             bad = bad or bool(df.get_column("_e").any())
             df = df.drop("_e")
@@ -325,12 +353,12 @@ def read_netflix(paths: list[Path]) -> Parsed:
         lines = _read_lines(path, "Netflix Prize")
         f = lines.select(
             pl.col("line").str.split_exact(",", 2).struct.unnest(),
-            pl.col("line").str.ends_with(":").alias("head"),
+            pl.col("line").str.contains(r"^\s*\d+:\s*$").fill_null(False).alias("head"),
         )
         f = f.select(
             pl.col("head"),
             pl.when(pl.col("head"))
-            .then(pl.col("field_0").str.strip_suffix(":"))
+            .then(pl.col("field_0").str.strip_chars().str.strip_suffix(":"))
             .cast(pl.Int32, strict=False)
             .forward_fill()
             .alias(ITEM),
@@ -355,7 +383,13 @@ def read_netflix(paths: list[Path]) -> Parsed:
                 f"{path}, line {n + 1}: {text!r} is neither a 'MovieID:' "
                 "line nor CustomerID,Rating,Date under one; fix or re-obtain the file"
             )
-        frames.append(f.filter(~pl.col("head")).select(USER, ITEM, RATING))
+        rows = f.filter(~pl.col("head")).select(USER, ITEM, RATING)
+        if rows.height == 0:
+            raise DataError(
+                f"{path} holds no CustomerID,Rating,Date rows (no rows under any 'MovieID:' "
+                "line); the Netflix files are incomplete"
+            )
+        frames.append(rows)
         del lines, f
     df = pl.concat(frames, rechunk=True) if len(frames) > 1 else frames[0]
     return df, {"n_files": len(paths)}
