@@ -2,7 +2,8 @@
 clear error (naming the file and what to do) for missing, truncated or bit-flipped files.
 
 File layout: a `torch.save` zip, then a 40-byte footer `VAECFSUM` + SHA-256 of everything before
-it. torch.load ignores the footer; files written before footers existed load unverified.
+it. torch.load ignores the footer; files written before footers existed (a bare zip) load
+unverified.
 """
 
 from __future__ import annotations
@@ -48,13 +49,17 @@ def verify(path: str | os.PathLike) -> bool:
     vaecf). A mismatch raises RunError."""
     path = Path(path)
     size = path.stat().st_size
-    if size < _FOOTER_LEN:
-        return False
     with open(path, "rb") as f:
-        f.seek(size - _FOOTER_LEN)
+        f.seek(max(0, size - _FOOTER_LEN))
         tail = f.read(_FOOTER_LEN)
-        if not tail.startswith(FOOTER):
-            return False
+        if not tail.startswith(FOOTER) or size < _FOOTER_LEN:
+            # no footer: acceptable only as a complete zip (ends with its end-of-directory record)
+            if len(tail) >= 22 and tail[-22:-18] == b"PK\x05\x06":
+                return False
+            raise RunError(
+                f"checkpoint {path} is corrupted (truncated or damaged at its end); "
+                "restore it from a backup or retrain the run"
+            )
         f.seek(0)
         h, left = hashlib.sha256(), size - _FOOTER_LEN
         while left > 0:

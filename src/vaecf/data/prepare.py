@@ -147,6 +147,8 @@ def _check_manifest(m, mpath: Path) -> None:
     )
     if not ok:
         raise DataError(f"{mpath} is corrupted (fields missing or mistyped); {_REPREPARE}")
+    if version >= 2 and not (isinstance(m.get("files"), dict) and "manifest_sha256" in m):
+        raise DataError(f"{mpath} is corrupted (its checksums are missing); {_REPREPARE}")
     digest = m.get("manifest_sha256")
     if digest is not None and digest != _manifest_digest(m):
         raise DataError(
