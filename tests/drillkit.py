@@ -260,6 +260,10 @@ class Drill:
         """Where this drill writes (its directory and siblings), for leftover checks."""
         raise NotImplementedError
 
+    def diagnose(self) -> str:
+        """Why the output differs from the uninterrupted result, in words (for reports)."""
+        return ""
+
     duration = 1.0  # seconds an uninterrupted command takes (measured in setup)
 
 
@@ -314,7 +318,8 @@ def kill_drill(
         st, err = _safe_state(drill)
         if r.rc != 0 or err is not None or st != drill.final(trial):
             failed = lost = True
-            t.notes.append(f"trial {trial} finish: {err or 'state differs'}\n{r}")
+            why = err or f"state differs: {drill.diagnose()}"
+            t.notes.append(f"trial {trial} finish: {why}\n{r}")
         t.trials += 1
         t.failures += failed
         t.lost += lost
@@ -624,6 +629,21 @@ class TrainDrill(Drill):
 
     def output_paths(self) -> list[Path]:
         return [self.out]
+
+    def diagnose(self) -> str:
+        from vaecf import checkpoint
+
+        try:
+            last = checkpoint.load(self.out / "last.pt")["epoch"]
+            res = json.loads((self.out / "results.json").read_text())
+        except Exception as e:  # noqa: BLE001
+            return f"unreadable ({e})"
+        if res.get("epochs") != last:
+            return (
+                f"stale results.json (written after epoch {res.get('epochs')}) beside last.pt "
+                f"at epoch {last}"
+            )
+        return "weights or metrics differ from the uninterrupted run"
 
 
 def format_table(rows: list[Tally]) -> str:
