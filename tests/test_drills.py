@@ -12,6 +12,7 @@ import random
 
 import pytest
 from drillkit import (
+    KNOWN_TRAINER_ISSUES,
     ForkRunner,
     PrepareDrill,
     Tmpfs,
@@ -33,15 +34,9 @@ def runner(tmp_path_factory):
     r.close()
 
 
-# Found by these drills in trainer.py (not this module's to change; see test_trainer_issues):
-# 1. a kill inside Trainer._write_config, after the run directory is made and before
-#    config.json is renamed into it, leaves only `.config.json.*.tmp`; `train --resume` then
-#    refuses the directory as "not a run directory";
-# 2. extending a finished run (`--resume --epochs N`), killed after the last epoch's last.pt and
-#    before results.json, leaves the shorter run's results.json; the next `--resume` returns it
-#    as the result although best.pt/last.pt are at epoch N.
-# A train drill whose every failure is one of these xfails (with the count) instead of passing.
-KNOWN_TRAINER_ISSUES = ("exists and is not a run directory", "stale results.json")
+# The trainer issues these drills found (see drillkit.KNOWN_TRAINER_ISSUES and the strict-xfail
+# reproductions at the end): a train drill whose every failure is one of them xfails, with the
+# count, instead of passing; any other failure fails.
 
 
 def _assert_clean(t, seed, known: tuple[str, ...] = ()):

@@ -318,10 +318,12 @@ def writer_lock(directory: str | os.PathLike, what: str = "writing") -> Iterator
                     continue  # released meanwhile
                 if _holder_is_live(info, lock, guarded):
                     pid = info.get("pid", "?")
+                    host = info.get("host")
+                    where = f" on {host}" if host and host != me["host"] else ""
                     raise BusyError(
-                        f"{directory} is being written by another vaecf process (pid {pid}, "
-                        f"{info.get('what', 'writing')}); wait for it to finish or stop it. "
-                        f"If no such process runs, delete {lock}"
+                        f"{directory} is being written by another vaecf process (pid {pid}"
+                        f"{where}, {info.get('what', 'writing')}); wait for it to finish or stop "
+                        f"it (the lock {lock} of a process that died is taken over by itself)"
                     ) from None
                 with contextlib.suppress(FileNotFoundError):
                     lock.unlink()  # stale: its process is dead
