@@ -111,6 +111,14 @@ def test_a_swap_cut_short_is_recovered(tmp_path):
     assert os.listdir(tmp_path / "d") == ["y"]
 
 
+def test_sweep_restores_a_set_aside_version_before_removing_remains(tmp_path):
+    (tmp_path / ".d.old-7").mkdir()
+    (tmp_path / ".d.old-7" / "x").touch()
+    (tmp_path / ".d.1.tmp").mkdir()
+    _io.sweep_temps(tmp_path / "d")
+    assert sorted(os.listdir(tmp_path)) == ["d"] and os.listdir(tmp_path / "d") == ["x"]
+
+
 def test_sweep_removes_only_the_remains_of_its_target(tmp_path):
     for name in (".d.abc.tmp", ".d.old-1", ".d.json.x.tmp", ".e.abc.tmp", "d", ".d.lock"):
         (tmp_path / name).mkdir()

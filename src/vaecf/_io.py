@@ -158,9 +158,10 @@ def sweep_temps(path: str | os.PathLike) -> list[Path]:
     """Remove the temp files/dirs that killed writes of `path` left beside it. Call it only while
     holding `writer_lock` on `path`, so that no live write is removed."""
     path = Path(path)
-    removed = []
+    removed: list[Path] = []
     if not path.parent.is_dir():
         return removed
+    recover_dir(path)  # a set-aside previous version is data, not a remain
     for p in [*path.parent.glob(f".{path.name}.*.tmp"), *path.parent.glob(f".{path.name}.old-*")]:
         if p.is_dir() and not p.is_symlink():
             shutil.rmtree(p, ignore_errors=True)
