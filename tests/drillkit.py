@@ -190,10 +190,18 @@ class ExecRunner:
         pass
 
 
+def _read(path: Path) -> str:
+    """A child's captured output ('' when it was killed before it opened the file)."""
+    try:
+        return path.read_text(errors="replace")
+    except FileNotFoundError:
+        return ""
+
+
 def run(runner, argv: Sequence, env: dict | None = None) -> Result:
     p = runner.start(argv, env)
     rc = runner.wait(p)
-    return Result([str(a) for a in argv], rc, p.stdout.read_text(), p.stderr.read_text())
+    return Result([str(a) for a in argv], rc, _read(p.stdout), _read(p.stderr))
 
 
 def kill_after(runner, argv: Sequence, delay: float) -> Result:
@@ -205,7 +213,7 @@ def kill_after(runner, argv: Sequence, delay: float) -> Result:
     except ProcessLookupError:
         pass
     rc = runner.wait(p)
-    return Result([str(a) for a in argv], rc, p.stdout.read_text(), p.stderr.read_text())
+    return Result([str(a) for a in argv], rc, _read(p.stdout), _read(p.stderr))
 
 
 class Broken(Exception):
@@ -347,7 +355,7 @@ def lock_drill(drill: Drill, runner, trials: int, seed: int, log=print) -> Tally
         b = runner.start(drill.finish_command(trial))
         rc_a, rc_b = runner.wait(a), runner.wait(b)
         t.points += 1
-        err_a, err_b = a.stderr.read_text(), b.stderr.read_text()
+        err_a, err_b = _read(a.stderr), _read(b.stderr)
         ok_a = rc_a == 0 or (killed and rc_a == -signal.SIGKILL)
         if rc_a == 2 and f"pid {b.pid}" in err_a:  # b took the lock first
             ok_a = True
