@@ -619,7 +619,8 @@ def run_state(run_dir: Path):
 class TrainDrill(Drill):
     """`vaecf train` on a tiny dataset (fp32, CPU), killed at random points and finished with
     `vaecf train --resume`: the final best.pt/last.pt weights must equal an uninterrupted run's,
-    bit for bit. Even trials start from nothing; odd ones resume a finished 1-epoch run."""
+    bit for bit. Even trials start from nothing; odd ones extend a finished 1-epoch run
+    (`--resume --epochs N`), compared with that extension run uninterrupted."""
 
     name = "train"
 
@@ -650,8 +651,16 @@ class TrainDrill(Drill):
         r = run(runner, self._argv(self.ref_short, 1))
         if r.rc:
             raise RuntimeError(str(r))
+        # odd trials extend the finished 1-epoch run: their reference is that extension run
+        # without interruption (not a fresh run: settings resolved at the first run may differ)
+        self.ref_ext = self.root / "reference" / "r1-extended"
+        shutil.copytree(self.ref_short, self.ref_ext)
+        r = run(runner, self._argv(self.ref_ext, self.epochs, resume=True))
+        if r.rc:
+            raise RuntimeError(str(r))
         self.final_state = run_state(self.ref)
         self.short_state = run_state(self.ref_short)
+        self.extended_state = run_state(self.ref_ext)
 
     def _argv(self, out: Path, epochs: int, resume: bool = False) -> list:
         return [
@@ -682,7 +691,7 @@ class TrainDrill(Drill):
         return self.short_state if trial % 2 == 1 else None
 
     def final(self, trial: int):
-        return self.final_state
+        return self.extended_state if trial % 2 == 1 else self.final_state
 
     def allowed_after_kill(self, trial: int):
         # any complete, self-consistent intermediate state (run_state raises Broken otherwise)

@@ -145,4 +145,4 @@ def test_trainer_issue_stale_results_after_extending(runner, short_run, tmp_path
     assert run(runner, short_run._argv(out, 2, resume=True)).rc == 0
     (out / "results.json").write_text(old_results)  # = killed just before results.json
     assert run(runner, short_run._argv(out, 2, resume=True)).rc == 0
-    assert run_state(out) == short_run.final_state
+    assert run_state(out) == short_run.extended_state
