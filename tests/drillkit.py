@@ -277,6 +277,10 @@ class Drill:
 
 @dataclass
 class Tally:
+    """Outcome counts of one drill. A trial fails when any check fails; it lost data when a
+    kill left an unreadable file under a final name or a mixture of states, or it ended with
+    the output holding neither the state before it nor the uninterrupted result."""
+
     drill: str
     trials: int = 0
     points: int = 0  # kills (or fills) applied
@@ -326,7 +330,8 @@ def kill_drill(
         r = run(runner, drill.finish_command(trial))
         st, err = _safe_state(drill)
         if r.rc != 0 or err is not None or st != drill.final(trial):
-            failed = lost = True
+            failed = True
+            lost = lost or err is not None or st != drill.old(trial)
             why = err or f"state differs: {drill.diagnose()}"
             t.notes.append(f"trial {trial} finish: {why}\n{r}")
         t.trials += 1
@@ -478,7 +483,8 @@ def disk_full_drill(drill: Drill, runner, trials: int, seed: int, need: int, log
         r = run(runner, drill.finish_command(trial))
         st, err = _safe_state(drill)
         if r.rc != 0 or err is not None or st != drill.final(trial):
-            failed = lost = True
+            failed = True
+            lost = lost or err is not None or st != drill.old(trial)
             t.notes.append(f"trial {trial} finish: {err or 'state differs'}\n{r}")
         t.trials += 1
         t.failures += failed
