@@ -106,6 +106,7 @@ def test_msd_triplets_parse_exactly(tmp_path, rows):
         ("1::2::3::4\n" + "9" * 30 + "::2::3::4\n", "line 2"),
         ("1::2::3\n", "line 1"),
         ("1::2::3::4::5\n", "line 1"),
+        ("\ufeff", "holds no rows"),  # a byte-order mark and nothing else
     ],
 )
 def test_ml1m_errors_name_the_line(tmp_path, text, where):

@@ -301,6 +301,8 @@ def read_movielens_dat(paths: list[Path]) -> Parsed:
     if path.stat().st_size == 0:
         raise DataError(f"{path} is empty; download ml-1m again")
     lines = _read_lines(path, "MovieLens ratings.dat")
+    if lines.height == 0:
+        raise DataError(f"{path} holds no rows; download ml-1m again")
     parts = lines.select(pl.col("line").str.split("::").alias("f"))
     df = parts.select(
         pl.col("f").list.len().alias("n"),
