@@ -199,3 +199,12 @@ def test_check_rejects_a_parser_that_lets_a_null_through(tmp_path, monkeypatch):
     )
     with pytest.raises(AssertionError, match="null"):
         check("msd", path)
+
+
+@pytest.mark.parametrize("parser", ["read_movielens_dat", "read_netflix", "read_lastfm"])
+def test_unit_separator_byte_names_its_line(tmp_path, parser):
+    # these parsers read whole lines with 0x1f as the separator; one in the data was a traceback
+    path = tmp_path / "f.txt"
+    path.write_bytes(b"1::2::3::4\n1::2\x1f::3::4\n")
+    with pytest.raises(sources.DataError, match="line 2: holds a control character"):
+        getattr(sources, parser)([path])

@@ -250,16 +250,37 @@ def _typed_read(
     return df
 
 
-def _read_lines(path: Path, what: str) -> pl.DataFrame:
-    """Every line of `path` as one string column (blank lines are nulls, numbering kept)."""
+def _read_lines(path: Path, what: str, lossy: bool = False) -> pl.DataFrame:
+    """Every line of `path` as one string column (blank lines are nulls, numbering kept);
+    `lossy` replaces invalid UTF-8 instead of refusing it."""
     try:
         return pl.read_csv(
-            path, has_header=False, separator="\x1f", quote_char=None, schema={"line": pl.String}
+            path,
+            has_header=False,
+            separator="\x1f",
+            quote_char=None,
+            schema={"line": pl.String},
+            encoding="utf8-lossy" if lossy else "utf8",
         )
     except pl.exceptions.PolarsError as e:
-        n = _first_non_utf8_line(path)
-        where = f"line {n}: not valid UTF-8 text" if n else f"unreadable ({e})"
+        where = f"unreadable ({str(e).splitlines()[0][:120]})"
+        with open(path, "rb") as f:
+            for n, raw in enumerate(f, 1):
+                if b"\x1f" in raw:
+                    where = f"line {n}: holds a control character (0x1f)"
+                    break
+                if not lossy and _first_non_utf8_line_in(raw):
+                    where = f"line {n}: not valid UTF-8 text"
+                    break
         raise DataError(f"{path}, {where}; this is not the {what} format; re-download it") from None
+
+
+def _first_non_utf8_line_in(raw: bytes) -> bool:
+    try:
+        raw.decode("utf-8")
+    except UnicodeDecodeError:
+        return True
+    return False
 
 
 def _one(paths: list[Path], what: str) -> Path:
@@ -406,14 +427,7 @@ def read_lastfm(paths: list[Path]) -> Parsed:
     path = _one(paths, "usersha1-artmbid-artname-plays.tsv")
     if path.stat().st_size == 0:
         raise DataError(f"{path} is empty; download lastfm-360k again")
-    lines = pl.read_csv(
-        path,
-        has_header=False,
-        separator="\x1f",
-        quote_char=None,
-        schema={"line": pl.String},
-        encoding="utf8-lossy",
-    )
+    lines = _read_lines(path, "Last.fm 360K", lossy=True)
     f = lines.select(pl.col("line").str.split("\t").alias("f")).select(
         pl.col("f").list.len().alias("n"),
         pl.col("f").list.get(0, null_on_oob=True).str.strip_chars().alias(USER),
