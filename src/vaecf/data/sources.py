@@ -144,8 +144,8 @@ def _csv_bad_line(path: Path, sep: str) -> str | None:
 # yields a null), a plain line scan finds the first bad line so the error names it.
 
 Parsed = tuple[pl.DataFrame, dict]
-_INT = r"^\s*-?\d+\s*$"
-_NUM = r"^\s*-?(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?\s*$"
+_INT = r"^-?\d+$"  # as Polars reads them: no surrounding blanks
+_NUM = r"^-?(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?$"
 
 
 def _first_non_utf8_line(path: Path) -> int | None:
