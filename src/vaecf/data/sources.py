@@ -109,7 +109,8 @@ def read_table(
         if bad.any():
             row = int(bad.arg_true()[0])
             raise DataError(
-                f"{path}, data row {row + 1}: {rating_col!r} is {s[row]!r}, not a finite number; "
+                f"{path}, data row {row + 1}: {rating_col!r} is {s[row]!r}, "
+                f"{'not a number' if r[row] is None else 'not a finite number'}; "
                 "fix the file or drop --rating-col to treat every row as a positive"
             )
         out[RATING] = r.alias(RATING)
