@@ -290,7 +290,9 @@ def csv_file(ratings, tmp_path_factory) -> Path:
 
 
 def settings(**kw) -> PrepareSettings:
-    base = dict(min_rating=THRESHOLD, min_user_items=5, heldout_users=30)
+    base = dict(min_rating=THRESHOLD, min_user_items=5)
+    if kw.get("protocol", "liang") == "liang":  # heldout_users applies to liang only
+        base["heldout_users"] = 30
     base.update(kw)
     return PrepareSettings(**base)
 

@@ -1,12 +1,24 @@
-"""Atomic file and directory writes: a reader sees the old state or the new one, never half."""
+"""Safe writes: atomic files and directories (a reader sees the old state or the new one, never
+half), the permissions an ordinary write would give, and one writer per directory at a time.
+
+- `atomic_file`: a temp file beside the target, fsynced, then renamed over it.
+- `atomic_dir`: a temp directory beside the target, then swapped in with one atomic exchange
+  (Linux `renameat2(RENAME_EXCHANGE)`), so the target path never stops existing.
+- `writer_lock`: `.NAME.lock` beside a directory, created with O_EXCL and holding the writer's
+  pid; a lock left by a dead process is taken over.
+"""
 
 from __future__ import annotations
 
 import contextlib
+import ctypes
+import errno
 import json
 import os
 import shutil
+import socket
 import tempfile
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -14,7 +26,7 @@ from typing import Any
 import numpy as np
 import scipy.sparse as sp
 
-from vaecf.errors import DataError
+from vaecf.errors import BusyError, DataError, WriteError
 
 
 def _fsync_dir(path: Path) -> None:
@@ -26,22 +38,70 @@ def _fsync_dir(path: Path) -> None:
             os.close(fd)
 
 
+def current_umask() -> int:
+    """The process umask, read without changing it where the OS allows (Linux /proc)."""
+    with contextlib.suppress(OSError, ValueError):
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    mask = os.umask(0o022)  # elsewhere: the classic read-by-setting (not thread-safe)
+    os.umask(mask)
+    return mask
+
+
+def _free_bytes(path: Path) -> int | None:
+    try:
+        st = os.statvfs(path)
+    except (OSError, AttributeError):
+        return None
+    return st.f_bavail * st.f_frsize
+
+
+def _no_space_error(e: BaseException, path: Path, free: int | None) -> WriteError | None:
+    """A WriteError naming `path` when `e` means the disk is full (libraries that wrap the OSError
+    in their own exception are recognised by the free space left at the time)."""
+    full = (
+        isinstance(e, OSError)
+        and e.errno in (errno.ENOSPC, errno.EDQUOT)
+        or "No space left" in str(e)
+        or (free is not None and free < 1 << 16 and isinstance(e, (OSError, RuntimeError)))
+    )
+    if full:
+        return WriteError(
+            f"no space left on the device holding {path} while writing it; "
+            "free some space (or choose another location) and run the command again. "
+            "Nothing already there was changed"
+        )
+    return None
+
+
 @contextlib.contextmanager
 def atomic_file(path: str | os.PathLike, mode: str = "wb") -> Iterator[Any]:
-    """Open a temp file beside `path`; on clean exit fsync and rename it over `path`."""
+    """Open a temp file beside `path`; on clean exit fsync and rename it over `path`.
+
+    The file gets the mode an ordinary `open(path, "w")` would (0666 minus the umask). A full
+    disk raises a WriteError naming `path`; the temp file is removed and `path` is untouched.
+    """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    tmp = None
     try:
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+        os.fchmod(fd, 0o666 & ~current_umask())
         with os.fdopen(fd, mode) as f:
             yield f
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
         _fsync_dir(path.parent)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
+    except BaseException as e:
+        free = _free_bytes(path.parent)
+        if tmp is not None:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+        if (err := _no_space_error(e, path, free)) is not None:
+            raise err from None
         raise
 
 
@@ -51,14 +111,92 @@ def write_json(path: str | os.PathLike, obj: Any) -> None:
         f.write("\n")
 
 
+_RENAME_EXCHANGE = 2
+_AT_FDCWD = -100
+
+
+def _exchange(a: Path, b: Path) -> bool:
+    """Atomically swap two existing paths (Linux renameat2); False where unsupported."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        renameat2 = libc.renameat2
+    except (OSError, AttributeError):
+        return False
+    renameat2.argtypes = [
+        ctypes.c_int,
+        ctypes.c_char_p,
+        ctypes.c_int,
+        ctypes.c_char_p,
+        ctypes.c_uint,
+    ]
+    rc = renameat2(_AT_FDCWD, os.fsencode(a), _AT_FDCWD, os.fsencode(b), _RENAME_EXCHANGE)
+    if rc == 0:
+        return True
+    err = ctypes.get_errno()
+    if err in (errno.ENOSYS, errno.EINVAL, errno.ENOTSUP, errno.EOPNOTSUPP, errno.EXDEV):
+        return False
+    raise OSError(err, os.strerror(err), str(b))
+
+
+def _old_siblings(path: Path) -> list[Path]:
+    return sorted(path.parent.glob(f".{path.name}.old-*"), key=lambda p: p.stat().st_mtime)
+
+
+def recover_dir(path: str | os.PathLike) -> None:
+    """Undo a swap cut short (systems without an atomic exchange): if `path` is missing but the
+    previous version was set aside as `.NAME.old-PID`, put it back."""
+    path = Path(path)
+    if path.exists():
+        return
+    olds = _old_siblings(path)
+    if olds:
+        with contextlib.suppress(OSError):
+            os.replace(olds[-1], path)
+
+
+def sweep_temps(path: str | os.PathLike) -> list[Path]:
+    """Remove the temp files/dirs that killed writes of `path` left beside it. Call it only while
+    holding `writer_lock` on `path`, so that no live write is removed."""
+    path = Path(path)
+    removed: list[Path] = []
+    if not path.parent.is_dir():
+        return removed
+    recover_dir(path)  # a set-aside previous version is data, not a remain
+    for p in [*path.parent.glob(f".{path.name}.*.tmp"), *path.parent.glob(f".{path.name}.old-*")]:
+        if p.is_dir() and not p.is_symlink():
+            shutil.rmtree(p, ignore_errors=True)
+        else:
+            with contextlib.suppress(OSError):
+                p.unlink()
+        removed.append(p)
+    return removed
+
+
 @contextlib.contextmanager
 def atomic_dir(path: str | os.PathLike) -> Iterator[Path]:
-    """Yield an empty temp directory beside `path`; on clean exit it replaces `path`."""
+    """Yield an empty temp directory beside `path`; on clean exit it replaces `path`.
+
+    The replacement is one atomic exchange where the OS has one (Linux), so `path` is at every
+    instant the complete old directory or the complete new one. The directory gets the mode an
+    ordinary `mkdir` would (0777 minus the umask).
+    """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent))
+    recover_dir(path)
+    tmp = None
     try:
+        tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent))
+        os.chmod(tmp, 0o777 & ~current_umask())
         yield tmp
+        for child in tmp.iterdir():  # the files' data is durable before the swap
+            if child.is_file():
+                with open(child, "rb") as f:
+                    os.fsync(f.fileno())
+        _fsync_dir(tmp)
+        if path.exists() and _exchange(tmp, path):
+            _fsync_dir(path.parent)
+            shutil.rmtree(tmp, ignore_errors=True)  # now the old version
+            return
         old = None
         if path.exists():
             old = path.with_name(f".{path.name}.old-{os.getpid()}")
@@ -67,11 +205,156 @@ def atomic_dir(path: str | os.PathLike) -> Iterator[Path]:
         _fsync_dir(path.parent)
         if old is not None:
             shutil.rmtree(old, ignore_errors=True)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
+    except BaseException as e:
+        free = _free_bytes(path.parent)
+        if tmp is not None:
+            shutil.rmtree(tmp, ignore_errors=True)
+        if (err := _no_space_error(e, path, free)) is not None:
+            raise err from None
         raise
 
 
+# -- one writer per directory ---------------------------------------------------------------------
+def _start_time(pid: int) -> str | None:
+    """The kernel's start time of `pid` (Linux), to tell a live holder from a reused pid."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[19]
+    except (OSError, IndexError):
+        return None
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # someone else's live process
+    return True
+
+
+def lock_path(directory: str | os.PathLike) -> Path:
+    """Where `writer_lock(directory)` keeps its lock: `.NAME.lock` beside the directory."""
+    directory = Path(directory)
+    return directory.parent / f".{directory.name}.lock"
+
+
+def _read_lock(path: Path) -> dict | None:
+    try:
+        return json.loads(path.read_text())
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError):
+        return {}  # unreadable: written by a process killed mid-write, or foreign
+
+
+def _holder_is_live(info: dict, path: Path, guarded: bool) -> bool:
+    pid = info.get("pid")
+    if not isinstance(pid, int):
+        # empty or torn. Holders write it while holding the directory guard, so under the guard
+        # it can only be the remains of a process killed mid-write; without one, trust it a while
+        if guarded:
+            return False
+        with contextlib.suppress(OSError):
+            return time.time() - path.stat().st_mtime < 5.0
+        return False
+    if info.get("host") not in (None, socket.gethostname()):
+        return True  # cannot tell for a process on another machine: assume it runs
+    if not _alive(pid):
+        return False
+    started = info.get("started")
+    return started is None or _start_time(pid) in (None, started)
+
+
+@contextlib.contextmanager
+def _dir_guard(directory: Path) -> Iterator[bool]:
+    """Serialise lock acquisition in `directory` (flock, released by the kernel on death)."""
+    try:
+        import fcntl
+
+        fd = os.open(directory, os.O_RDONLY)
+    except (ImportError, OSError):  # not POSIX: O_EXCL alone
+        yield False
+        return
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield True
+    finally:
+        os.close(fd)  # releases the flock
+
+
+_HELD: set[str] = set()  # locks this process holds (writer_lock is re-entrant)
+
+
+@contextlib.contextmanager
+def writer_lock(directory: str | os.PathLike, what: str = "writing") -> Iterator[Path]:
+    """Hold the one-writer lock of `directory` for the duration of the block.
+
+    The lock is `.NAME.lock` beside the directory (it survives the directory being swapped
+    whole), created with O_EXCL and holding {pid, host, started}. If another live process
+    holds it, a BusyError names that pid; a lock whose process is dead is taken over.
+    Re-entrant within one process.
+    """
+    directory = Path(directory)
+    directory.parent.mkdir(parents=True, exist_ok=True)
+    lock = lock_path(directory)
+    key = str(lock.resolve())
+    if key in _HELD:  # re-entered by the same process: already ours
+        yield lock
+        return
+    me = {
+        "pid": os.getpid(),
+        "host": socket.gethostname(),
+        "started": _start_time(os.getpid()),
+        "what": what,
+    }
+    with _dir_guard(directory.parent) as guarded:
+        for _ in range(3):
+            try:
+                fd = os.open(lock, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+            except FileExistsError:
+                info = _read_lock(lock)
+                if info is None:
+                    continue  # released meanwhile
+                if _holder_is_live(info, lock, guarded):
+                    pid = info.get("pid", "?")
+                    host = info.get("host")
+                    where = f" on {host}" if host and host != me["host"] else ""
+                    raise BusyError(
+                        f"{directory} is being written by another vaecf process (pid {pid}"
+                        f"{where}, {info.get('what', 'writing')}); wait for it to finish or stop "
+                        f"it (the lock {lock} of a process that died is taken over by itself)"
+                    ) from None
+                with contextlib.suppress(FileNotFoundError):
+                    lock.unlink()  # stale: its process is dead
+                continue
+            try:
+                with os.fdopen(fd, "w") as f:
+                    json.dump(me, f)
+                    f.flush()
+                    os.fsync(f.fileno())
+            except OSError as e:
+                free = _free_bytes(lock.parent)
+                with contextlib.suppress(OSError):
+                    lock.unlink()
+                if (err := _no_space_error(e, lock, free)) is not None:
+                    raise err from None
+                raise
+            break
+        else:
+            raise BusyError(f"could not take the lock {lock}; run the command again")
+    _HELD.add(key)
+    try:
+        yield lock
+    finally:
+        _HELD.discard(key)
+        if (_read_lock(lock) or {}).get("pid") == os.getpid():
+            with contextlib.suppress(OSError):
+                lock.unlink()
+
+
+# -- sparse matrices ------------------------------------------------------------------------------
 def save_csr(path: str | os.PathLike, m: sp.csr_matrix) -> None:
     """Write `m` as a scipy .npz, atomically."""
     with atomic_file(path) as f:
@@ -79,12 +362,21 @@ def save_csr(path: str | os.PathLike, m: sp.csr_matrix) -> None:
 
 
 def load_csr(path: str | os.PathLike) -> sp.csr_matrix:
+    """Read a CSR .npz written by `save_csr`; a missing, corrupted or malformed file is a
+    DataError that names it."""
     try:
         m = sp.load_npz(path)
+        m = m.tocsr()
+        if m.nnz and (m.indices.min() < 0 or m.indices.max() >= m.shape[1]):
+            raise ValueError("column index out of range")
     except FileNotFoundError:
         raise DataError(
-            f"{path} is missing; prepare the dataset again (vaecf prepare ...)"
+            f"{path} is missing; prepare the dataset again (vaecf prepare ... --overwrite)"
         ) from None
-    except Exception as e:  # zip/npz corruption
-        raise DataError(f"{path} is unreadable ({e}); prepare the dataset again") from None
-    return m.tocsr().astype(np.float32)
+    except Exception as e:  # zip/npz corruption, malformed arrays
+        msg = str(e).splitlines()[0][:200] if str(e) else type(e).__name__
+        raise DataError(
+            f"{path} is corrupted or not a vaecf matrix ({msg}); "
+            "prepare the dataset again (vaecf prepare ... --overwrite)"
+        ) from None
+    return m.astype(np.float32)

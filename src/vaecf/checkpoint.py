@@ -1,7 +1,14 @@
-"""Checkpoints: atomic writes, `weights_only=True` loads, clear errors for broken files."""
+"""Checkpoints: atomic writes, a SHA-256 footer verified on load, `weights_only=True` loads, and a
+clear error (naming the file and what to do) for missing, truncated or bit-flipped files.
+
+File layout: a `torch.save` zip, then a 40-byte footer `VAECFSUM` + SHA-256 of everything before
+it. torch.load ignores the footer; files written before footers existed (a bare zip) load
+unverified.
+"""
 
 from __future__ import annotations
 
+import hashlib
 import os
 from pathlib import Path
 
@@ -11,24 +18,77 @@ from vaecf._io import atomic_file
 from vaecf.errors import RunError
 
 MAGIC = "vaecf-checkpoint-1"
+FOOTER = b"VAECFSUM"
+_FOOTER_LEN = len(FOOTER) + 32
+
+
+class _HashingWriter:
+    """A write-only file wrapper that hashes what passes through it."""
+
+    def __init__(self, f):
+        self.f, self.h = f, hashlib.sha256()
+
+    def write(self, b) -> int:
+        self.h.update(b)
+        return self.f.write(b)
+
+    def flush(self) -> None:
+        self.f.flush()
 
 
 def save(path: str | os.PathLike, payload: dict) -> None:
+    """Write `payload` (tensors, numbers, strings, containers of them) to `path`, atomically."""
     with atomic_file(path) as f:
-        torch.save({"magic": MAGIC, **payload}, f)
+        w = _HashingWriter(f)
+        torch.save({"magic": MAGIC, **payload}, w)
+        f.write(FOOTER + w.h.digest())
+
+
+def verify(path: str | os.PathLike) -> bool:
+    """Check the footer's digest; True if verified, False for a file without a footer (older
+    vaecf). A mismatch raises RunError."""
+    path = Path(path)
+    size = path.stat().st_size
+    with open(path, "rb") as f:
+        f.seek(max(0, size - _FOOTER_LEN))
+        tail = f.read(_FOOTER_LEN)
+        if not tail.startswith(FOOTER) or size < _FOOTER_LEN:
+            # no footer: acceptable only as a complete zip (ends with its end-of-directory record)
+            if len(tail) >= 22 and tail[-22:-18] == b"PK\x05\x06":
+                return False
+            raise RunError(
+                f"checkpoint {path} is corrupted (truncated or damaged at its end); "
+                "restore it from a backup or retrain the run"
+            )
+        f.seek(0)
+        h, left = hashlib.sha256(), size - _FOOTER_LEN
+        while left > 0:
+            block = f.read(min(left, 1 << 22))
+            if not block:
+                break
+            h.update(block)
+            left -= len(block)
+    if h.digest() != tail[len(FOOTER) :]:
+        raise RunError(
+            f"checkpoint {path} is corrupted (its SHA-256 does not match the one written with "
+            "it: truncated, bit-flipped or edited); restore it from a backup or retrain the run"
+        )
+    return True
 
 
 def load(path: str | os.PathLike, map_location="cpu") -> dict:
+    """Verify and load a checkpoint written by `save`; RunError names the file and what to do."""
     path = Path(path)
     if not path.is_file():
         raise RunError(f"checkpoint {path} is missing; is this a finished vaecf run directory?")
+    verify(path)
     try:
         obj = torch.load(path, map_location=map_location, weights_only=True)
     except Exception as e:
         raise RunError(
             f"checkpoint {path} is corrupted or not a vaecf checkpoint ({type(e).__name__}: "
-            f"{str(e).splitlines()[0] if str(e) else ''}); restore it or retrain the run"
+            f"{str(e).splitlines()[0][:200] if str(e) else ''}); restore it or retrain the run"
         ) from None
     if not isinstance(obj, dict) or obj.get("magic") != MAGIC:
-        raise RunError(f"{path} is not a vaecf checkpoint; retrain the run")
+        raise RunError(f"{path} is not a vaecf checkpoint; restore it or retrain the run")
     return obj

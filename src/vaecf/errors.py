@@ -15,3 +15,11 @@ class RunError(VaecfError):
 
 class ConfigError(VaecfError):
     """A setting is out of range, misspelt, or does not apply to what was asked."""
+
+
+class WriteError(VaecfError):
+    """A write could not be completed (no space left); what was there before is intact."""
+
+
+class BusyError(VaecfError):
+    """Another live process is writing the same directory (its pid is in the message)."""

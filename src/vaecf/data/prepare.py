@@ -20,37 +20,82 @@ import numpy as np
 import polars as pl
 import scipy.sparse as sp
 
-from vaecf._io import atomic_dir, load_csr, save_csr, write_json
+from vaecf._io import (
+    atomic_dir,
+    atomic_file,
+    load_csr,
+    save_csr,
+    sweep_temps,
+    write_json,
+    writer_lock,
+)
 from vaecf.data import splits
 from vaecf.data.sources import ITEM, RATING, USER, read_table
 from vaecf.data.vocab import Vocabulary
 from vaecf.errors import DataError
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: per-file checksums in the manifest; part of the fingerprint
 SPLIT_FILES = ("train", "validation_tr", "validation_te", "test_tr", "test_te")
+
+
+# the settings that apply to one protocol only, and their defaults under it
+PROTOCOL_FIELDS = {
+    "liang": {"heldout_users": 10_000},
+    "thesis": {"validation_frac": 0.07, "test_frac": 0.07},
+}
+_FLAGS = {
+    "heldout_users": "--heldout-users",
+    "validation_frac": "--validation-frac",
+    "test_frac": "--test-frac",
+}
 
 
 @dataclass
 class PrepareSettings:
-    """Every preprocessing choice; all of it is hashed into the fingerprint."""
+    """Every preprocessing choice; all of it is hashed into the fingerprint.
+
+    Settings of the other protocol stay None (the default for the chosen protocol is filled in);
+    `validate` refuses one that is set, since it would do nothing.
+    """
 
     min_rating: float | None = None  # keep rows with rating >= this; None: every row is a positive
     min_item_users: int = 0  # drop items with fewer users (applied first; MSD uses 200)
     min_user_items: int = 5  # then drop users with fewer items (the paper's min_uc)
     protocol: str = "liang"  # "liang": N + N held-out users; "thesis": percentages of users
-    heldout_users: int = 10_000  # liang: validation users = test users = this many
-    validation_frac: float = 0.07  # thesis: fraction of users for validation
-    test_frac: float = 0.07  # thesis: fraction of users for test
+    heldout_users: int | None = None  # liang: validation users = test users = this many (10,000)
+    validation_frac: float | None = None  # thesis: fraction of users for validation (0.07)
+    test_frac: float | None = None  # thesis: fraction of users for test (0.07)
     target_frac: float = 0.2  # fraction of each held-out user's items to predict
     seed: int = 98765  # user shuffle and fold-in split (the paper's seed)
 
+    def __post_init__(self) -> None:
+        for key, default in PROTOCOL_FIELDS.get(self.protocol, {}).items():
+            if getattr(self, key) is None:
+                setattr(self, key, default)
+
     def validate(self) -> None:
-        if self.protocol not in ("liang", "thesis"):
+        if self.protocol not in PROTOCOL_FIELDS:
             raise DataError(f"protocol must be 'liang' or 'thesis', not {self.protocol!r}")
+        for other, keys in PROTOCOL_FIELDS.items():
+            if other == self.protocol:
+                continue
+            for key in keys:
+                if getattr(self, key) is not None:
+                    mine = ", ".join(_FLAGS[k] for k in PROTOCOL_FIELDS[self.protocol])
+                    raise DataError(
+                        f"{_FLAGS[key]} ({key}={getattr(self, key)}) applies to the {other} "
+                        f"protocol only, and this dataset is split with the {self.protocol} "
+                        f"protocol, where it would do nothing. Drop it, use {mine} instead, or "
+                        f"pass --protocol {other}"
+                    )
         if self.min_user_items < 1 or self.min_item_users < 0:
             raise DataError("--min-user-items must be >= 1 and --min-item-users >= 0")
         if not 0 < self.target_frac < 1:
             raise DataError("target fraction must lie strictly between 0 and 1")
+        if self.protocol == "thesis":
+            for key in ("validation_frac", "test_frac"):
+                if not 0 < getattr(self, key) < 1:
+                    raise DataError(f"{_FLAGS[key]} must lie strictly between 0 and 1")
 
 
 def sha256_file(path: str | os.PathLike, chunk: int = 1 << 22) -> str:
@@ -66,12 +111,58 @@ def fingerprint(settings: PrepareSettings, source: dict) -> str:
     src = {k: source.get(k) for k in keys}
     if source.get("parser"):  # a registry dataset: its parser is part of what was read
         src["parser"] = source["parser"]
-    blob = json.dumps({"settings": asdict(settings), "source": src}, sort_keys=True)
+    blob = json.dumps(
+        {"settings": asdict(settings), "source": src, "format_version": FORMAT_VERSION},
+        sort_keys=True,
+    )
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 
+_REPREPARE = "prepare the dataset again (the same `vaecf prepare` command with --overwrite)"
+_COUNT_KEYS = ("n_users", "n_items", "n_train_users", "n_validation_users", "n_test_users")
+
+
+def _manifest_digest(manifest: dict) -> str:
+    body = {k: v for k, v in manifest.items() if k != "manifest_sha256"}
+    return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()
+
+
+def _check_manifest(m, mpath: Path) -> None:
+    """Structure and self-checksum of a manifest; DataError naming the file otherwise."""
+    if not isinstance(m, dict):
+        raise DataError(f"{mpath} is corrupted (not a JSON object); {_REPREPARE}")
+    version = m.get("format_version")
+    if isinstance(version, int) and version > FORMAT_VERSION:
+        raise DataError(
+            f"{mpath} was written by a newer vaecf (format {version}, this one reads up to "
+            f"{FORMAT_VERSION}); upgrade vaecf or {_REPREPARE}"
+        )
+    counts = m.get("counts")
+    ok = (
+        isinstance(version, int)
+        and isinstance(m.get("fingerprint"), str)
+        and isinstance(m.get("settings"), dict)
+        and isinstance(counts, dict)
+        and all(isinstance(counts.get(k), int) and counts[k] >= 0 for k in _COUNT_KEYS)
+    )
+    if not ok:
+        raise DataError(f"{mpath} is corrupted (fields missing or mistyped); {_REPREPARE}")
+    if version >= 2 and not (isinstance(m.get("files"), dict) and "manifest_sha256" in m):
+        raise DataError(f"{mpath} is corrupted (its checksums are missing); {_REPREPARE}")
+    digest = m.get("manifest_sha256")
+    if digest is not None and digest != _manifest_digest(m):
+        raise DataError(
+            f"{mpath} is corrupted (its content does not match its own checksum: edited or "
+            f"damaged); {_REPREPARE}"
+        )
+
+
 class PreparedDataset:
-    """A prepared directory: lazy access to its splits, vocabularies and manifest."""
+    """A prepared directory: lazy access to its splits, vocabularies and manifest.
+
+    The manifest is checked when the dataset is opened; every file is checked against the
+    SHA-256 the manifest records for it when it is read (format 2 and later).
+    """
 
     def __init__(self, path: str | os.PathLike):
         self.path = Path(path)
@@ -82,18 +173,75 @@ class PreparedDataset:
                 "create one with `vaecf prepare ... --out DIR`"
             )
         try:
-            self.manifest = json.loads(mpath.read_text())
-        except json.JSONDecodeError as e:
-            raise DataError(f"{mpath} is corrupted ({e}); prepare the dataset again") from None
+            manifest = json.loads(mpath.read_bytes().decode("utf-8"))
+        except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as e:
+            msg = str(e).splitlines()[0][:120] if str(e) else type(e).__name__
+            raise DataError(f"{mpath} is corrupted ({msg}); {_REPREPARE}") from None
+        _check_manifest(manifest, mpath)
+        self.manifest = manifest
+        self._verified: set[str] = set()
+
+    def _checked(self, name: str) -> Path:
+        """`path/name`, after checking it against the manifest's SHA-256 (once per instance)."""
+        f = self.path / name
+        sums = self.manifest.get("files")
+        if sums is None or name in self._verified:
+            return f
+        if not isinstance(sums, dict) or name not in sums:
+            raise DataError(f"{self.path}/manifest.json lists no checksum for {name}; {_REPREPARE}")
+        if not f.is_file():
+            raise DataError(f"{f} is missing; {_REPREPARE}")
+        if sha256_file(f) != sums[name]:
+            raise DataError(
+                f"{f} is corrupted (its SHA-256 differs from the one in manifest.json: truncated, "
+                f"damaged or replaced); {_REPREPARE}"
+            )
+        self._verified.add(name)
+        return f
+
+    def verify(self) -> None:
+        """Check every file the manifest lists (raises DataError naming the first bad one)."""
+        for name in self.manifest.get("files") or {}:
+            self._checked(name)
 
     def split(self, name: str) -> sp.csr_matrix:
         if name not in SPLIT_FILES:
             raise ValueError(f"split must be one of {SPLIT_FILES}, not {name!r}")
-        return load_csr(self.path / f"{name}.npz")
+        f = self._checked(f"{name}.npz")
+        m = load_csr(f)
+        c = self.manifest["counts"]
+        rows = {
+            "train": c["n_train_users"],
+            "validation_tr": c["n_validation_users"],
+            "validation_te": c["n_validation_users"],
+            "test_tr": c["n_test_users"],
+            "test_te": c["n_test_users"],
+        }[name]
+        if m.shape != (rows, c["n_items"]):
+            raise DataError(
+                f"{f} holds a {m.shape[0]} x {m.shape[1]} matrix, but manifest.json says "
+                f"{rows} x {c['n_items']}; {_REPREPARE}"
+            )
+        return m
 
     @cached_property
     def items(self) -> Vocabulary:
-        return Vocabulary.load(self.path / "items.parquet", ITEM)
+        voc = Vocabulary.load(self._checked("items.parquet"), ITEM)
+        if len(voc) != self.n_items:
+            raise DataError(
+                f"{self.path / 'items.parquet'} holds {len(voc)} items, but manifest.json says "
+                f"{self.n_items}; {_REPREPARE}"
+            )
+        return voc
+
+    @cached_property
+    def users(self) -> pl.DataFrame:
+        """Raw user id and split of every user (training, then validation, then test)."""
+        f = self._checked("users.parquet")
+        try:
+            return pl.read_parquet(f)
+        except Exception as e:
+            raise DataError(f"{f} is unreadable ({type(e).__name__}); {_REPREPARE}") from None
 
     @property
     def n_items(self) -> int:
@@ -244,13 +392,19 @@ def prepare_frame(
         "fingerprint": fp,
         "counts": counts,
     }
-    with atomic_dir(out) as tmp:
-        for name, m in mats.items():
-            save_csr(tmp / f"{name}.npz", m)
-        Vocabulary(item_ids, ITEM).save(tmp / "items.parquet")
-        split_col = np.repeat(np.array(["train", "validation", "test"]), [n_tr, n_val, n_te])
-        pl.DataFrame({USER: order, "split": split_col}).write_parquet(tmp / "users.parquet")
-        write_json(tmp / "manifest.json", manifest)
+    split_col = np.repeat(np.array(["train", "validation", "test"]), [n_tr, n_val, n_te])
+    users_frame = pl.DataFrame({USER: order, "split": split_col})
+    with writer_lock(out, "vaecf prepare"):
+        sweep_temps(out)  # what killed earlier writes left beside it
+        with atomic_dir(out) as tmp:
+            for name, m in mats.items():
+                save_csr(tmp / f"{name}.npz", m)
+            Vocabulary(item_ids, ITEM).save(tmp / "items.parquet")
+            with atomic_file(tmp / "users.parquet") as f:
+                users_frame.write_parquet(f)
+            manifest["files"] = {f.name: sha256_file(f) for f in sorted(tmp.iterdir())}
+            manifest["manifest_sha256"] = _manifest_digest(manifest)
+            write_json(tmp / "manifest.json", manifest)
     return PreparedDataset(out)
 
 
@@ -261,6 +415,8 @@ def _version() -> str:
 
 
 def _reuse(out: Path, fp: str, overwrite: bool) -> PreparedDataset | None:
+    """The dataset at `out` if it was prepared with fingerprint `fp` and is intact; None when
+    `out` is to be (re)written; DataError when `out` holds something else."""
     if not out.exists():
         return None
     if (out / "manifest.json").is_file():
@@ -268,10 +424,20 @@ def _reuse(out: Path, fp: str, overwrite: bool) -> PreparedDataset | None:
             return None
         ds = PreparedDataset(out)
         if ds.fingerprint == fp:
+            try:
+                ds.verify()
+            except DataError:
+                return None  # our own output, damaged: prepare it again
             return ds
+        version = ds.manifest.get("format_version")
+        why = (
+            f"by an older vaecf (format {version}, now {FORMAT_VERSION})"
+            if version != FORMAT_VERSION
+            else "with other settings or source"
+        )
         raise DataError(
-            f"{out} holds a dataset prepared with other settings or source; "
-            "pass --overwrite to replace it or choose another --out"
+            f"{out} holds a dataset prepared {why}; pass --overwrite to replace it "
+            "or choose another --out"
         )
     if out.is_dir() and not any(out.iterdir()):
         return None
@@ -304,29 +470,51 @@ def prepare_csv(
         "columns": {"user": user_col, "item": item_col, "rating": rating_col},
         "sep": sep,
     }
-    reused = _reuse(out, fingerprint(settings, source), overwrite)
-    if reused is not None:
-        return reused
-    df = read_table(path, user_col, item_col, rating_col, sep)
-    return prepare_frame(df, out, settings, source)
+    with writer_lock(out, "vaecf prepare"):
+        reused = _reuse(out, fingerprint(settings, source), overwrite)
+        if reused is not None:
+            return reused
+        df = read_table(path, user_col, item_col, rating_col, sep)
+        return prepare_frame(df, out, settings, source)
 
 
 # -- named datasets ------------------------------------------------------------------------------
 def dataset_settings(name: str, **overrides) -> PrepareSettings:
     """The registry's protocol for `name`, with any field overridden (None = keep the default).
 
-    `protocol="liang"|"thesis"` switches the held-out rule; the other defaults stay.
+    `protocol="liang"|"thesis"` switches the held-out rule; the other defaults stay. Overriding a
+    setting that the resulting protocol does not use (e.g. heldout_users under "thesis") raises a
+    DataError that says which settings apply.
     """
     from vaecf.data.registry import get
 
     spec = get(name)
     fields = {**spec.defaults}
+    given = {}
     for key, value in overrides.items():
         if key not in PrepareSettings.__dataclass_fields__:
             raise DataError(f"unknown preprocessing setting {key!r}")
         if value is not None:
-            fields[key] = value
-    return PrepareSettings(**fields)
+            given[key] = value
+    fields.update(given)
+    protocol = fields.get("protocol", "liang")
+    for other, keys in PROTOCOL_FIELDS.items():
+        if other == protocol:
+            continue
+        for key in keys:
+            if key in given:
+                mine = ", ".join(_FLAGS[k] for k in PROTOCOL_FIELDS.get(protocol, {}))
+                how = "its default" if "protocol" not in given else "--protocol"
+                raise DataError(
+                    f"{_FLAGS[key]} applies to the {other} protocol only, but {name} is split "
+                    f"with the {protocol} protocol ({how}), where it would do nothing. Use "
+                    f"{mine} instead, or pass --protocol {other} {_FLAGS[key]} "
+                    f"{given[key]}"
+                )
+            fields.pop(key, None)  # a registry default of the protocol not chosen
+    settings = PrepareSettings(**fields)
+    settings.validate()
+    return settings
 
 
 _DIGESTS = "digests.json"  # sha256 cache of raw files: {abs path: [size, mtime_ns, sha256]}
@@ -403,17 +591,8 @@ def prepare_dataset(
     files, origin = locate(spec, source, root=root, url=url, progress=progress)
     cache_dir = raw_dir(name, root)
     sums = _cached_sha256(files, cache_dir)
-    out_given = out
-    if sums is not None:  # known files: settle reuse before parsing anything
-        record = _source_record(name, spec.parser, files, sums, origin)
-        fp = fingerprint(settings, record)
-        out = Path(out_given) if out_given is not None else prepared_root(root) / f"{name}-{fp}"
-        reused = _reuse(out, fp, overwrite)
-        if reused is not None:
-            _say(progress, f"{name}: reusing {out}")
-            return reused
-        df, parse_counts = _parse(spec, files, progress)
-    else:  # hash (I/O and hashlib, GIL released) while Polars parses
+    df = parse_counts = None
+    if sums is None:  # hash (I/O and hashlib, GIL released) while Polars parses
         from concurrent.futures import ThreadPoolExecutor
 
         _say(progress, f"{name}: hashing and parsing {len(files)} file(s)")
@@ -424,18 +603,21 @@ def prepare_dataset(
             finally:
                 sums = hashing.result()
         _store_sha256(sums, cache_dir)
-        record = _source_record(name, spec.parser, files, sums, origin)
-        fp = fingerprint(settings, record)
-        out = Path(out_given) if out_given is not None else prepared_root(root) / f"{name}-{fp}"
-        reused = _reuse(out, fp, overwrite)
+    record = _source_record(name, spec.parser, files, sums, origin)
+    fp = fingerprint(settings, record)
+    out = Path(out) if out is not None else prepared_root(root) / f"{name}-{fp}"
+    with writer_lock(out, f"vaecf prepare {name}"):
+        reused = _reuse(out, fp, overwrite)  # known files: settled before parsing anything
         if reused is not None:
             _say(progress, f"{name}: reusing {out}")
             return reused
-    record["parse"] = parse_counts
-    _say(progress, f"{name}: {df.height:,} rows; filtering and splitting")
-    if settings.min_rating is not None and RATING not in df.columns:
-        raise DataError(f"{name} has no ratings; leave --min-rating unset")
-    return prepare_frame(df, out, settings, record)
+        if df is None:
+            df, parse_counts = _parse(spec, files, progress)
+        record["parse"] = parse_counts
+        _say(progress, f"{name}: {df.height:,} rows; filtering and splitting")
+        if settings.min_rating is not None and RATING not in df.columns:
+            raise DataError(f"{name} has no ratings; leave --min-rating unset")
+        return prepare_frame(df, out, settings, record)
 
 
 def _parse(spec, files: list[Path], progress: bool):

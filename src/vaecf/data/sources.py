@@ -72,12 +72,23 @@ def read_table(
     try:
         df = lf.select(wanted).collect()
     except pl.exceptions.PolarsError as e:
-        raise DataError(f"cannot parse {path}: {e}") from None
+        n = None if is_parquet else _first_non_utf8_line(path)
+        where = f", line {n}: not valid UTF-8 text" if n else None
+        if where is None and not is_parquet:
+            where = _csv_bad_line(path, _sep_for(path, sep))
+        where = where or f": {str(e).splitlines()[0][:200]}"
+        raise DataError(
+            f"cannot parse {path}{where}; fix the file or pass the right --sep"
+        ) from None
     if df.height == 0:
         raise DataError(f"{path} has a header but no rows")
     out = {}
     for name, col in ((USER, user_col), (ITEM, item_col)):
         s = df.get_column(col)
+        if not (s.dtype == pl.String or s.dtype.is_integer()):
+            raise DataError(
+                f"{path}: column {col!r} holds {s.dtype} values; ids must be integers or text"
+            )
         if s.dtype == pl.String:
             s = s.str.strip_chars()
         missing = s.is_null() | (s == "") if s.dtype == pl.String else s.is_null()
@@ -89,18 +100,43 @@ def read_table(
         out[name] = s.alias(name)
     if rating_col:
         s = df.get_column(rating_col)
-        r = s.cast(pl.Float64, strict=False) if s.dtype == pl.String else s.cast(pl.Float64)
-        bad = r.is_null() & s.is_not_null() if s.dtype == pl.String else r.is_null()
+        if not (s.dtype == pl.String or s.dtype.is_numeric()):
+            raise DataError(f"{path}: column {rating_col!r} holds {s.dtype} values, not numbers")
+        r = s.cast(pl.Float64, strict=False)
+        bad = r.is_null() | r.is_nan() | r.is_infinite()
         if s.dtype == pl.String:
             bad = bad | s.is_null()
         if bad.any():
             row = int(bad.arg_true()[0])
             raise DataError(
-                f"{path}, data row {row + 1}: {rating_col!r} is {s[row]!r}, not a number; "
+                f"{path}, data row {row + 1}: {rating_col!r} is {s[row]!r}, "
+                f"{'not a number' if r[row] is None else 'not a finite number'}; "
                 "fix the file or drop --rating-col to treat every row as a positive"
             )
         out[RATING] = r.alias(RATING)
     return pl.DataFrame(out)
+
+
+def _csv_bad_line(path: Path, sep: str) -> str | None:
+    """', line N: what is wrong' for the first row whose field count differs from the header's
+    (or whose quoting is broken), as Python's csv module reads it; None if none is found."""
+    import csv
+
+    if len(sep) != 1:
+        return None
+    with open(path, encoding="utf-8-sig", errors="replace", newline="") as f:
+        r = csv.reader(f, delimiter=sep, quotechar='"', strict=True)
+        try:
+            header = next(r, [])
+            for row in r:
+                if row and len(row) != len(header):
+                    return (
+                        f", line {r.line_num}: {len(row)} field(s) where the header has "
+                        f"{len(header)}"
+                    )
+        except csv.Error as e:
+            return f", line {r.line_num}: {e}"
+    return None
 
 
 # -- the registry's formats ----------------------------------------------------------------------
@@ -109,19 +145,40 @@ def read_table(
 # yields a null), a plain line scan finds the first bad line so the error names it.
 
 Parsed = tuple[pl.DataFrame, dict]
-_INT = r"^\s*-?\d+\s*$"
-_NUM = r"^\s*-?(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?\s*$"
+_INT = r"^-?\d+$"  # as Polars reads them: no surrounding blanks
+_NUM = r"^-?(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?$"
+
+
+def _first_non_utf8_line(path: Path) -> int | None:
+    """The number of the first line that is not valid UTF-8, or None."""
+    with open(path, "rb") as f:
+        for n, raw in enumerate(f, 1):
+            try:
+                raw.decode("utf-8")
+            except UnicodeDecodeError:
+                return n
+    return None
 
 
 def _first_bad_line(
-    path: Path, sep: str, kinds: tuple[str, ...], header: bool, names: tuple[str, ...]
+    path: Path,
+    sep: str,
+    kinds: tuple[str, ...],
+    header: bool,
+    names: tuple[str, ...],
+    nonneg: tuple[str, ...] = (),
 ) -> str:
     """'line N: what is wrong' for the first line that does not hold len(kinds) typed fields."""
+    import math
     import re
 
-    checks = {"int": re.compile(_INT), "num": re.compile(_NUM), "str": None}
-    with open(path, encoding="utf-8", errors="replace", newline="") as f:
-        for n, line in enumerate(f, 1):
+    checks = {"int": re.compile(_INT, re.ASCII), "num": re.compile(_NUM, re.ASCII), "str": None}
+    with open(path, "rb") as f:
+        for n, raw in enumerate(f, 1):
+            try:
+                line = raw.decode("utf-8-sig" if n == 1 else "utf-8")
+            except UnicodeDecodeError:
+                return f"line {n}: not valid UTF-8 text ({raw[:60]!r})"
             if header and n == 1:
                 continue
             line = line.rstrip("\r\n")
@@ -134,8 +191,17 @@ def _first_bad_line(
             for value, kind, name in zip(fields, kinds, names, strict=False):
                 rx = checks[kind]
                 if value.strip() == "" or (rx is not None and not rx.match(value)):
-                    return f"line {n}: {name} is {value!r}, not {'a number' if rx else 'set'}"
-    return "no bad line found by the line scan"
+                    return f"line {n}: {name} is {value[:40]!r}, not {'a number' if rx else 'set'}"
+                if kind in ("int", "num"):
+                    try:
+                        v = float(value)
+                    except ValueError:
+                        return f"line {n}: {name} is {value[:40]!r}, not a number"
+                    if kind == "int" and abs(int(value)) >= 2**63:
+                        return f"line {n}: {name} is {value[:40]!r}, too large for an integer id"
+                    if not math.isfinite(v) or (name in nonneg and v < 0):
+                        return f"line {n}: {name} is {value[:40]!r}, not a valid {name}"
+    return "the line scan found no single bad line (is the file damaged?)"
 
 
 def _typed_read(
@@ -146,12 +212,16 @@ def _typed_read(
     header: bool,
     select: tuple[str, ...],
     what: str,
+    nonneg: tuple[str, ...] = (),
 ) -> pl.DataFrame:
+    """Read `path` with one typed column per name; any null, non-finite number or negative value
+    in a `nonneg` column is an error naming the first bad line."""
     dtypes = {"int": pl.Int64, "num": pl.Float64, "str": pl.String}
     schema = {n: dtypes[k] for n, k in zip(names, kinds, strict=False)}
     if path.stat().st_size == 0:
         raise DataError(f"{path} is empty; is it a complete {what} file? Download it again")
     last = names[-1]  # a short row leaves the last field null: read it to notice
+    floats = [n for n, k in zip(names, kinds, strict=False) if k == "num" and n in select]
     try:
         df = (
             pl.scan_csv(path, separator=sep, has_header=header, schema=schema, quote_char=None)
@@ -159,19 +229,59 @@ def _typed_read(
             .collect()
         )
         bad = df.select(pl.any_horizontal(pl.all().is_null()).any()).item()
+        for n, k in zip(names, kinds, strict=False):
+            if k == "str" and n in select:
+                bad = bad or bool((df.get_column(n).str.strip_chars() == "").any())
         if "_e" in df.columns:
             bad = bad or bool(df.get_column("_e").any())
             df = df.drop("_e")
+        for n in floats:
+            bad = bad or not bool(df.get_column(n).is_finite().all())
+        for n in nonneg:
+            bad = bad or bool((df.get_column(n) < 0).any())
     except pl.exceptions.PolarsError:
         bad = True
     if bad:
-        where = _first_bad_line(path, sep, kinds, header, names)
+        where = _first_bad_line(path, sep, kinds, header, names, nonneg)
         raise DataError(
             f"{path}, {where}. This is not the {what} format; fix or re-download the file"
         )
     if df.height == 0:
         raise DataError(f"{path} holds no rows; is it a complete {what} file?")
     return df
+
+
+def _read_lines(path: Path, what: str, lossy: bool = False) -> pl.DataFrame:
+    """Every line of `path` as one string column (blank lines are nulls, numbering kept);
+    `lossy` replaces invalid UTF-8 instead of refusing it."""
+    try:
+        return pl.read_csv(
+            path,
+            has_header=False,
+            separator="\x1f",
+            quote_char=None,
+            schema={"line": pl.String},
+            encoding="utf8-lossy" if lossy else "utf8",
+        )
+    except pl.exceptions.PolarsError as e:
+        where = f"unreadable ({str(e).splitlines()[0][:120]})"
+        with open(path, "rb") as f:
+            for n, raw in enumerate(f, 1):
+                if b"\x1f" in raw:
+                    where = f"line {n}: holds a control character (0x1f)"
+                    break
+                if not lossy and _first_non_utf8_line_in(raw):
+                    where = f"line {n}: not valid UTF-8 text"
+                    break
+        raise DataError(f"{path}, {where}; this is not the {what} format; re-download it") from None
+
+
+def _first_non_utf8_line_in(raw: bytes) -> bool:
+    try:
+        raw.decode("utf-8")
+    except UnicodeDecodeError:
+        return True
+    return False
 
 
 def _one(paths: list[Path], what: str) -> Path:
@@ -187,7 +297,7 @@ def read_movielens_csv(paths: list[Path]) -> Parsed:
     """MovieLens ratings.csv (ml-20m, ml-25m, ml-32m, ml-latest): header
     userId,movieId,rating,timestamp; ids are integers, ratings half stars."""
     path = _one(paths, "ratings.csv")
-    with open(path, encoding="utf-8", errors="replace") as f:
+    with open(path, encoding="utf-8-sig", errors="replace") as f:
         head = f.readline().strip()
     if head != ",".join(ML_COLUMNS):
         raise DataError(
@@ -202,6 +312,7 @@ def read_movielens_csv(paths: list[Path]) -> Parsed:
         True,
         ("userId", "movieId", "rating"),
         "MovieLens ratings.csv",
+        nonneg=("rating",),
     )
     return df.rename({"userId": USER, "movieId": ITEM, "rating": RATING}), {}
 
@@ -211,9 +322,9 @@ def read_movielens_dat(paths: list[Path]) -> Parsed:
     path = _one(paths, "ratings.dat")
     if path.stat().st_size == 0:
         raise DataError(f"{path} is empty; download ml-1m again")
-    lines = pl.read_csv(
-        path, has_header=False, separator="\x1f", quote_char=None, schema={"line": pl.String}
-    )
+    lines = _read_lines(path, "MovieLens ratings.dat")
+    if lines.height == 0:
+        raise DataError(f"{path} holds no rows; download ml-1m again")
     parts = lines.select(pl.col("line").str.split("::").alias("f"))
     df = parts.select(
         pl.col("f").list.len().alias("n"),
@@ -239,11 +350,14 @@ def read_movielens_dat(paths: list[Path]) -> Parsed:
             | pl.col(USER).is_null()
             | pl.col(ITEM).is_null()
             | pl.col(RATING).is_null()
+            | ~pl.col(RATING).is_finite()
+            | (pl.col(RATING) < 0)
         ).fill_null(True)
     ).to_series()
     if bad.any():
         n = int(bad.arg_true()[0])
         line = lines.get_column("line")[n]
+        line = line if line is None else line[:120]
         raise DataError(
             f"{path}, line {n + 1}: {line!r} is not UserID::MovieID::Rating::Timestamp"
             "; fix or re-download the file"
@@ -260,17 +374,15 @@ def read_netflix(paths: list[Path]) -> Parsed:
     for path in paths:
         if path.stat().st_size == 0:
             raise DataError(f"{path} is empty; the Netflix files are incomplete")
-        lines = pl.read_csv(
-            path, has_header=False, separator="\x1f", quote_char=None, schema={"line": pl.String}
-        )
+        lines = _read_lines(path, "Netflix Prize")
         f = lines.select(
             pl.col("line").str.split_exact(",", 2).struct.unnest(),
-            pl.col("line").str.ends_with(":").alias("head"),
+            pl.col("line").str.contains(r"^\s*\d+:\s*$").fill_null(False).alias("head"),
         )
         f = f.select(
             pl.col("head"),
             pl.when(pl.col("head"))
-            .then(pl.col("field_0").str.strip_suffix(":"))
+            .then(pl.col("field_0").str.strip_chars().str.strip_suffix(":"))
             .cast(pl.Int32, strict=False)
             .forward_fill()
             .alias(ITEM),
@@ -281,6 +393,7 @@ def read_netflix(paths: list[Path]) -> Parsed:
         row_bad = (
             pl.col(USER).is_null()
             | pl.col(RATING).is_null()
+            | (pl.col(RATING) < 0)
             | pl.col("no_date")
             | pl.col(ITEM).is_null()
         )
@@ -289,11 +402,18 @@ def read_netflix(paths: list[Path]) -> Parsed:
         ).to_series()
         if bad.any():
             n = int(bad.arg_true()[0])
+            text = (lines.get_column("line")[n] or "")[:120]
             raise DataError(
-                f"{path}, line {n + 1}: {lines.get_column('line')[n]!r} is neither a 'MovieID:' "
+                f"{path}, line {n + 1}: {text!r} is neither a 'MovieID:' "
                 "line nor CustomerID,Rating,Date under one; fix or re-obtain the file"
             )
-        frames.append(f.filter(~pl.col("head")).select(USER, ITEM, RATING))
+        rows = f.filter(~pl.col("head")).select(USER, ITEM, RATING)
+        if rows.height == 0:
+            raise DataError(
+                f"{path} holds no CustomerID,Rating,Date rows (no rows under any 'MovieID:' "
+                "line); the Netflix files are incomplete"
+            )
+        frames.append(rows)
         del lines, f
     df = pl.concat(frames, rechunk=True) if len(frames) > 1 else frames[0]
     return df, {"n_files": len(paths)}
@@ -308,14 +428,7 @@ def read_lastfm(paths: list[Path]) -> Parsed:
     path = _one(paths, "usersha1-artmbid-artname-plays.tsv")
     if path.stat().st_size == 0:
         raise DataError(f"{path} is empty; download lastfm-360k again")
-    lines = pl.read_csv(
-        path,
-        has_header=False,
-        separator="\x1f",
-        quote_char=None,
-        schema={"line": pl.String},
-        encoding="utf8-lossy",
-    )
+    lines = _read_lines(path, "Last.fm 360K", lossy=True)
     f = lines.select(pl.col("line").str.split("\t").alias("f")).select(
         pl.col("f").list.len().alias("n"),
         pl.col("f").list.get(0, null_on_oob=True).str.strip_chars().alias(USER),
@@ -342,6 +455,7 @@ def read_lastfm(paths: list[Path]) -> Parsed:
         & (pl.col(USER) != "")
         & pl.col(ITEM).is_not_null()
         & pl.col(RATING).is_not_null()
+        & (pl.col(RATING) >= 0)
     )
     df = f.filter(ok).select(USER, ITEM, pl.col(RATING).cast(pl.Float64))
     skipped = n_lines - df.height
@@ -378,7 +492,9 @@ def read_msd(paths: list[Path]) -> Parsed:
     """Taste Profile train_triplets.txt: user <tab> song <tab> play count, no header."""
     path = _one(paths, "train_triplets.txt")
     names = ("user", "song", "plays")
-    df = _typed_read(path, "\t", ("str", "str", "int"), names, False, names, "MSD triplets")
+    df = _typed_read(
+        path, "\t", ("str", "str", "int"), names, False, names, "MSD triplets", nonneg=("plays",)
+    )
     return df.select(
         pl.col("user").alias(USER),
         pl.col("song").alias(ITEM),

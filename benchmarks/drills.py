@@ -1,0 +1,190 @@
+"""Crash, corruption and abuse drills at scale: break vaecf on purpose many times and count what
+was lost. The test suite runs a small share of the same drills (tests/test_drills.py,
+tests/test_fuzz_parsers.py); the drill kit is tests/drillkit.py and tests/fuzzkit.py.
+
+- kill: `vaecf prepare` / `vaecf train` SIGKILLed at random moments (1-2 per trial), then rerun
+  (`--resume` for train); the output must be the old or the complete new state after each kill,
+  and the rerun must reach the uninterrupted result (train: best.pt/last.pt weights bit for bit).
+- disk full: the same verbs writing into a tmpfs left with 0..N bytes free (root only).
+- one writer: two commands into one directory at once, or the first SIGKILLed: one is refused
+  naming the other's pid, or a dead writer's lock is taken over.
+- fuzz: generated malformed files through every parser (a DataError naming file and line, or a
+  correct parse), and a share of them through `vaecf prepare` (exit 2, one message).
+
+    PYTHONPATH=src .venv/bin/python benchmarks/drills.py                 # the full set (~20 min)
+    PYTHONPATH=src .venv/bin/python benchmarks/drills.py --quick         # a few of each
+    PYTHONPATH=src .venv/bin/python benchmarks/drills.py --only kill --seed 7
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import random
+import sys
+import tempfile
+import time
+from contextlib import redirect_stderr, redirect_stdout
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(ROOT / "src"), str(ROOT / "tests")]
+
+import drillkit as dk  # noqa: E402
+import fuzzkit as fk  # noqa: E402
+
+CLI_DATASET = {  # parser -> the `vaecf prepare` verb that reads it
+    "csv": "csv",
+    "tsv": "csv",
+    "parquet": "csv",
+    "movielens-csv": "ml-20m",
+    "movielens-dat": "ml-1m",
+    "netflix": "netflix",
+    "lastfm": "lastfm-360k",
+    "pinterest": "pinterest",
+    "msd": "msd",
+}
+
+
+def fuzz_cli(name: str, n: int, seed: int) -> tuple[int, int, int, list[str]]:
+    """`n` generated files through `vaecf prepare` (in-process `vaecf.cli.main`): (inputs,
+    exit 2 with one message, failures, examples). Exit 0 (the file parsed and prepared) is fine;
+    anything else, a traceback or a message of more than one line, is a failure."""
+    from hypothesis import HealthCheck, Phase, given, settings
+    from hypothesis import seed as hseed
+
+    from vaecf.cli import main
+
+    case = fk.PARQUET if name == "parquet" else fk.CASES[name]
+    tmp = Path(tempfile.mkdtemp(prefix="vaecf-fuzz-cli-"))
+    path = tmp / case.filename
+    counts = {"inputs": 0, "exit2": 0, "failures": 0}
+    examples: list[str] = []
+    verb = CLI_DATASET[name]
+
+    @settings(
+        max_examples=n,
+        database=None,
+        deadline=None,
+        phases=[Phase.generate],
+        suppress_health_check=list(HealthCheck),
+    )
+    @given(fk.parquet_frames() if name == "parquet" else fk.file_bytes(case))
+    def one(x):
+        counts["inputs"] += 1
+        if hasattr(x, "write_parquet"):
+            x.write_parquet(path)
+        else:
+            path.write_bytes(x)
+        if verb == "csv":
+            sep = ["--sep", "\t"] if name == "tsv" else []
+            args = ["prepare", "csv", "--path", path, "--user-col", "u", "--item-col", "i",
+                    "--heldout-users", 1, "--out", tmp / "out", "--overwrite", *sep]  # fmt: skip
+        else:
+            args = ["prepare", verb, "--source", path, "--root", tmp / "home", "--quiet",
+                    "--out", tmp / "out", "--overwrite"]  # fmt: skip
+        err = io.StringIO()
+        try:
+            with redirect_stderr(err), redirect_stdout(io.StringIO()):
+                rc = main([str(a) for a in args])
+        except BaseException as e:  # noqa: BLE001 - would be a traceback
+            rc, msg = None, f"{type(e).__name__}: {e}"
+        else:
+            msg = err.getvalue()
+        lines = msg.strip().splitlines()
+        if rc == 2 and len(lines) == 1 and lines[0].startswith("vaecf prepare: error:"):
+            counts["exit2"] += 1
+        elif rc != 0:
+            counts["failures"] += 1
+            if len(examples) < 3:
+                examples.append(f"exit {rc}: {msg[-400:]}\ninput: {x!r}"[:700])
+
+    hseed(seed)(one)()
+    return counts["inputs"], counts["exit2"], counts["failures"], examples
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--seed", type=int, help="base seed (default: random, printed)")
+    ap.add_argument("--quick", action="store_true", help="a few trials of each drill")
+    ap.add_argument("--only", choices=["kill", "disk", "lock", "fuzz"], action="append")
+    ap.add_argument("--kill-trials", type=int, default=70, help="per verb (1-2 kills each)")
+    ap.add_argument("--disk-trials", type=int, default=30, help="per verb")
+    ap.add_argument("--lock-trials", type=int, default=40)
+    ap.add_argument("--fuzz", type=int, default=10_000, help="generated inputs per parser")
+    ap.add_argument("--fuzz-cli", type=int, default=500, help="of those, also via the CLI")
+    a = ap.parse_args()
+    if a.quick:
+        a.kill_trials, a.disk_trials, a.lock_trials, a.fuzz, a.fuzz_cli = 6, 3, 4, 200, 20
+    seed = a.seed if a.seed is not None else random.SystemRandom().randrange(10**6)
+    only = set(a.only or ["kill", "disk", "lock", "fuzz"])
+    print(f"drills: seed {seed} (rerun with --seed {seed})", flush=True)
+    t0 = time.perf_counter()
+    work = Path(tempfile.mkdtemp(prefix="vaecf-drills-"))
+    runner = dk.ForkRunner(work / "logs")
+    tallies: list[dk.Tally] = []
+    try:
+        drills = {"prepare": dk.PrepareDrill(), "train": dk.TrainDrill(epochs=3)}
+        if only & {"kill", "lock"}:
+            for name, d in drills.items():
+                d.setup(work / name, runner)
+        if "kill" in only:
+            for i, d in enumerate(drills.values()):
+                tallies.append(dk.kill_drill(d, runner, a.kill_trials, seed + i))
+        if "lock" in only:
+            tallies.append(dk.lock_drill(drills["prepare"], runner, a.lock_trials, seed + 10))
+        if "disk" in only:
+            if not dk.can_mount():
+                print("disk-full drills skipped: they mount a tmpfs (root on Linux only)")
+            for i, d in enumerate([dk.PrepareDrill(), dk.TrainDrill(epochs=2)]):
+                if not dk.can_mount():
+                    break
+                fs = dk.Tmpfs(48 << 20)
+                try:
+                    d.setup(work / f"disk-{d.name}", runner, out_parent=fs.path)
+                    d.fs = fs
+                    ref = d.ref_b if d.name == "prepare" else d.ref
+                    need = int(1.3 * sum(f.stat().st_size for f in ref.iterdir()))
+                    tallies.append(
+                        dk.disk_full_drill(d, runner, a.disk_trials, seed + 20 + i, need)
+                    )
+                finally:
+                    fs.close()
+    finally:
+        runner.close()
+    if tallies:
+        print()
+        print(dk.format_table(tallies))
+        refused = [t for t in tallies if t.refused]
+        for t in refused:
+            print(f"\n{t.drill}: one writer refused with the other's pid in {t.refused} trials")
+        for t in tallies:
+            for issue, n in dk.known_issue_counts(t).items():
+                print(f"\n{t.drill}: {n} failure(s) are the known trainer issue {issue!r}")
+        for t in tallies:
+            for n in t.notes[:3]:
+                print(f"\n[{t.drill}] {n[:1500]}")
+    if "fuzz" in only:
+        print(
+            "\n| parser | inputs | parsed | DataError | failures | via CLI | CLI exit 2 "
+            "| CLI failures |\n|---|---|---|---|---|---|---|---|",
+            flush=True,
+        )
+        notes = []
+        for i, name in enumerate([*fk.CASES, "parquet"]):
+            t = fk.fuzz(name, a.fuzz, seed + 100 + i)
+            ci, c2, cf, ex = fuzz_cli(name, a.fuzz_cli, seed + 200 + i)
+            print(
+                f"| {name} | {t.inputs} | {t.parsed} | {t.rejected} | {t.failures} | {ci} "
+                f"| {c2} | {cf} |",
+                flush=True,
+            )
+            notes += [f"[{name}] {e}" for e in t.examples + ex]
+        for n in notes[:10]:
+            print("\n" + n)
+    print(f"\n{time.perf_counter() - t0:.0f} s in all")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
