@@ -159,9 +159,6 @@ def main() -> int:
         for t in refused:
             print(f"\n{t.drill}: one writer refused with the other's pid in {t.refused} trials")
         for t in tallies:
-            for issue, n in dk.known_issue_counts(t).items():
-                print(f"\n{t.drill}: {n} failure(s) are the known trainer issue {issue!r}")
-        for t in tallies:
             for n in t.notes[:3]:
                 print(f"\n[{t.drill}] {n[:1500]}")
     if "fuzz" in only:

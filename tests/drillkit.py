@@ -587,8 +587,7 @@ class PrepareDrill(Drill):
 def run_state(run_dir: Path):
     """The run directory's state: None if empty; else a digest of best.pt's and last.pt's model
     weights, results.json and the epoch reached. Broken if a file under its final name does not
-    load, or metrics.jsonl is not the checkpoint's history (or, killed between the two writes,
-    that history less its last epoch)."""
+    load, or metrics.jsonl does not begin with the checkpoint's history."""
     import torch
 
     from vaecf import checkpoint
@@ -611,7 +610,9 @@ def run_state(run_dir: Path):
                     hist = [json.dumps(r) for r in ck["history"]]
                     if (run_dir / "metrics.jsonl").exists():
                         lines = (run_dir / "metrics.jsonl").read_text().splitlines()
-                        if lines not in (hist, hist[:-1]):
+                        # appended as training goes: it may run ahead of last.pt (a resume
+                        # drops those lines), never behind it or differing from it
+                        if lines[: len(hist)] != hist:
                             raise Broken(f"{run_dir}/metrics.jsonl disagrees with last.pt")
         results = None
         if (run_dir / "results.json").exists():
@@ -726,18 +727,6 @@ class TrainDrill(Drill):
 # tests/test_drills.py): a kill before config.json exists leaves a temp file that makes
 # `--resume` refuse the directory; an extended run killed before results.json returns the shorter
 # run's stale results.json on the next `--resume`.
-KNOWN_TRAINER_ISSUES = ("exists and is not a run directory", "stale results.json")
-
-
-def known_issue_counts(t: Tally) -> dict[str, int]:
-    """How many of the tally's failure notes name each known trainer issue."""
-    return {
-        k: sum(k in n for n in t.notes)
-        for k in KNOWN_TRAINER_ISSUES
-        if any(k in n for n in t.notes)
-    }
-
-
 def format_table(rows: list[Tally]) -> str:
     head = ("drill", "trials", "points", "failures", "data lost")
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]

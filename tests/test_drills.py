@@ -12,7 +12,6 @@ import random
 
 import pytest
 from drillkit import (
-    KNOWN_TRAINER_ISSUES,
     ForkRunner,
     PrepareDrill,
     Tmpfs,
@@ -34,16 +33,8 @@ def runner(tmp_path_factory):
     r.close()
 
 
-# The trainer issues these drills found (see drillkit.KNOWN_TRAINER_ISSUES and the strict-xfail
-# reproductions at the end): a train drill whose every failure is one of them xfails, with the
-# count, instead of passing; any other failure fails.
-
-
-def _assert_clean(t, seed, known: tuple[str, ...] = ()):
+def _assert_clean(t, seed):
     print(f"{t.drill}: {t.trials} trials, {t.points} points, seed {seed}")
-    if t.failures and known and all(any(k in n for k in known) for n in t.notes):
-        hit = sorted({k for n in t.notes for k in known if k in n})
-        pytest.xfail(f"{t.failures}/{t.trials} trials hit known trainer issues {hit} (seed {seed})")
     assert t.failures == 0 and t.lost == 0, f"seed {seed}:\n" + "\n\n".join(t.notes[:3])
 
 
@@ -68,7 +59,7 @@ def test_killed_train_resumes_to_the_same_weights_bit_for_bit(runner, tmp_path):
         f.name: 0o666 & ~mask for f in d.ref.iterdir()
     }
     t = kill_drill(d, runner, KILL_TRIALS["train"], SEED + 1)
-    _assert_clean(t, SEED + 1, KNOWN_TRAINER_ISSUES)
+    _assert_clean(t, SEED + 1)
 
 
 def test_drill_notices_a_non_atomic_writer(runner, tmp_path, monkeypatch):
@@ -121,7 +112,7 @@ def test_train_on_a_full_disk_fails_cleanly(runner, tmp_path, tmpfs):
     _assert_clean(t, SEED + 3)
 
 
-# -- the trainer issues the drills found, reproduced deterministically -----------------------------
+# -- two trainer issues the drills found (now fixed), reproduced deterministically ---------
 @pytest.fixture(scope="module")
 def short_run(runner, tmp_path_factory):
     d = TrainDrill(epochs=2)
@@ -129,7 +120,6 @@ def short_run(runner, tmp_path_factory):
     return d
 
 
-@pytest.mark.xfail(strict=True, reason="trainer: a temp file of a killed config write blocks it")
 def test_trainer_issue_kill_before_config_json(runner, short_run, tmp_path):
     from drillkit import run
 
@@ -140,7 +130,6 @@ def test_trainer_issue_kill_before_config_json(runner, short_run, tmp_path):
     assert r.rc == 0, str(r)
 
 
-@pytest.mark.xfail(strict=True, reason="trainer: --resume returns a stale results.json")
 def test_trainer_issue_stale_results_after_extending(runner, short_run, tmp_path):
     import shutil
 

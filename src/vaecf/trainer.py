@@ -22,7 +22,7 @@ from tqdm.auto import tqdm
 
 from vaecf import checkpoint, distributed, models, rundir
 from vaecf import precision as prec
-from vaecf._io import atomic_file, write_json
+from vaecf._io import atomic_file, write_json, writer_lock
 from vaecf.background import CheckpointWriter, snapshot
 from vaecf.config import ANNEAL_SETTINGS, GRADIENT_SETTINGS, TrainConfig, from_dict
 from vaecf.data.matrix import CSR, prefetch_batches
@@ -168,6 +168,13 @@ def train(
     metrics row once it is saved (a tuner's pruner raises from it to stop the run)."""
     ds = data if isinstance(data, PreparedDataset) else PreparedDataset(data)
     out = Path(out)
+    if int(os.environ.get("RANK", "0")) != 0:  # under torchrun rank 0 holds the lock
+        return _train(ds, config, out, model_config, resume, model, on_epoch)
+    with writer_lock(out, "vaecf train"):
+        return _train(ds, config, out, model_config, resume, model, on_epoch)
+
+
+def _train(ds, config, out, model_config, resume, model, on_epoch) -> RunResult:
     if resume and rundir.is_run(out):
         saved = rundir.load_config(out)
         if saved["data"]["fingerprint"] != ds.fingerprint:
@@ -322,6 +329,15 @@ class _Run:
             self.out, results["best_epoch"], results["validation"], results["test"], self.history
         )
 
+    def _finished(self) -> bool:
+        """results.json exists and is this state's (not a shorter run's, before an extension)."""
+        if not (self.out / rundir.RESULTS).is_file():
+            return False
+        try:
+            return rundir.load_results(self.out).get("epochs") == self.epoch
+        except RunError:
+            return False
+
     def _result(self) -> RunResult:
         res = rundir.load_results(self.out)
         return RunResult(self.out, res["best_epoch"], res["validation"], res["test"], self.history)
@@ -406,9 +422,8 @@ class Trainer(_Run):
         run ahead of last.pt: those lines are dropped), then is appended to."""
         path = self.out / rundir.METRICS
         if self.ctx.is_main:
-            if [r.get("epoch") for r in rundir.read_metrics(self.out)] != [
-                r["epoch"] for r in self.history
-            ]:
+            lines = path.read_text().splitlines() if path.is_file() else []
+            if lines != [json.dumps(row) for row in self.history]:  # ahead, or a torn line
                 with atomic_file(path, "w") as f:
                     f.writelines(json.dumps(row) + "\n" for row in self.history)
             self._metrics_file = open(path, "a")  # noqa: SIM115 (closed in fit)
@@ -492,7 +507,7 @@ class Trainer(_Run):
         if (self.out / rundir.LAST).is_file():
             self._load_last()
         self._write_config()
-        if self.epoch >= cfg.epochs and (self.out / rundir.RESULTS).is_file():
+        if self.epoch >= cfg.epochs and self._finished():
             return self._result()
         if self.epoch < cfg.epochs and self.ctx.is_main:  # extending a finished run: its
             (self.out / rundir.RESULTS).unlink(missing_ok=True)  # results are no longer the run's

@@ -7,9 +7,14 @@ Exit codes: 0 ok, 2 bad input (vaecf's own input errors: a message says what to 
 from __future__ import annotations
 
 import argparse
+import errno
 import sys
 
 from vaecf.cli import bench, data, serve, train
+
+# Operating-system errors the user fixes (space, quota, permissions, a read-only filesystem):
+# exit 2 with the path, never a traceback.
+_USER_FIXABLE = (errno.ENOSPC, errno.EDQUOT, errno.EACCES, errno.EPERM, errno.EROFS)
 
 VERB_MODULES = (data, train, bench, serve)
 
@@ -40,6 +45,12 @@ def main(argv: list[str] | None = None) -> int:
         return args.fn(args)
     except VaecfError as e:
         print(f"vaecf {args.verb}: error: {e}", file=sys.stderr)
+        return 2
+    except OSError as e:
+        if e.errno not in _USER_FIXABLE:
+            raise
+        where = f" ({e.filename})" if e.filename else ""
+        print(f"vaecf {args.verb}: error: {e.strerror}{where}", file=sys.stderr)
         return 2
     except RuntimeError as e:
         if type(e).__name__ != "TrainingDiverged":
