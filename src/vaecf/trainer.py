@@ -146,11 +146,14 @@ def train(
     resume: bool = False,
     model: str | None = None,
     on_epoch: Callable[[dict], None] | None = None,
+    test: bool = True,
 ) -> RunResult:
     """Train (or fit) a model on a prepared dataset into run directory `out`; `resume=True`
     continues it. The model is `model` (a registry name) or the one `model_config` configures
     (default Mult-VAE with the paper's network). `on_epoch(row)` is called with every epoch's
-    metrics row once it is saved (a tuner's pruner raises from it to stop the run)."""
+    metrics row once it is saved (a tuner's pruner raises from it to stop the run).
+    `test=False` leaves the test split unscored (results.json "test": null), for model selection
+    that must not see it (vaecf tune scores the chosen run alone)."""
     ds = data if isinstance(data, PreparedDataset) else PreparedDataset(data)
     out = Path(out)
     if resume and rundir.is_run(out):
@@ -194,6 +197,7 @@ def train(
         trainer_cls = ClosedFormFit if models.get(name).closed_form else Trainer
         run = trainer_cls(ds, config, name, model_config, out, ctx, device)
         run.on_epoch = on_epoch
+        run.score_test = test
         return run.fit()
     finally:
         if started:
@@ -236,6 +240,7 @@ class _Run:
         self.history: list[dict] = []
         self.epoch, self.step = 0, 0
         self.on_epoch: Callable[[dict], None] | None = None
+        self.score_test = True
 
     def _write_config(self) -> None:
         if not self.ctx.is_main:
@@ -278,10 +283,12 @@ class _Run:
         if self.ctx.enabled:  # the other ranks need not see rank 0's filesystem
             for t in self.model.state_dict().values():
                 torch.distributed.broadcast(t, 0)
-        test_metrics = self._evaluate(
-            CSR.from_scipy(self.ds.split("test_tr"), self.device),
-            CSR.from_scipy(self.ds.split("test_te"), self.device),
-        )
+        test_metrics = None
+        if self.score_test:
+            test_metrics = self._evaluate(
+                CSR.from_scipy(self.ds.split("test_tr"), self.device),
+                CSR.from_scipy(self.ds.split("test_te"), self.device),
+            )
         results = {
             "model": self.model_name,
             "best_epoch": self.best["epoch"],

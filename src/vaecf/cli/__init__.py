@@ -9,9 +9,9 @@ from __future__ import annotations
 import argparse
 import sys
 
-from vaecf.cli import bench, data, train
+from vaecf.cli import bench, data, experiments, train
 
-VERB_MODULES = (data, train, bench)
+VERB_MODULES = (data, train, bench, experiments)
 
 
 def build_parser() -> argparse.ArgumentParser:
