@@ -34,6 +34,7 @@ def cmd_tune(a) -> int:
         resume=a.resume,
         base=base,
         log=log,
+        fixed=tune.parse_fixed(a.fix),
     )
     if a.json:
         print_json(
@@ -135,7 +136,6 @@ def cmd_plot(a) -> int:
 def register(sub) -> None:
     from vaecf import models
 
-    tunable = [n for n in models.MODELS if n != "popular"]
     pt = sub.add_parser(
         "tune",
         help="search a model's hyper-parameters (Optuna: TPE, median pruning, SQLite study)",
@@ -149,7 +149,12 @@ def register(sub) -> None:
     )
     pt.add_argument("--data", required=True, help="prepared dataset directory")
     pt.add_argument("--out", required=True, help="study directory to create (or resume)")
-    pt.add_argument("--model", default="multvae", choices=tunable, help="default multvae")
+    pt.add_argument(
+        "--model",
+        default="multvae",
+        choices=list(models.MODELS),
+        help="default multvae; popular has nothing to tune",
+    )
     pt.add_argument(
         "--trials",
         type=int,
@@ -169,6 +174,13 @@ def register(sub) -> None:
         metavar="FILE.toml",
         help="settings for what is not searched (device, precision, eval_every, ...); the "
         "search space overrides the settings it draws",
+    )
+    pt.add_argument(
+        "--fix",
+        action="append",
+        metavar="NAME=VALUE",
+        help="hold a search-space parameter at a value instead of searching it, e.g. "
+        "--fix epochs=50 --fix hidden_dim=600 (repeatable; the names are listed when wrong)",
     )
     pt.add_argument("--device", help="auto (default), cpu, cuda, cuda:N")
     pt.add_argument("--json", action="store_true", help="print the result as JSON")

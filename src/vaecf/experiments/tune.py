@@ -87,13 +87,73 @@ def default_space(model: str) -> SpaceFn:
 
 
 def settings_of(
-    model: str, space: SpaceFn, params: dict, n_train_users: int, base, seed: int
+    space: SpaceFn, params: dict, n_train_users: int, base, seed: int, fixed: dict | None = None
 ) -> tuple[dict, dict]:
-    """(train, model) settings of a trial with parameters `params`: the base file's, then the
-    space's, then the study's seed."""
+    """(train, model) settings of a trial with parameters `params` (and the study's `fixed`
+    ones): the base file's, then the space's, then the study's seed."""
     optuna = require_optuna()
-    drawn = space(optuna.trial.FixedTrial(params), n_train_users)
+    drawn = space(_Fixed(optuna.trial.FixedTrial(params), fixed or {}), n_train_users)
     return _merge(base, drawn, seed)
+
+
+class _Fixed:
+    """A trial whose `suggest_*` returns the study's fixed value for a fixed parameter (not
+    searched, not recorded as a parameter) and asks the real trial otherwise."""
+
+    def __init__(self, trial, fixed: dict):
+        self._trial, self._fixed = trial, fixed
+
+    def __getattr__(self, name: str):
+        attr = getattr(self._trial, name)
+        if not name.startswith("suggest_"):
+            return attr
+
+        def suggest(param: str, *args, **kwargs):
+            if param in self._fixed:
+                return self._fixed[param]
+            return attr(param, *args, **kwargs)
+
+        return suggest
+
+
+def parse_fixed(items) -> dict:
+    """`["epochs=40", "hidden_dim=0"]` -> {"epochs": 40, "hidden_dim": 0} (JSON values, else
+    strings)."""
+    out = {}
+    for item in items or ():
+        name, sep, text = item.partition("=")
+        if not sep or not name.strip():
+            raise ConfigError(f"--fix takes NAME=VALUE (a search-space parameter), not {item!r}")
+        try:
+            value = json.loads(text)
+        except json.JSONDecodeError:
+            value = text
+        out[name.strip()] = value
+    return out
+
+
+def check_fixed(space: SpaceFn, fixed: dict, n_train_users: int) -> None:
+    """Refuse fixed names that are not parameters of the search space."""
+    names: set[str] = set()
+
+    class _Probe:
+        def __getattr__(self, name):
+            def suggest(param, *args, **kwargs):
+                names.add(param)
+                if name == "suggest_categorical":
+                    return (args[0] if args else kwargs["choices"])[0]
+                low = args[0] if args else kwargs["low"]
+                return low
+
+            return suggest
+
+    space(_Probe(), n_train_users)
+    wrong = sorted(set(fixed) - names)
+    if wrong:
+        raise ConfigError(
+            f"--fix {', '.join(wrong)}: not a parameter of this search space; its parameters: "
+            f"{', '.join(sorted(names))}"
+        )
 
 
 def _merge(base, drawn: dict, seed: int) -> tuple[dict, dict]:
@@ -196,10 +256,12 @@ def tune(
     space: SpaceFn | None = None,
     log: Callable[[str], None] = print,
     plots: bool = True,
+    fixed: dict | None = None,
 ) -> TuneResult:
     """Run (or resume) a study of `model` on prepared dataset `data` into `out` until it holds
     `trials` finished trials or `timeout` seconds have passed; then score the best trial's test
-    split once and write the table, best.toml, best.json and the pictures."""
+    split once and write the table, best.toml, best.json and the pictures. `fixed` holds
+    search-space parameters at given values (not searched)."""
     from vaecf.data.prepare import PreparedDataset
 
     optuna = require_optuna()
@@ -212,6 +274,7 @@ def tune(
     models.get(model)
     space = space or default_space(model)
     ds = data if isinstance(data, PreparedDataset) else PreparedDataset(data)
+    check_fixed(space, fixed or {}, ds.manifest["counts"]["n_train_users"])
     study_dir = Path(out)
     if resume and not (study_dir / STUDY_DB).is_file() and study_dir.exists():
         if any(p.name != LOCK for p in study_dir.iterdir()):
@@ -224,27 +287,32 @@ def tune(
             "fingerprint": ds.fingerprint,
             "metric": METRIC,
             "base": {"train": base.train, "model": base.model_config},
+            "fixed": dict(fixed or {}),
         }
         study, storage, saved = _open_study(study_dir, resume, info, seed)
-        if resume:
+        if resume:  # the study's own base settings and fixed parameters
             base = configfile.RunSettings(
                 train=saved["base"]["train"], model_config=saved["base"]["model"]
             )
+            if fixed and fixed != saved.get("fixed", {}):
+                raise RunError(f"{study_dir} was started with other --fix values; drop --fix")
+        fixed = saved.get("fixed", {})
+        check_fixed(space, fixed, ds.manifest["counts"]["n_train_users"])
         _recover(study, storage, log)
         deadline = time.monotonic() + timeout if timeout else None
-        objective = _Objective(study_dir, ds, model, space, base, saved["seed"], deadline)
+        objective = _Objective(study_dir, ds, model, space, base, saved["seed"], deadline, fixed)
         while _counts(study.get_trials(deepcopy=False)) < trials:
             if deadline is not None and time.monotonic() >= deadline:
                 log(f"--timeout {timeout:g} s reached")
                 break
             _run_one(study, objective, log)
-        return finish(study_dir, study, model, space, base, saved["seed"], ds, log, plots)
+        return finish(study_dir, study, model, space, base, saved["seed"], ds, log, plots, fixed)
 
 
 class _Objective:
-    def __init__(self, study_dir, ds, model, space, base, seed, deadline):
+    def __init__(self, study_dir, ds, model, space, base, seed, deadline, fixed):
         self.study_dir, self.ds, self.model, self.space = study_dir, ds, model, space
-        self.base, self.seed, self.deadline = base, seed, deadline
+        self.base, self.seed, self.deadline, self.fixed = base, seed, deadline, fixed
 
     def __call__(self, trial) -> float:
         import optuna
@@ -253,7 +321,8 @@ class _Objective:
         from vaecf.trainer import train
 
         n_train = self.ds.manifest["counts"]["n_train_users"]
-        train_d, model_d = _merge(self.base, self.space(trial, n_train), self.seed)
+        drawn = self.space(_Fixed(trial, self.fixed), n_train)
+        train_d, model_d = _merge(self.base, drawn, self.seed)
         run = trial_dir(self.study_dir, trial.number)
         trial.set_user_attr("run_dir", str(run.relative_to(self.study_dir)))
         resume = False
@@ -434,7 +503,9 @@ def score_test(run: Path, ds) -> dict:
     return test
 
 
-def finish(study_dir, study, model, space, base, seed, ds, log, plots=True) -> TuneResult:
+def finish(
+    study_dir, study, model, space, base, seed, ds, log, plots=True, fixed=None
+) -> TuneResult:
     """Table, CSV, best settings and test score, pictures: from the study as it stands."""
     from optuna.trial import TrialState
 
@@ -453,7 +524,7 @@ def finish(study_dir, study, model, space, base, seed, ds, log, plots=True) -> T
     best = study.best_trial
     run = study_dir / best.user_attrs["run_dir"]
     n_train = ds.manifest["counts"]["n_train_users"]
-    train_d, model_d = settings_of(model, space, best.params, n_train, base, seed)
+    train_d, model_d = settings_of(space, best.params, n_train, base, seed, fixed)
     configfile.write(
         study_dir / "best.toml",
         model,
