@@ -341,7 +341,7 @@ def test_compare_run_dirs_paired_t_test(tmp_path, capsys):
     assert (tmp_path / "cmp" / "compare_splits.csv").read_text().count("\n") == 9
     assert cli("compare", *specs[:2], "--out", tmp_path / "cmp2") == 0
     text = capsys.readouterr().out
-    assert "0.3000 ±      -" in text and "p    n/a" in text  # one split: no sd, no test
+    assert "0.3000 ±      -" in text and "   n/a" in text  # one split: no sd, no test
 
 
 def test_compare_trains_and_resumes(tmp_path, capsys):
@@ -420,3 +420,35 @@ def test_tensorboard_missing_says_how_to_install(tiny, tmp_path, capsys, monkeyp
     )
     assert "pip install 'vaecf[tensorboard]'" in capsys.readouterr().err
     assert not (tmp_path / "tb").exists()
+
+
+def test_tensorboard_scalars(tiny, tmp_path):
+    pytest.importorskip("tensorboard")
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    assert (
+        cli(
+            "train",
+            "--data",
+            tiny.path,
+            "--out",
+            tmp_path / "tb",
+            "--tensorboard",
+            "--epochs",
+            "2",
+            "--batch-size",
+            "100",
+            "--hidden-dims",
+            "40",
+            "--latent-dim",
+            "20",
+            "--quiet",
+        )
+        == 0
+    )
+    ea = EventAccumulator(str(tmp_path / "tb" / "tensorboard"))
+    ea.Reload()
+    got = [(e.step, e.value) for e in ea.Scalars("validation/ndcg@100")]
+    want = [(r["epoch"], r["validation"]["ndcg@100"]) for r in rundir.read_metrics(tmp_path / "tb")]
+    assert [s for s, _ in got] == [s for s, _ in want]
+    assert [v for _, v in got] == pytest.approx([v for _, v in want], rel=1e-6)

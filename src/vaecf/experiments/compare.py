@@ -231,15 +231,23 @@ def summarize(records: list[Record], metrics: Sequence[str] = METRICS) -> dict:
     }
 
 
+def _p(p: float | None) -> str:
+    if p is None:
+        return "n/a"
+    return "<0.001" if p < 0.001 else f"{p:.3f}"
+
+
 def format_summary(s: dict) -> str:
+    """The summary as a text table: mean ± sd per model and metric; for every model after the
+    first, the paired difference to the first and the paired t-test's p."""
     labels, metrics = s["labels"], s["metrics"]
     ref = labels[0]
     cells = {(r["label"], r["metric"]): r for r in s["summary"]}
     w = max(8, *(len(lab) for lab in labels))
-    head = f"{'model':{w}s}" + "".join(f"  {m:>17s}  {'diff (p)':>19s}" for m in metrics)
+    head = f"{'model':{w}s}" + "".join(f"  {m:>15s}  {'diff':>7s} {'p':>6s}" for m in metrics)
     lines = [
         f"test metrics over {s['n_splits']} split(s): mean ± sd; diff: paired difference to "
-        f"{ref}, p: paired t-test",
+        f"{ref}; p: paired t-test over the splits",
         head,
     ]
     for lab in labels:
@@ -249,11 +257,10 @@ def format_summary(s: dict) -> str:
             sd = f"{c['sd']:.4f}" if c["sd"] is not None else "-"
             line += f"  {c['mean']:.4f} ± {sd:>6s}"
             if c["diff_mean"] is None:
-                line += f"  {'':>19s}"
+                line += f"  {'':>7s} {'':>6s}"
             else:
-                p = f"{c['p']:.3g}" if c["p"] is not None else "n/a"
-                line += f"  {c['diff_mean']:+.4f} (p {p:>6s})"
-        lines.append(line)
+                line += f"  {c['diff_mean']:+.4f} {_p(c['p']):>6s}"
+        lines.append(line.rstrip())
     if s["dropped_splits"]:
         lines.append(f"left out (not every model has a finished run): {s['dropped_splits']}")
     return "\n".join(lines)

@@ -13,7 +13,7 @@ from vaecf import rundir
 from vaecf.errors import RunError
 
 TRAIN_PANELS = (
-    ("loss", "training loss (NLL + beta KL)", "per user"),
+    ("loss", "training loss (NLL + beta KL)", "nats per user"),
     ("nll", "multinomial NLL", "nats per user"),
     ("kl", "KL divergence", "nats per user"),
     ("beta", "KL weight beta", "beta"),

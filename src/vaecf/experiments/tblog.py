@@ -20,16 +20,20 @@ def require_tensorboard() -> None:
 
 
 class TensorBoardLogger:
-    """An `on_epoch` callback: train/* and validation/* scalars per epoch in RUN/tensorboard."""
+    """An `on_epoch` callback: train/* and validation/* scalars per epoch in RUN/tensorboard.
+    The writer opens at the first epoch, once the trainer has made the run directory (it
+    refuses to start in a directory that is not empty)."""
 
     def __init__(self, run_dir: str | os.PathLike):
         require_tensorboard()
-        from torch.utils.tensorboard import SummaryWriter
-
         self.dir = Path(run_dir) / SUBDIR
-        self.writer = SummaryWriter(log_dir=str(self.dir))
+        self.writer = None
 
     def __call__(self, row: dict) -> None:
+        if self.writer is None:
+            from torch.utils.tensorboard import SummaryWriter
+
+            self.writer = SummaryWriter(log_dir=str(self.dir))
         epoch = int(row["epoch"])
         for k in TRAIN_KEYS:
             if isinstance(row.get(k), (int, float)):
@@ -40,4 +44,5 @@ class TensorBoardLogger:
         self.writer.flush()
 
     def close(self) -> None:
-        self.writer.close()
+        if self.writer is not None:
+            self.writer.close()
