@@ -278,6 +278,9 @@ def test_tune_resumes_after_sigkill(tiny, tmp_path):
     assert len(rows) >= killed_epochs
     assert (study_dir / "best.toml").is_file()
     assert "trial" in out.stdout and "best: trial" in out.stdout
+    # finished trials keep best.pt, not last.pt: continuing one is refused, not restarted
+    with pytest.raises(RunError, match="no last.pt"):
+        vaecf.train(tiny, None, study_dir / "trials" / "0000", resume=True)
 
 
 # -- compare --------------------------------------------------------------------------------------

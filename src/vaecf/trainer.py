@@ -453,6 +453,12 @@ class Trainer(_Run):
         cfg = self.cfg
         if (self.out / rundir.LAST).is_file():
             self._load_last()
+        elif (self.out / rundir.BEST).is_file():  # not from the start: that would overwrite it
+            raise RunError(
+                f"{self.out} has a {rundir.BEST} but no {rundir.LAST} to continue from (vaecf "
+                "tune keeps only best.pt of finished and pruned trials); train a new run with "
+                f"its settings: vaecf train --config {self.out / rundir.CONFIG_TOML} --out NEW"
+            )
         self._write_config()
         if self.epoch >= cfg.epochs and (self.out / rundir.RESULTS).is_file():
             return self._result()

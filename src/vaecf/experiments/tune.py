@@ -290,10 +290,20 @@ def tune(
             "fixed": dict(fixed or {}),
         }
         study, storage, saved = _open_study(study_dir, resume, info, seed)
-        if resume:  # the study's own base settings and fixed parameters
-            base = configfile.RunSettings(
-                train=saved["base"]["train"], model_config=saved["base"]["model"]
-            )
+        if resume:  # the study's own base settings (a resume may move it to another device)
+            given = {k: v for k, v in base.train.items() if k != "device"}
+            saved_train = {k: v for k, v in saved["base"]["train"].items() if k != "device"}
+            if (given and given != saved_train) or (
+                base.model_config and base.model_config != saved["base"]["model"]
+            ):
+                raise RunError(
+                    f"{study_dir} keeps the --config settings it was started with; drop --config"
+                )
+            device = base.train.get("device", saved["base"]["train"].get("device"))
+            train_base = {**saved["base"]["train"]}
+            if device is not None:
+                train_base["device"] = device
+            base = configfile.RunSettings(train=train_base, model_config=saved["base"]["model"])
             if fixed and fixed != saved.get("fixed", {}):
                 raise RunError(f"{study_dir} was started with other --fix values; drop --fix")
         fixed = saved.get("fixed", {})
@@ -329,10 +339,12 @@ class _Objective:
         retry = trial.user_attrs.get("retry_of")
         if retry is not None:
             old = trial_dir(self.study_dir, retry)
-            if rundir.is_run(old):
+            if rundir.is_run(old) and (
+                (old / rundir.LAST).is_file() or (old / rundir.RESULTS).is_file()
+            ):
                 os.replace(old, run)
                 resume = True
-            elif old.exists():
+            elif old.exists():  # killed before its first checkpoint: start it again
                 shutil.rmtree(old)
         if run.exists() and not resume:
             shutil.rmtree(run)  # a leftover of an earlier, lost study of the same number
@@ -486,17 +498,19 @@ def _write_csv(path: Path, rows: list[dict]) -> None:
 
 def score_test(run: Path, ds) -> dict:
     """The test metrics of a run's selected model, written into its results.json."""
+    from vaecf import precision as prec
     from vaecf.data.matrix import CSR
     from vaecf.evaluate import evaluate_model
 
     results = rundir.load_results(run)
     if results.get("test") is not None:
         return results["test"]
-    model, cfg = rundir.load_model(run)
+    device = prec.resolve_device(rundir.load_config(run)["train"].get("device", "auto"))
+    model, cfg = rundir.load_model(run, device)
     test = evaluate_model(
         model,
-        CSR.from_scipy(ds.split("test_tr")),
-        CSR.from_scipy(ds.split("test_te")),
+        CSR.from_scipy(ds.split("test_tr"), device),
+        CSR.from_scipy(ds.split("test_te"), device),
         precision=cfg["train"]["precision"],
     )
     write_json(run / rundir.RESULTS, {**results, "test": test})
