@@ -192,6 +192,62 @@ def test_tune_refusals(tiny, tmp_path):
         tune.tune(tiny, tmp_path / "s", "multvae", trials=1, resume=True)
 
 
+def test_tune_ctrl_c_and_timeout_resume(tiny, tmp_path, monkeypatch):
+    """A trial stopped by Ctrl-C or by --timeout is failed, flagged, and continued by --resume
+    with its parameters (and, for --timeout, from its run directory's checkpoint)."""
+    from vaecf.experiments import tune
+
+    quiet = {"log": lambda s: None, "plots": False}
+
+    def interrupting(trial, n):
+        drawn = l2_space(trial, n)
+        if trial.number == 1:
+            raise KeyboardInterrupt
+        return drawn
+
+    with pytest.raises(KeyboardInterrupt):
+        tune.tune(tiny, tmp_path / "s", "ease", trials=3, seed=1, space=interrupting, **quiet)
+    tune.tune(tiny, tmp_path / "s", "ease", trials=3, seed=1, space=l2_space, resume=True, **quiet)
+    t = _study(tmp_path / "s").trials
+    assert t[1].state.name == "FAIL" and t[1].user_attrs["interrupted"] == "ctrl-c"
+    assert t[2].user_attrs["retry_of"] == 1 and t[2].params == t[1].params
+    assert [x.state.name for x in t] == ["COMPLETE", "FAIL", "COMPLETE", "COMPLETE"]
+
+    fixed = {"epochs": 3, "hidden_dim": 0, "latent_dim": 20, "batch_size": 100}
+    clock = {"now": 0.0}  # the timeout passes once the first trial has started
+    monkeypatch.setattr(tune.time, "monotonic", lambda: clock["now"])
+
+    def space(trial, n):
+        if isinstance(getattr(trial, "number", None), int):  # a trial, not the names' probe
+            clock["now"] = 1e9
+        return models.get("multvae").search_space(trial, n)
+
+    tune.tune(
+        tiny,
+        tmp_path / "m",
+        "multvae",
+        trials=1,
+        seed=0,
+        timeout=60,
+        fixed=fixed,
+        space=space,
+        **quiet,
+    )
+    t = _study(tmp_path / "m").trials
+    assert t[0].state.name == "FAIL" and t[0].user_attrs["interrupted"] == "timeout"
+    assert len(rundir.read_metrics(tmp_path / "m" / "trials" / "0000")) == 1
+    monkeypatch.undo()
+    res = tune.tune(tiny, tmp_path / "m", "multvae", trials=1, resume=True, **quiet)
+    t = _study(tmp_path / "m").trials
+    assert t[1].state.name == "COMPLETE" and t[1].user_attrs["retry_of"] == 0
+    assert [r["epoch"] for r in rundir.read_metrics(tmp_path / "m" / "trials" / "0001")] == [
+        1,
+        2,
+        3,
+    ]
+    assert res.best_trial == 1 and res.test is not None
+
+
 @pytest.mark.parametrize("name", ["multvae", "multdae", "recvae", "ease"])
 def test_search_spaces_give_valid_settings(tiny, name):
     from vaecf.trainer import resolve_config
