@@ -19,6 +19,7 @@ from __future__ import annotations
 import csv
 import math
 import os
+import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -58,6 +59,11 @@ def parse_models(spec: str | Sequence[str]) -> list[Entry]:
         else:
             models.get(item)
             entries.append(Entry(item, item))
+    bad = [e.label for e in entries if not re.fullmatch(r"[A-Za-z0-9_.+-]+", e.label)]
+    if bad:
+        raise ConfigError(
+            f"label {bad[0]!r}: labels name directories; use letters, digits and _ . + -"
+        )
     labels = [e.label for e in entries]
     dup = sorted({lab for lab in labels if labels.count(lab) > 1})
     if dup:

@@ -310,7 +310,9 @@ def tune(
         check_fixed(space, fixed, ds.manifest["counts"]["n_train_users"])
         _recover(study, storage, log)
         deadline = time.monotonic() + timeout if timeout else None
-        objective = _Objective(study_dir, ds, model, space, base, saved["seed"], deadline, fixed)
+        objective = _Objective(
+            study_dir, ds, model, space, base, saved["seed"], deadline, fixed, log
+        )
         while _counts(study.get_trials(deepcopy=False)) < trials:
             if deadline is not None and time.monotonic() >= deadline:
                 log(f"--timeout {timeout:g} s reached")
@@ -320,8 +322,8 @@ def tune(
 
 
 class _Objective:
-    def __init__(self, study_dir, ds, model, space, base, seed, deadline, fixed):
-        self.study_dir, self.ds, self.model, self.space = study_dir, ds, model, space
+    def __init__(self, study_dir, ds, model, space, base, seed, deadline, fixed, log=print):
+        self.study_dir, self.ds, self.model, self.space, self.log = study_dir, ds, model, space, log
         self.base, self.seed, self.deadline, self.fixed = base, seed, deadline, fixed
 
     def __call__(self, trial) -> float:
@@ -348,6 +350,9 @@ class _Objective:
                 shutil.rmtree(old)
         if run.exists() and not resume:
             shutil.rmtree(run)  # a leftover of an earlier, lost study of the same number
+        shown = ", ".join(f"{k}={_fmt(v)}" for k, v in sorted(trial.params.items()))
+        how = f" (continues trial {retry})" if resume else ""
+        self.log(f"trial {trial.number:4d}  started{how}: {shown or 'no parameters'}")
         cfg = TrainConfig(**{**train_d, "progress": False})
         mcfg = models.config_from_dict(self.model, model_d)
         state = {"best": -math.inf}
