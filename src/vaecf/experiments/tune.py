@@ -470,13 +470,15 @@ def format_table(rows: list[dict]) -> str:
     if not rows:
         return "(no trials)"
     params = sorted({k for r in rows for k in r if k.startswith("param:")})
-    head = ["trial", "state", f"val {METRIC}", "best epoch", "seconds", *(p[6:] for p in params)]
+    head = ["trial", "state", f"val {METRIC}", "best epoch", "epochs run", "seconds"]
+    head += [p[6:] for p in params]
     body = [
         [
             str(r["trial"]),
             r["state"],
             _fmt(r["value"] if r["value"] is not None else r["best_so_far"]),
-            _fmt(r["best_epoch"] if r["best_epoch"] is not None else r["epochs_run"]),
+            _fmt(r["best_epoch"]),
+            _fmt(r["epochs_run"]),
             _fmt(r["seconds"]),
             *(_fmt(r.get(p)) for p in params),
         ]
@@ -485,7 +487,10 @@ def format_table(rows: list[dict]) -> str:
     widths = [max(len(h), *(len(b[i]) for b in body)) for i, h in enumerate(head)]
     lines = ["  ".join(h.rjust(w) for h, w in zip(head, widths))]
     lines += ["  ".join(c.rjust(w) for c, w in zip(b, widths)) for b in body]
-    note = "pruned/stopped trials show their best value so far and the epochs they ran"
+    note = (
+        "pruned and stopped trials: the best value they reached; epochs run: the last "
+        "validated epoch; seconds: this trial's own time (a continued trial's, since it resumed)"
+    )
     return "\n".join(lines) + f"\n({note})"
 
 
