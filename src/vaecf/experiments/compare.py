@@ -104,12 +104,20 @@ def train_all(
 ) -> list[Record]:
     """Prepare `csv_path` once per seed (prepare_csv keyword arguments in `prepare`, settings
     as PrepareSettings fields) and train every entry on every split: finished runs are reused,
-    unfinished ones resumed."""
+    unfinished ones resumed. A lock keeps a second compare off `out`."""
+    from vaecf.experiments.tune import locked
+
+    out, prepare = Path(out), dict(prepare)
+    out.mkdir(parents=True, exist_ok=True)
+    with locked(out, "compare"):
+        return _train_all(csv_path, out, entries, seeds, prepare, epochs, device, log)
+
+
+def _train_all(csv_path, out, entries, seeds, prepare, epochs, device, log) -> list[Record]:
     from vaecf.config import TrainConfig
     from vaecf.data.prepare import PrepareSettings, prepare_csv
     from vaecf.trainer import train
 
-    out, prepare = Path(out), dict(prepare)
     columns = {k: prepare.pop(k, None) for k in ("user_col", "item_col", "rating_col", "sep")}
     records = []
     for seed in seeds:

@@ -162,7 +162,8 @@ def _merge(base, drawn: dict, seed: int) -> tuple[dict, dict]:
 
 
 @contextlib.contextmanager
-def _locked(study_dir: Path):
+def locked(study_dir: Path, verb: str = "tune"):
+    """Hold `study_dir`/.lock (flock: released by the kernel even on SIGKILL) or refuse."""
     import fcntl
 
     f = open(study_dir / LOCK, "w")  # noqa: SIM115 (held for the whole study)
@@ -171,7 +172,7 @@ def _locked(study_dir: Path):
     except OSError:
         f.close()
         raise RunError(
-            f"another vaecf tune is running on {study_dir}; wait for it or stop it first"
+            f"another vaecf {verb} is running on {study_dir}; wait for it or stop it first"
         ) from None
     try:
         yield
@@ -280,7 +281,7 @@ def tune(
         if any(p.name != LOCK for p in study_dir.iterdir()):
             raise RunError(f"{study_dir} holds no study ({STUDY_DB}) to resume")
     study_dir.mkdir(parents=True, exist_ok=True)
-    with _locked(study_dir):
+    with locked(study_dir):
         info = {
             "model": model,
             "data": str(ds.path.resolve()),
