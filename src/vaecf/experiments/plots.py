@@ -156,6 +156,10 @@ def plot_study(study, out_dir: Path, metric: str, log: Callable[[str], None] = p
             best = max(best, t.value)
             xs.append(t.number)
             ys.append(best)
+        last = max(t.number for t in trials)
+        if last > xs[-1]:  # carry the best on to the last trial
+            xs.append(last)
+            ys.append(ys[-1])
         ax.step(xs, ys, where="post", color="tab:red", label="best so far")
     if pruned:
         ax.plot(
@@ -165,14 +169,36 @@ def plot_study(study, out_dir: Path, metric: str, log: Callable[[str], None] = p
             color="grey",
             label="pruned trial (best before pruning)",
         )
-    if not complete and not pruned:
+    stopped = [
+        t
+        for t in trials
+        if t.state == TrialState.FAIL and "interrupted" in t.user_attrs and t.intermediate_values
+    ]
+    if stopped:
+        ax.plot(
+            [t.number for t in stopped],
+            [max(t.intermediate_values.values()) for t in stopped],
+            "o",
+            mfc="none",
+            color="grey",
+            label="stopped trial (best so far; continued by --resume)",
+        )
+    if not complete and not pruned and not stopped:
         ax.text(0.5, 0.5, "no finished trial yet", ha="center", va="center", transform=ax.transAxes)
+    from matplotlib.ticker import MaxNLocator
+
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_xlabel("trial number")
     ax.set_ylabel(f"validation {metric}")
-    ax.set_title(f"optimization history ({len(complete)} complete, {len(pruned)} pruned)")
+    ax.set_title(
+        f"optimization history ({len(complete)} complete, {len(pruned)} pruned, "
+        f"{len(stopped)} stopped)"
+    )
     ax.grid(alpha=0.3)
-    if complete or pruned:
-        ax.legend(loc="lower right")
+    if complete or pruned or stopped:
+        ax.legend(
+            loc="upper center", bbox_to_anchor=(0.5, -0.13), ncols=2, fontsize=9, frameon=False
+        )
     path = Path(out_dir) / "history.png"
     fig.savefig(path, dpi=110)
     plt.close(fig)
