@@ -1,52 +1,82 @@
-"""Accuracy on real data: MovieLens ml-latest-small with the paper's protocol, 5 seeds.
+"""Accuracy on real data: every model on MovieLens ml-latest-small with the paper's protocol.
 
-Protocol (issue 2): ratings >= 4 are positives, users with >= 5 positives, 50 validation + 50
-test held-out users, seeds 98765, 1, 2, 3, 4 (each seeds both the split and the training).
-Reference: the paper's own TensorFlow code reaches test NDCG@100 0.270 (mean of the same 5
+Protocol: ratings >= 4 are positives, users with >= 5 positives, 50 validation + 50 test
+held-out users, split seeds 98765, 1, 2, 3, 4 (each seeds both the split and the training).
+Reference: the paper's own TensorFlow Mult-VAE reaches test NDCG@100 0.270 (mean of the same 5
 seeds, sd 0.015); popularity ranking 0.177.
 
-    python benchmarks/accuracy.py [--model multvae|multdae] [--precision fp32|bf16] [--epochs N]
+    python benchmarks/accuracy.py                       # the default contenders below
+    python benchmarks/accuracy.py --contender vae100 multvae batch_size=100 \\
+                                  --contender ease ease l2=300 --seeds 98765,1
+
+A contender is LABEL MODEL [SETTING=VALUE ...]; a setting is a TrainConfig field or one of the
+model's config fields (values as JSON: 100, 0.5, [600], "paper").
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import statistics
 import sys
 import tempfile
 import time
+from dataclasses import fields
 from pathlib import Path
 
 import vaecf
-from vaecf.data.matrix import CSR
+from vaecf import models, rundir
 
 DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "ml-latest-small"
 SEEDS = (98765, 1, 2, 3, 4)
 KEYS = ("recall@20", "recall@50", "ndcg@100")
+DEFAULT_CONTENDERS = [
+    ["popular", "popular"],
+    ["ease", "ease"],
+    ["multvae-paper", "multvae", "preset=paper"],
+    ["multvae", "multvae"],
+    ["recvae-paper", "recvae", "preset=paper"],
+    ["recvae", "recvae"],
+]
+
+
+def parse_contender(spec: list[str]) -> tuple[str, str, dict, dict]:
+    label, name, *pairs = spec
+    train_names = {f.name for f in fields(vaecf.TrainConfig)}
+    train, model = {}, {}
+    for pair in pairs:
+        key, _, text = pair.partition("=")
+        try:
+            value = json.loads(text)
+        except json.JSONDecodeError:
+            value = text
+        (train if key in train_names else model)[key] = value
+    models.config_from_dict(name, model)  # fails early on a misspelt setting
+    return label, name, train, model
+
+
+def mean_sd(values: list[float]) -> str:
+    sd = statistics.stdev(values) if len(values) > 1 else 0.0
+    return f"{statistics.mean(values):.4f} ± {sd:.4f}"
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--data", type=Path, default=DATA, help="ml-latest-small directory")
-    ap.add_argument("--model", default="multvae", choices=["multvae", "multdae"])
-    ap.add_argument("--precision", default="fp32")
-    ap.add_argument("--epochs", type=int, default=200)
     ap.add_argument("--seeds", default=",".join(map(str, SEEDS)))
-    ap.add_argument(
-        "--train-seed-offset",
-        type=int,
-        default=0,
-        help="train with seed + this (default 0: the split seed seeds training too)",
-    )
+    ap.add_argument("--contender", nargs="+", action="append", metavar="LABEL MODEL [K=V]")
+    ap.add_argument("--precision", default="auto", help="training precision (default auto)")
+    ap.add_argument("--json", type=Path, help="also write every run's metrics here")
     a = ap.parse_args()
     ratings = a.data / "ratings.csv"
     if not ratings.is_file():
         print(f"skipped: {ratings} not found")
         return 0
-    rows = []
+    contenders = [parse_contender(c) for c in (a.contender or DEFAULT_CONTENDERS)]
+    seeds = [int(s) for s in a.seeds.split(",")]
+    results: dict[str, list[dict]] = {c[0]: [] for c in contenders}
     with tempfile.TemporaryDirectory() as tmp:
-        for seed in map(int, a.seeds.split(",")):
-            t0 = time.perf_counter()
+        for seed in seeds:
             ds = vaecf.prepare_csv(
                 ratings,
                 Path(tmp) / f"prep-{seed}",
@@ -57,47 +87,50 @@ def main() -> int:
                     min_rating=4, min_user_items=5, heldout_users=50, seed=seed
                 ),
             )
-            res = vaecf.train(
-                ds,
-                vaecf.TrainConfig(
-                    epochs=a.epochs,
-                    seed=seed + a.train_seed_offset,
-                    precision=a.precision,
-                    progress=False,
-                ),
-                out=Path(tmp) / f"run-{seed}",
-                model_config=vaecf.ModelConfig(model=a.model),
-            )
-            test = [CSR.from_scipy(ds.split(f"test_{p}")) for p in ("tr", "te")]
-            pop = vaecf.evaluate_scores(
-                vaecf.popularity_scores(CSR.from_scipy(ds.split("train"))), *test
-            )
-            rows.append((seed, res.test_metrics, pop, res.best_epoch, time.perf_counter() - t0))
-            m = res.test_metrics
-            print(
-                f"seed {seed:6d}  "
-                + "  ".join(f"{k} {m[k]:.4f}" for k in KEYS)
-                + f"  popularity ndcg@100 {pop['ndcg@100']:.4f}  best epoch {res.best_epoch}"
-                f"  {rows[-1][-1]:.0f} s",
-                file=sys.stderr,
-            )
-    print(f"\nml-latest-small, {a.model}, {a.precision}, {a.epochs} epochs, test users (n=50)")
-    print(
-        f"{'seed':>8s}" + "".join(f"{k:>11s}" for k in KEYS) + f"{'pop ndcg':>11s}{'best ep':>9s}"
-    )
-    for seed, m, pop, best, _ in rows:
+            for label, name, train, model in contenders:
+                t0 = time.perf_counter()
+                cfg = vaecf.TrainConfig(
+                    **{"seed": seed, "precision": a.precision, "progress": False, **train}
+                )
+                res = vaecf.train(
+                    ds,
+                    cfg,
+                    Path(tmp) / f"{label}-{seed}",
+                    models.config_from_dict(name, model),
+                    model=name,
+                )
+                seconds = time.perf_counter() - t0
+                saved = rundir.load_config(res.run_dir)["train"]
+                results[label].append(
+                    {
+                        "seed": seed,
+                        "test": res.test_metrics,
+                        "best_epoch": res.best_epoch,
+                        "seconds": seconds,
+                        "train": saved,
+                    }
+                )
+                print(
+                    f"seed {seed:6d} {label:>14s}  "
+                    + "  ".join(f"{k} {res.test_metrics[k]:.4f}" for k in KEYS)
+                    + f"  best epoch {res.best_epoch}  {seconds:.1f} s",
+                    file=sys.stderr,
+                    flush=True,
+                )
+    print(f"\nml-latest-small, test users (50 per seed), seeds {a.seeds}, precision {a.precision}")
+    print(f"{'contender':>14s}" + "".join(f"{k:>18s}" for k in KEYS) + f"{'seconds':>9s}")
+    for label, rows in results.items():
         print(
-            f"{seed:8d}" + "".join(f"{m[k]:11.4f}" for k in KEYS) + f"{pop['ndcg@100']:11.4f}"
-            f"{best:9d}"
+            f"{label:>14s}"
+            + "".join(f"{mean_sd([r['test'][k] for r in rows]):>18s}" for k in KEYS)
+            + f"{statistics.mean(r['seconds'] for r in rows):9.1f}"
         )
-    means = {k: statistics.mean(r[1][k] for r in rows) for k in KEYS}
-    sd = statistics.stdev(r[1]["ndcg@100"] for r in rows) if len(rows) > 1 else 0.0
-    pop_mean = statistics.mean(r[2]["ndcg@100"] for r in rows)
-    print(f"{'mean':>8s}" + "".join(f"{means[k]:11.4f}" for k in KEYS) + f"{pop_mean:11.4f}")
-    print(
-        f"ndcg@100 sd {sd:.4f}; paper's TF code on this protocol: 0.270 (sd 0.015), "
-        "popularity 0.177"
-    )
+    print("\nper-seed test NDCG@100")
+    print(f"{'contender':>14s}" + "".join(f"{s:>9d}" for s in seeds))
+    for label, rows in results.items():
+        print(f"{label:>14s}" + "".join(f"{r['test']['ndcg@100']:9.4f}" for r in rows))
+    if a.json:
+        a.json.write_text(json.dumps(results, indent=2, default=str))
     return 0
 
 

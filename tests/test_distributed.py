@@ -106,3 +106,13 @@ def test_nccl_two_gpus(ds, tmp_path):
     cmd = _train_cmd(ds, tmp_path / "gpu", 2)
     cmd[cmd.index("--device") + 1] = "cuda"
     _run(cmd)
+
+
+def test_torchrun_recvae_two_optimizers(ds, tmp_path):
+    """RecVAE's phases leave one parameter group unused per step: DDP must cope."""
+    small = ("--model", "recvae", "--hidden-dim", "16", "--latent-dim", "8", "--n-layers", "2")
+    p = _run(_train_cmd(ds, tmp_path / "rv", 2, *small))
+    res = json.loads(p.stdout)
+    assert 0 < res["test"]["ndcg@100"] <= 1
+    ck = torch.load(tmp_path / "rv/last.pt", weights_only=True)
+    assert set(ck["optimizer"]) == {"encoder", "decoder"}

@@ -231,11 +231,13 @@ def test_tune_ctrl_c_and_timeout_resume(tiny, tmp_path, monkeypatch):
         timeout=60,
         fixed=fixed,
         space=space,
+        base=configfile.RunSettings(train={"checkpoint_every": 0}),
         **quiet,
     )
     t = _study(tmp_path / "m").trials
     assert t[0].state.name == "FAIL" and t[0].user_attrs["interrupted"] == "timeout"
-    assert len(rundir.read_metrics(tmp_path / "m" / "trials" / "0000")) == 1
+    stopped = rundir.read_metrics(tmp_path / "m" / "trials" / "0000")
+    assert len(stopped) == 1
     monkeypatch.undo()
     res = tune.tune(tiny, tmp_path / "m", "multvae", trials=1, resume=True, **quiet)
     t = _study(tmp_path / "m").trials
@@ -245,6 +247,7 @@ def test_tune_ctrl_c_and_timeout_resume(tiny, tmp_path, monkeypatch):
         2,
         3,
     ]
+    assert rundir.read_metrics(tmp_path / "m" / "trials" / "0001")[0] == stopped[0]  # continued
     assert res.best_trial == 1 and res.test is not None
 
 
@@ -268,11 +271,15 @@ def test_tune_resumes_after_sigkill(tiny, tmp_path):
     """SIGKILL a real `vaecf tune` in its third trial; --resume keeps the finished trials once,
     marks the killed one failed, continues its run directory and completes the study."""
     study_dir = tmp_path / "study"
+    base = tmp_path / "base.toml"
+    base.write_text("[train]\ncheckpoint_every = 0\n")  # last.pt after every epoch
     args = [
         sys.executable,
         "-m",
         "vaecf",
         "tune",
+        "--config",
+        str(base),
         "--data",
         str(tiny.path),
         "--out",
@@ -296,7 +303,7 @@ def test_tune_resumes_after_sigkill(tiny, tmp_path):
     ]
     env = {**os.environ, "PYTHONPATH": SRC, "OMP_NUM_THREADS": "1"}
     proc = subprocess.Popen(args, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    third = study_dir / "trials" / "0002" / "metrics.jsonl"
+    third = study_dir / "trials" / "0002" / "last.pt"  # the third trial is under way
     deadline = time.monotonic() + 120
     while not third.is_file() and proc.poll() is None and time.monotonic() < deadline:
         time.sleep(0.02)
@@ -309,7 +316,8 @@ def test_tune_resumes_after_sigkill(tiny, tmp_path):
     done = {n: t for n, t in before.items() if t.state.name == "COMPLETE"}
     running = [n for n, t in before.items() if t.state.name == "RUNNING"]
     assert {0, 1} <= set(done) and running == [2]
-    killed_epochs = len(rundir.read_metrics(study_dir / "trials" / "0002"))
+    killed_rows = rundir.read_metrics(study_dir / "trials" / "0002")
+    killed_epochs = len(killed_rows)
     assert killed_epochs >= 1
 
     out = subprocess.run(
@@ -332,6 +340,7 @@ def test_tune_resumes_after_sigkill(tiny, tmp_path):
     rows = rundir.read_metrics(study_dir / "trials" / f"{retry[0].number:04d}")
     assert [r["epoch"] for r in rows] == list(range(1, len(rows) + 1))
     assert len(rows) >= killed_epochs
+    assert rows[0] == killed_rows[0]  # continued, not trained again (its timings would differ)
     assert (study_dir / "best.toml").is_file()
     assert "trial" in out.stdout and "best: trial" in out.stdout
     # finished trials keep best.pt, not last.pt: continuing one is refused, not restarted

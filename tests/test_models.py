@@ -244,3 +244,13 @@ def test_resume_refuses_conflicting_settings(ds, tmp_path):
         vaecf.train(ds, cfg_for("multvae", epochs=2), tmp_path / "r", resume=True, model="ease")
     res = vaecf.train(ds, cfg_for("multvae", epochs=2), tmp_path / "r", resume=True)
     assert len(res.history) == 2
+
+
+@pytest.mark.parametrize("precision", ["bf16", "fp16"])
+def test_recvae_trains_in_half_precision(ds, tmp_path, precision):
+    res = vaecf.train(
+        ds, cfg_for("recvae", epochs=2, precision=precision), tmp_path / "r", model_cfg("recvae")
+    )
+    rows = [json.loads(x) for x in (tmp_path / "r/metrics.jsonl").read_text().splitlines()]
+    assert all(math.isfinite(r["loss"]) for r in rows)
+    assert 0 < res.test_metrics["ndcg@100"] <= 1

@@ -1,4 +1,4 @@
-"""vaecf: fast, sparse Mult-VAE and Mult-DAE for collaborative filtering, in PyTorch.
+"""vaecf: fast, sparse Mult-VAE, Mult-DAE, RecVAE and EASE for collaborative filtering, in PyTorch.
 
     import vaecf
     ds = vaecf.prepare("ml-20m")                    # download, verify, prepare (cached)
@@ -33,6 +33,13 @@ _EXPORTS = {
     "popularity_scores": "vaecf.evaluate",
     "MultDAE": "vaecf.models.multvae",
     "MultVAE": "vaecf.models.multvae",
+    "RecVAE": "vaecf.models",
+    "RecVAEConfig": "vaecf.models",
+    "EASE": "vaecf.models",
+    "EASEConfig": "vaecf.models",
+    "Popular": "vaecf.models",
+    "Model": "vaecf.models",
+    "MODELS": "vaecf.models",
     "Recommendation": "vaecf.recommender",
     "Recommender": "vaecf.recommender",
     "RunResult": "vaecf.trainer",

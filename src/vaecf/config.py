@@ -53,6 +53,11 @@ class TrainConfig:
         "background thread (for data that does not fit)",
     )
     eval_every: int = setting(1, "validate every N epochs (and after the last)")
+    checkpoint_every: float = setting(
+        60.0,
+        "seconds of training between writes of last.pt (written in the background; also after "
+        "the last epoch and on SIGINT/SIGTERM); 0: after every epoch",
+    )
     eval_batch_size: int = setting(2000, "users per evaluation batch")
     select_metric: str = setting(
         "ndcg@100", "validation metric that picks the best model (recall@K or ndcg@K)"
@@ -67,6 +72,8 @@ class TrainConfig:
             v = getattr(self, name)
             if v is not None and v < 1:
                 raise ConfigError(f"--{name.replace('_', '-')} must be at least 1")
+        if not self.checkpoint_every >= 0:
+            raise ConfigError("--checkpoint-every must be >= 0 seconds")
         if self.lr is not None and self.lr <= 0:
             raise ConfigError("--lr must be positive")
         if self.anneal_cap is not None and not self.anneal_cap >= 0:
@@ -81,7 +88,7 @@ class TrainConfig:
 
 
 # Training settings that only gradient models read, and those only the annealed VAE reads.
-GRADIENT_SETTINGS = ("epochs", "batch_size", "lr", "data_on", "eval_every")
+GRADIENT_SETTINGS = ("epochs", "batch_size", "lr", "data_on", "eval_every", "checkpoint_every")
 ANNEAL_SETTINGS = ("total_anneal_steps", "anneal_cap")
 
 

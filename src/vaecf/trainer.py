@@ -10,6 +10,8 @@ from __future__ import annotations
 import json
 import math
 import os
+import signal
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -21,6 +23,7 @@ from tqdm.auto import tqdm
 from vaecf import checkpoint, distributed, models, rundir
 from vaecf import precision as prec
 from vaecf._io import atomic_file, write_json
+from vaecf.background import CheckpointWriter, snapshot
 from vaecf.config import ANNEAL_SETTINGS, GRADIENT_SETTINGS, TrainConfig, from_dict
 from vaecf.data.matrix import CSR, prefetch_batches
 from vaecf.data.prepare import PreparedDataset
@@ -30,7 +33,14 @@ from vaecf.models import Model, Phase
 from vaecf.runtime import tune_cpu_allocator
 
 # Settings a resumed run may change; every other one must match the run's own.
-RESUME_MAY_CHANGE = ("epochs", "progress", "device", "data_on", "eval_batch_size")
+RESUME_MAY_CHANGE = (
+    "epochs",
+    "progress",
+    "device",
+    "data_on",
+    "eval_batch_size",
+    "checkpoint_every",
+)
 
 
 class TrainingDiverged(RuntimeError):
@@ -75,6 +85,11 @@ def _set_rng_state(state: dict, gen: torch.Generator) -> None:
 
 
 load_run_config = rundir.load_config  # vaecf 0.1 name
+
+
+def _leftover(path: Path) -> bool:
+    """A temp file of an interrupted atomic write (vaecf._io.atomic_file's `.NAME.*.tmp`)."""
+    return path.is_file() and path.name.startswith(".") and path.name.endswith(".tmp")
 
 
 def model_name_of(model_config) -> str:
@@ -174,9 +189,12 @@ def train(
         raise RunError(
             f"{out} already holds a run; pass --resume to continue it or choose another --out"
         )
-    elif out.exists() and any(out.iterdir()):
+    elif out.exists() and any(not _leftover(p) for p in out.iterdir()):
         raise RunError(f"{out} exists and is not a run directory; choose another --out")
     else:
+        if out.exists():  # what a process killed before its first config.json left behind
+            for p in out.iterdir():
+                p.unlink()
         name = model or (model_name_of(model_config) if model_config is not None else "multvae")
         if model_config is None:
             model_config = models.config_from_dict(name)
@@ -275,7 +293,10 @@ class _Run:
             dist=self.ctx,
         )
 
-    def _finish(self) -> RunResult:
+    def _finish(self, timing: dict | None = None, t_start: float | None = None) -> RunResult:
+        """Score the test split with the selected model and write results.json (with the run's
+        time budget, `timing`, where given)."""
+        t0 = time.perf_counter()
         self.ctx.barrier()  # best.pt is written
         if self.ctx.is_main:
             ck = checkpoint.load(self.out / rundir.BEST, map_location=self.device)
@@ -297,6 +318,10 @@ class _Run:
             "epochs": self.epoch,
             "steps": self.step,
         }
+        if timing is not None:
+            timing["test_s"] = time.perf_counter() - t0
+            timing["total_s"] = time.perf_counter() - (t_start or t0)
+            results["timing"] = {k: round(v, 4) for k, v in timing.items()}
         if self.ctx.is_main:
             write_json(self.out / rundir.RESULTS, results)
         self.ctx.barrier()
@@ -354,27 +379,46 @@ class Trainer(_Run):
         }
         self.scaler = prec.grad_scaler(self.device, cfg.precision)
         self.step_module: torch.nn.Module = _LossModule(self.model)  # DDP-wrapped in fit()
+        self._best_state: dict | None = None  # a best model not yet written to best.pt
 
     # -- run directory ------------------------------------------------------------------------
     def _save_last(self) -> None:
+        """Queue last.pt (a snapshot of everything a resume needs) for the background writer,
+        after making the metrics lines it covers durable, and before it best.pt if the best
+        model changed since the last checkpoint. best.pt is written only here, so it always
+        holds the best model that last.pt records: a kill loses a newer best together with
+        the epochs that found it, and the resumed run finds it again."""
+        self._last_saved = time.perf_counter()
         if not self.ctx.is_main:
             return
-        checkpoint.save(
-            self.out / rundir.LAST,
-            {
-                "model": self.model.state_dict(),
-                "optimizer": {k: o.state_dict() for k, o in self.opts.items()},
-                "scaler": self.scaler.state_dict(),
-                "epoch": self.epoch,
-                "step": self.step,
-                "best": self.best,
-                "history": self.history,
-                "rng": _rng_state(self.gen),
-            },
-        )
-        with atomic_file(self.out / rundir.METRICS, "w") as f:
-            for row in self.history:
-                f.write(json.dumps(row) + "\n")
+        if self._best_state is not None:
+            self.writer.submit(self.out / rundir.BEST, self._best_state)
+            self._best_state = None
+        self._metrics_file.flush()
+        os.fsync(self._metrics_file.fileno())
+        state = {
+            "model": self.model.state_dict(),
+            "optimizer": {k: o.state_dict() for k, o in self.opts.items()},
+            "scaler": self.scaler.state_dict(),
+            "epoch": self.epoch,
+            "step": self.step,
+            "best": self.best,
+            "history": self.history,
+            "rng": _rng_state(self.gen),
+        }
+        self.writer.submit(self.out / rundir.LAST, snapshot(state))
+
+    def _open_metrics(self) -> None:
+        """metrics.jsonl holds exactly the epochs of the state trained from (after a kill it may
+        run ahead of last.pt: those lines are dropped), then is appended to."""
+        path = self.out / rundir.METRICS
+        if self.ctx.is_main:
+            if [r.get("epoch") for r in rundir.read_metrics(self.out)] != [
+                r["epoch"] for r in self.history
+            ]:
+                with atomic_file(path, "w") as f:
+                    f.writelines(json.dumps(row) + "\n" for row in self.history)
+            self._metrics_file = open(path, "a")  # noqa: SIM115 (closed in fit)
 
     def _load_last(self) -> None:
         ck = checkpoint.load(self.out / rundir.LAST, map_location=self.device)
@@ -451,6 +495,7 @@ class Trainer(_Run):
 
     def fit(self) -> RunResult:
         cfg = self.cfg
+        t_setup = time.perf_counter()
         if (self.out / rundir.LAST).is_file():
             self._load_last()
         elif (self.out / rundir.BEST).is_file():  # not from the start: that would overwrite it
@@ -462,6 +507,8 @@ class Trainer(_Run):
         self._write_config()
         if self.epoch >= cfg.epochs and (self.out / rundir.RESULTS).is_file():
             return self._result()
+        if self.epoch < cfg.epochs and self.ctx.is_main:  # extending a finished run: its
+            (self.out / rundir.RESULTS).unlink(missing_ok=True)  # results are no longer the run's
         if self.ctx.enabled:
             from torch.nn.parallel import DistributedDataParallel
 
@@ -471,6 +518,8 @@ class Trainer(_Run):
                 device_ids=ids,
                 find_unused_parameters=len(self.opts) > 1,  # phases leave groups unused
             )
+        self.writer = CheckpointWriter()
+        self._open_metrics()
         show = cfg.progress and self.ctx.is_main
         bar = tqdm(
             total=cfg.epochs,
@@ -480,43 +529,97 @@ class Trainer(_Run):
             disable=not show,
             dynamic_ncols=True,
         )
+        timing = {"setup_s": time.perf_counter() - t_setup, "train_s": 0.0, "validation_s": 0.0}
+        self._last_saved = time.perf_counter()
+        stop = _StopRequests(enabled=not self.ctx.enabled)
         try:
-            while self.epoch < cfg.epochs:
-                row = {"epoch": self.epoch + 1, "step": None, **self.train_epoch()}
-                self.epoch += 1
-                row["step"] = self.step
-                if not math.isfinite(row["loss"]):
-                    raise TrainingDiverged(
-                        f"the training loss became {row['loss']} at epoch {self.epoch}; "
-                        "train a new run with a lower --lr, or with --precision fp32 "
-                        f"(the last finite state is in {self.out / rundir.LAST})"
-                    )
-                if self.epoch % cfg.eval_every == 0 or self.epoch == cfg.epochs:
-                    val = self.validate()
-                    row["validation"] = val
-                    if val[cfg.select_metric] > self.best["value"]:
-                        self.best = {
-                            "epoch": self.epoch,
-                            "value": val[cfg.select_metric],
-                            "metrics": val,
-                        }
-                        if self.ctx.is_main:
-                            rundir.save_model(self.out, self.model, epoch=self.epoch, metrics=val)
-                    if show:
-                        tqdm.write(
-                            _epoch_line(row, cfg.select_metric, self.best["epoch"] == self.epoch)
+            with stop:
+                while self.epoch < cfg.epochs:
+                    t0 = time.perf_counter()
+                    row = {"epoch": self.epoch + 1, "step": None, **self.train_epoch()}
+                    timing["train_s"] += time.perf_counter() - t0
+                    self.epoch += 1
+                    row["step"] = self.step
+                    if not math.isfinite(row["loss"]):
+                        raise TrainingDiverged(
+                            f"the training loss became {row['loss']} at epoch {self.epoch}; "
+                            "train a new run with a lower --lr, or with --precision fp32"
                         )
-                self.history.append(row)
-                self._save_last()
-                if self.on_epoch is not None:
-                    self.on_epoch(row)
-                bar.update(1)
-                bar.set_postfix(
-                    loss=f"{row['loss']:.2f}", best=f"{self.best['value']:.4f}@{self.best['epoch']}"
-                )
+                    if self.epoch % cfg.eval_every == 0 or self.epoch == cfg.epochs:
+                        t0 = time.perf_counter()
+                        self._validate_epoch(row, show)
+                        timing["validation_s"] += time.perf_counter() - t0
+                    self.history.append(row)
+                    if self.ctx.is_main:
+                        self._metrics_file.write(json.dumps(row) + "\n")
+                        self._metrics_file.flush()  # readable as it goes; fsync'd with last.pt
+                    due = time.perf_counter() - self._last_saved >= cfg.checkpoint_every
+                    if due or self.epoch == cfg.epochs or stop.requested:
+                        self._save_last()
+                    if self.on_epoch is not None:
+                        self.on_epoch(row)
+                    bar.update(1)
+                    bar.set_postfix(
+                        loss=f"{row['loss']:.2f}",
+                        best=f"{self.best['value']:.4f}@{self.best['epoch']}",
+                    )
+                    if stop.requested:
+                        raise KeyboardInterrupt(
+                            f"stopped after epoch {self.epoch}; its checkpoint is saved: "
+                            "continue with --resume"
+                        )
+            self.writer.flush()  # best.pt and last.pt are on disk before the test
+            timing["checkpoint_wait_s"] = self.writer.wait_seconds
         finally:
             bar.close()
-        return self._finish()
+            if self.ctx.is_main:
+                self._metrics_file.close()
+            self.writer.close()
+        timing["checkpoint_bytes"] = self.writer.bytes_written
+        timing["checkpoint_writes"] = self.writer.writes
+        return self._finish(timing, t_setup)
+
+    def _validate_epoch(self, row: dict, show: bool) -> None:
+        cfg = self.cfg
+        val = self.validate()
+        row["validation"] = val
+        if val[cfg.select_metric] > self.best["value"]:
+            self.best = {"epoch": self.epoch, "value": val[cfg.select_metric], "metrics": val}
+            if self.ctx.is_main:  # written with the next last.pt (see _save_last)
+                state = {"model": self.model.state_dict(), "epoch": self.epoch, "metrics": val}
+                self._best_state = snapshot(state)
+        if show:
+            tqdm.write(_epoch_line(row, cfg.select_metric, self.best["epoch"] == self.epoch))
+
+
+class _StopRequests:
+    """SIGINT/SIGTERM during training: the first asks to stop after the current epoch (with a
+    checkpoint); a second SIGINT interrupts at once. Only in the main thread of a single
+    process (data-parallel ranks keep the default handlers)."""
+
+    def __init__(self, enabled: bool = True):
+        self.enabled = enabled and threading.current_thread() is threading.main_thread()
+        self.requested = False
+        self._old: dict = {}
+
+    def _handle(self, signum, frame) -> None:
+        if self.requested and signum == signal.SIGINT:
+            raise KeyboardInterrupt
+        self.requested = True
+        tqdm.write(
+            f"{signal.Signals(signum).name}: stopping after this epoch with a checkpoint "
+            "(Ctrl-C again to stop at once)"
+        )
+
+    def __enter__(self):
+        if self.enabled:
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                self._old[sig] = signal.signal(sig, self._handle)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for sig, old in self._old.items():
+            signal.signal(sig, old)
 
 
 class _LossModule(torch.nn.Module):

@@ -9,9 +9,9 @@ from __future__ import annotations
 import argparse
 import sys
 
-from vaecf.cli import bench, data, experiments, train
+from vaecf.cli import bench, data, experiments, serve, train
 
-VERB_MODULES = (data, train, bench, experiments)
+VERB_MODULES = (data, train, bench, serve, experiments)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -46,8 +46,8 @@ def main(argv: list[str] | None = None) -> int:
             raise
         print(f"vaecf {args.verb}: failed: {e}", file=sys.stderr)
         return 1
-    except KeyboardInterrupt:
-        print(f"vaecf {args.verb}: interrupted", file=sys.stderr)
+    except KeyboardInterrupt as e:
+        print(f"vaecf {args.verb}: interrupted{f'; {e}' if str(e) else ''}", file=sys.stderr)
         return 130
 
 

@@ -105,7 +105,12 @@ def register(sub) -> None:
     bt.add_argument("--users", type=int, default=136_677, help="training users (ML-20M: 136677)")
     bt.add_argument("--items", type=int, default=20_108, help="items (ML-20M: 20108)")
     bt.add_argument("--nnz", type=int, default=10_000_000, help="interactions (default 10M)")
-    bt.add_argument("--model", choices=["multvae", "multdae"], default="multvae")
+    bt.add_argument(
+        "--model",
+        choices=["multvae", "multdae", "recvae"],
+        default="multvae",
+        help="gradient model to time (default multvae)",
+    )
     bt.add_argument("--steps", type=int, default=30, help="timed steps (default 30)")
     bt.add_argument("--warmup", type=int, default=5, help="untimed steps first (default 5)")
     bt.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N")

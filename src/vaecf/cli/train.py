@@ -53,23 +53,17 @@ def cmd_train(a) -> int:
     mcfg = None
     model_given = {**file.model_config, **given(a, per_model[name])}
     if a.resume and (Path(a.out) / "config.json").is_file():
-        if given(a, all_model):
-            raise VaecfError(
-                "a resumed run keeps its model settings; drop "
-                + ", ".join(map(flag, given(a, all_model)))
-            )
-        if file.model_config:
-            from vaecf.rundir import load_config
+        from vaecf.rundir import load_config
 
-            saved = load_config(a.out)["model"]
-            same = models.config_to_dict(
-                models.config_from_dict(saved["name"], {**saved["config"], **file.model_config})
-            ) == models.config_to_dict(models.config_from_dict(saved["name"], saved["config"]))
-            if not same:
-                raise VaecfError(
-                    f"a resumed run keeps its model settings; the [model] table of {a.config} "
-                    f"differs from {a.out}'s own"
-                )
+        saved = load_config(a.out)["model"]["config"]
+        asked = {**file.model_config, **given(a, all_model)}  # the file's, then the flags
+        clash = {k: v for k, v in asked.items() if saved.get(k) != v}
+        if clash:
+            raise VaecfError(
+                "a resumed run keeps its model settings; "
+                + ", ".join(f"{flag(k)} {v!r} (run: {saved.get(k)!r})" for k, v in clash.items())
+                + " conflict; start a new --out to train with other settings"
+            )
     else:
         mcfg = models.config_from_dict(name, model_given)
     on_epoch = None

@@ -371,15 +371,29 @@ class _Objective:
             if self.deadline is not None and time.monotonic() >= self.deadline:
                 raise _Stopped(f"--timeout reached at epoch {row['epoch']}")
 
-        if resume:  # the epochs the interrupted trial ran, as if this one had
+        if resume:  # the epochs the interrupted trial checkpointed, as if this one had run them
+            upto = _checkpointed_epoch(run)
             for row in rundir.read_metrics(run):
-                report(row)
+                if row["epoch"] <= upto:
+                    report(row)
         res = train(
             self.ds, cfg, run, mcfg, resume=resume, model=self.model, on_epoch=report, test=False
         )
         trial.set_user_attr("best_epoch", res.best_epoch)
         trial.set_user_attr("validation", _plain(res.validation_metrics))
         return float(res.validation_metrics[METRIC])
+
+
+def _checkpointed_epoch(run: Path) -> float:
+    """The last epoch a run can continue from: all of them when it finished, else last.pt's
+    (metrics.jsonl may hold later epochs, which the trainer drops and trains again)."""
+    from vaecf import checkpoint
+
+    if (run / rundir.RESULTS).is_file():
+        return math.inf
+    if not (run / rundir.LAST).is_file():
+        return 0
+    return int(checkpoint.load(run / rundir.LAST, map_location="cpu")["epoch"])
 
 
 def _plain(metrics: dict) -> dict:

@@ -1,0 +1,127 @@
+"""Where a whole `vaecf train` spends its wall time, and how many bytes it writes.
+
+    python benchmarks/run_time.py [--before SRC_DIR] [--epochs 200]
+
+Runs `vaecf train` as a separate process on two datasets: ml-latest-small (the accuracy
+protocol, split seed 98765; skipped when ../shared is absent) and a synthetic dataset of
+citeulike-a's size (5,551 users, 16,980 items, ~205k interactions), with the paper's settings
+given explicitly (200 epochs, batch 500, lr 1e-3, 200,000 annealing steps, cap 0.2) so that every
+version of the code trains the same model. `--before SRC_DIR` runs another checkout's `src` (e.g.
+a worktree of an older commit) first, for a before/after table measured side by side.
+
+Columns: the process's wall time; the time in training steps (the sum of metrics.jsonl's
+`train_seconds`); wall / steps; the other phases from results.json's `timing` where the code
+records it (setup, validation, checkpoint waits, test; start-up = wall - total: imports, reading
+the data, exit); and the bytes the process wrote (`wchar` of /proc/self/io).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import polars as pl
+
+import vaecf
+from vaecf.bench import synthetic_csr
+
+ROOT = Path(__file__).resolve().parents[1]
+SHARED = ROOT.parent / "shared" / "data" / "ml-latest-small" / "ratings.csv"
+WRAPPER = """
+import atexit, sys
+def report():
+    io = dict(line.split(": ") for line in open("/proc/self/io").read().splitlines())
+    sys.stderr.write(f"\\n__wchar__ {io['wchar']}\\n")
+atexit.register(report)
+from vaecf.cli import main
+code = main(sys.argv[1:])
+sys.exit(code)
+"""
+
+
+def datasets(tmp: Path) -> dict[str, Path]:
+    out = {}
+    if SHARED.is_file():
+        out["ml-latest-small"] = vaecf.prepare_csv(
+            SHARED,
+            tmp / "ml",
+            "userId",
+            "movieId",
+            "rating",
+            settings=vaecf.PrepareSettings(min_rating=4, heldout_users=50, seed=98765),
+        ).path
+    m = synthetic_csr(5_551, 16_980, 204_986, seed=0).tocoo()
+    df = pl.DataFrame({"user_id": m.row.astype(np.int64), "item_id": m.col.astype(np.int64)})
+    out["citeulike-a size"] = vaecf.prepare_frame(
+        df, tmp / "cul", vaecf.PrepareSettings(heldout_users=500, seed=0)
+    ).path
+    return out
+
+
+def run(src: Path, data: Path, out: Path, epochs: int, precision: str) -> dict:
+    args = [
+        "train", "--data", str(data), "--out", str(out), "--epochs", str(epochs),
+        "--batch-size", "500", "--lr", "1e-3", "--total-anneal-steps", "200000",
+        "--anneal-cap", "0.2", "--seed", "98765", "--precision", precision, "--quiet",
+    ]  # fmt: skip
+    env = {**os.environ, "PYTHONPATH": str(src)}
+    t0 = time.perf_counter()
+    p = subprocess.run(
+        [sys.executable, "-c", WRAPPER, *args], env=env, capture_output=True, text=True
+    )
+    wall = time.perf_counter() - t0
+    if p.returncode != 0:
+        raise SystemExit(f"vaecf train failed:\n{p.stderr[-3000:]}")
+    wchar = int(p.stderr.rsplit("__wchar__", 1)[1].split()[0])
+    rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+    timing = json.loads((out / "results.json").read_text()).get("timing", {})
+    return {
+        "wall": wall,
+        "steps": sum(r["train_seconds"] for r in rows),
+        "timing": timing,
+        "bytes": wchar,
+    }
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--before", type=Path, help="another checkout's src directory")
+    ap.add_argument("--epochs", type=int, default=200)
+    ap.add_argument("--precision", default="auto")
+    a = ap.parse_args()
+    versions = ([("before", a.before)] if a.before else []) + [("after", ROOT / "src")]
+    rows = []
+    with tempfile.TemporaryDirectory(dir=ROOT) as tmp:
+        for name, data in datasets(Path(tmp)).items():
+            for label, src in versions:
+                r = run(src, data, Path(tmp) / f"run-{label}-{len(rows)}", a.epochs, a.precision)
+                rows.append((name, label, r))
+                print(f"{name} {label}: {r['wall']:.1f} s wall", file=sys.stderr, flush=True)
+    cpu = next(
+        (ln.split(":", 1)[1].strip() for ln in open("/proc/cpuinfo") if "model name" in ln), "?"
+    )
+    print(f"\nvaecf train, {a.epochs} epochs, precision {a.precision}, on {cpu}")
+    head = ("data", "code", "wall s", "steps s", "wall/steps", "setup", "valid.", "ckpt wait")
+    print(f"{head[0]:>17s} {head[1]:>7s}" + "".join(f"{h:>11s}" for h in head[2:]) + "   written")
+    for name, label, r in rows:
+
+        def fmt(key: str, t: dict = r["timing"]) -> str:
+            return f"{t[key]:11.2f}" if key in t else f"{'-':>11s}"
+
+        print(
+            f"{name:>17s} {label:>7s}{r['wall']:11.1f}{r['steps']:11.1f}"
+            f"{r['wall'] / r['steps']:11.2f}{fmt('setup_s')}{fmt('validation_s')}"
+            f"{fmt('checkpoint_wait_s')}{r['bytes'] / 2**20:9.0f} MiB"
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

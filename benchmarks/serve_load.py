@@ -1,0 +1,194 @@
+"""Load test of `vaecf serve`: requests/s and latency percentiles of POST /v1/recommend at several
+concurrencies, with and without micro-batching, and one run during which the model is reloaded.
+
+The server is a real `vaecf serve` subprocess on 127.0.0.1 serving an untrained Mult-VAE of
+ML-20M's size (20,108 items, the paper's [600] hidden layer and 200-d latent; scores of random
+weights cost what trained ones do). The client is a bounded asyncio loop (httpx): `concurrency`
+workers each send one request at a time (a history of 50 random items, k=100) until `duration`
+seconds or `max_requests` requests, whichever comes first. Client and server share the machine's
+cores, so on a small machine the client's own CPU use is part of what is measured.
+
+    python benchmarks/serve_load.py                      # 5 s per cell, concurrency 1 16 64
+    python benchmarks/serve_load.py --duration 10 --concurrency 1 8 --json
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import random
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import httpx
+
+from vaecf.serve.fixtures import fresh_run
+
+ML20M_ITEMS = 20_108
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Server:
+    """`vaecf serve RUN` as a subprocess, ready when /readyz answers 200."""
+
+    def __init__(self, run: Path, batch_wait_ms: float, max_batch_size: int = 256):
+        self.port = free_port()
+        self.base = f"http://127.0.0.1:{self.port}"
+        cmd = [sys.executable, "-m", "vaecf", "serve", str(run), "--port", str(self.port)]
+        cmd += ["--batch-wait-ms", str(batch_wait_ms), "--max-batch-size", str(max_batch_size)]
+        cmd += ["--log-level", "warning"]
+        self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL)
+
+    def __enter__(self) -> Server:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise SystemExit(f"vaecf serve exited with {self.proc.returncode}")
+            try:
+                if httpx.get(f"{self.base}/readyz", timeout=2).status_code == 200:
+                    return self
+            except httpx.TransportError:
+                pass
+            time.sleep(0.2)
+        raise SystemExit("vaecf serve did not become ready in 120 s")
+
+    def __exit__(self, *exc) -> None:
+        self.proc.terminate()
+        try:
+            self.proc.wait(30)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+
+
+async def load(
+    base: str,
+    concurrency: int,
+    duration: float,
+    max_requests: int,
+    n_items: int,
+    reload_run: Path | None = None,
+    seed: int = 0,
+) -> dict:
+    rng = random.Random(seed)
+    latencies: list[float] = []
+    errors = 0
+    models: set[str] = set()
+    sent = 0
+    t_end = time.perf_counter() + duration
+    limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
+    async with httpx.AsyncClient(base_url=base, timeout=60, limits=limits) as client:
+        for _ in range(3):  # warm-up: connections, first-call costs
+            await client.post("/v1/recommend", json={"items": [0, 1, 2], "k": 100})
+
+        async def worker() -> None:
+            nonlocal sent, errors
+            while time.perf_counter() < t_end and sent < max_requests:
+                sent += 1
+                body = {"items": rng.sample(range(n_items), 50), "k": 100}
+                t0 = time.perf_counter()
+                try:
+                    r = await client.post("/v1/recommend", json=body)
+                    ok = r.status_code == 200
+                    if ok:
+                        models.add(r.json()["model"]["id"])
+                except httpx.HTTPError:
+                    ok = False
+                if ok:
+                    latencies.append(time.perf_counter() - t0)
+                else:
+                    errors += 1
+
+        async def reloader() -> dict:
+            await asyncio.sleep(1.0)
+            t = time.perf_counter()
+            r = await client.post("/v1/admin/reload", json={"run": str(reload_run)})
+            return {"status": r.status_code, "seconds": round(time.perf_counter() - t, 2)}
+
+        t0 = time.perf_counter()
+        tasks = [worker() for _ in range(concurrency)]
+        if reload_run is not None:
+            tasks.append(reloader())
+        results = await asyncio.gather(*tasks)
+        wall = time.perf_counter() - t0
+    q = statistics.quantiles(latencies, n=100, method="inclusive") if len(latencies) > 1 else []
+    out = {
+        "concurrency": concurrency,
+        "requests": len(latencies),
+        "errors": errors,
+        "seconds": round(wall, 2),
+        "req_per_s": round(len(latencies) / wall, 1),
+        "p50_ms": round(q[49] * 1e3, 2) if q else None,
+        "p95_ms": round(q[94] * 1e3, 2) if q else None,
+        "p99_ms": round(q[98] * 1e3, 2) if q else None,
+        "models_seen": len(models),
+    }
+    if reload_run is not None:
+        out["reload"] = results[-1]
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--duration", type=float, default=5.0, help="seconds per cell (5)")
+    p.add_argument("--max-requests", type=int, default=20_000, help="requests per cell at most")
+    p.add_argument("--concurrency", type=int, nargs="+", default=[1, 16, 64])
+    p.add_argument("--batch-wait-ms", type=float, default=2.0, help="micro-batching wait (2)")
+    p.add_argument("--items", type=int, default=ML20M_ITEMS, help="n_items (20,108: ML-20M)")
+    p.add_argument("--json", action="store_true", help="print JSON lines instead of a table")
+    a = p.parse_args(argv)
+
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        run_a = fresh_run(Path(tmp) / "a", a.items, "multvae", seed=0)
+        run_b = fresh_run(Path(tmp) / "b", a.items, "multvae", seed=1)
+        for label, wait in (("micro-batching", a.batch_wait_ms), ("no batching", 0.0)):
+            with Server(run_a, wait) as server:
+                for c in a.concurrency:
+                    res = asyncio.run(load(server.base, c, a.duration, a.max_requests, a.items))
+                    rows.append({"mode": label, **res})
+                    print(json.dumps(rows[-1]) if a.json else rows[-1], file=sys.stderr)
+        with Server(run_a, a.batch_wait_ms) as server:
+            c = max(a.concurrency)  # long enough for the reload (seconds under load) and after
+            dur = max(a.duration, 12.0)
+            res = asyncio.run(load(server.base, c, dur, a.max_requests, a.items, reload_run=run_b))
+            rows.append({"mode": "micro-batching + reload", **res})
+    if a.json:
+        for r in rows:
+            print(json.dumps(r))
+        return 0
+    print(
+        f"n_items {a.items}, history 50 items, k=100, {a.duration:g} s per row, "
+        f"{os.cpu_count()} CPUs (client and server together)\n"
+    )
+    print("| mode | concurrency | requests | req/s | p50 ms | p95 ms | p99 ms | errors |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|")
+    for r in rows:
+        note = ""
+        if "reload" in r:
+            rl = r["reload"]
+            note = (
+                f" (reload: HTTP {rl['status']} in {rl['seconds']} s; "
+                f"{r['models_seen']} models answered)"
+            )
+        print(
+            f"| {r['mode']}{note} | {r['concurrency']} | {r['requests']} | {r['req_per_s']} | "
+            f"{r['p50_ms']} | {r['p95_ms']} | {r['p99_ms']} | {r['errors']} |"
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

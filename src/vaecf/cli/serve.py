@@ -1,0 +1,188 @@
+"""Deployment verbs: serve (HTTP API), score (top-k for every user of a file), export (ONNX)."""
+
+from __future__ import annotations
+
+import sys
+
+from vaecf.cli.common import print_json
+from vaecf.errors import ConfigError
+
+
+def _need(extra: str, *modules: str) -> None:
+    import importlib.util
+
+    missing = [m for m in modules if importlib.util.find_spec(m) is None]
+    if missing:
+        raise ConfigError(
+            f"{', '.join(missing)} not installed; pip install 'vaecf[{extra}]' (or pip install "
+            f"{' '.join(missing)})"
+        )
+
+
+# -- serve --------------------------------------------------------------------------------------
+def cmd_serve(a) -> int:
+    from vaecf.serve.settings import ServeSettings, check_auth, read_api_key
+
+    settings = ServeSettings(
+        run=a.run,
+        host=a.host,
+        port=a.port,
+        device=a.device,
+        precision=a.precision,
+        api_key=read_api_key(a.api_key_file),
+        no_auth=a.no_auth,
+        batch_wait_ms=a.batch_wait_ms,
+        max_batch_size=a.max_batch_size,
+        max_body_bytes=a.max_body_bytes,
+        max_history=a.max_history,
+        max_k=a.max_k,
+        max_batch=a.max_batch,
+    )
+    check_auth(settings)  # before importing or loading anything heavy: refuse early
+    _need("serve", "fastapi", "uvicorn", "prometheus_client")
+    from vaecf.serve.server import serve
+
+    serve(settings, log_level=a.log_level)
+    return 0
+
+
+# -- score --------------------------------------------------------------------------------------
+def cmd_score(a) -> int:
+    from tqdm.auto import tqdm
+
+    from vaecf.recommender import Recommender
+    from vaecf.score import score_file
+
+    rec = Recommender.load(a.run, device=a.device)
+    with tqdm(unit="user", disable=a.quiet, desc="scoring") as bar:
+
+        def progress(n: int) -> None:
+            bar.update(n)
+
+        res = score_file(
+            rec,
+            a.input,
+            a.user_col,
+            a.item_col,
+            a.out,
+            k=a.k,
+            exclude_seen=not a.include_seen,
+            chunk_rows=a.chunk_rows,
+            batch_users=a.batch_users,
+            progress=progress,
+        )
+    if a.json:
+        print_json(res)
+    else:
+        print(f"{res['users']} users, {res['rows']} rows -> {res['out']}", file=sys.stderr)
+    return 0
+
+
+# -- export -------------------------------------------------------------------------------------
+def cmd_export(a) -> int:
+    import random
+    from pathlib import Path
+
+    from vaecf import rundir
+    from vaecf.export import check_onnx, export_onnx
+
+    _need("export", "onnx")
+    out = Path(a.out or Path(a.run) / "model.onnx")
+    export_onnx(a.run, out)
+    res = {"out": str(out)}
+    if not a.no_check:
+        _need("export", "onnxruntime")
+        model, _ = rundir.load_model(a.run, "cpu")
+        rng = random.Random(0)
+        n = model.n_items
+        histories = [rng.sample(range(n), rng.randint(1, min(n, 50))) for _ in range(8)]
+        res.update(check_onnx(out, model, histories))
+        if not res["top100_equal"]:
+            raise ConfigError(f"{out}: onnxruntime's top 100 differs from PyTorch's ({res})")
+    if a.json:
+        print_json(res)
+    else:
+        extra = (
+            f" (onnxruntime vs PyTorch: max |diff| {res['max_abs_diff']:.2g}, same top 100)"
+            if "max_abs_diff" in res
+            else ""
+        )
+        print(f"wrote {out}{extra}")
+    return 0
+
+
+def register(sub) -> None:
+    ps = sub.add_parser(
+        "serve",
+        help="serve a run's model over HTTP (FastAPI: /v1/recommend, /docs)",
+        description="HTTP API over the run's best model: /v1/recommend, /v1/recommend/batch, "
+        "/v1/items/{id}/similar, /v1/admin/reload (also SIGHUP), /healthz, /readyz, /metrics; "
+        "OpenAPI at /docs. Listens on 127.0.0.1 unless told otherwise; another address needs "
+        "an API key (--api-key-file or $VAECF_API_KEY) or --no-auth.",
+    )
+    ps.add_argument("run", help="run directory written by `vaecf train`")
+    ps.add_argument("--host", default="127.0.0.1", help="address to listen on (127.0.0.1)")
+    ps.add_argument("--port", type=int, default=8000, help="port (8000)")
+    ps.add_argument("--api-key-file", help="file whose first line is the API key")
+    ps.add_argument(
+        "--no-auth",
+        action="store_true",
+        help="allow a non-loopback --host without an API key (a proxy authenticates)",
+    )
+    ps.add_argument("--device", default="cpu", help="cpu (default), cuda, cuda:N")
+    ps.add_argument("--precision", default="fp32", help="fp32 (default), bf16, fp16, tf32")
+    ps.add_argument(
+        "--batch-wait-ms",
+        type=float,
+        default=2.0,
+        help="micro-batching: gather concurrent requests this long (2; 0: off)",
+    )
+    ps.add_argument(
+        "--max-batch-size", type=int, default=256, help="histories per scoring call (256)"
+    )
+    ps.add_argument("--max-body-bytes", type=int, default=1 << 20, help="request body (1 MiB)")
+    ps.add_argument("--max-history", type=int, default=5000, help="items per history (5000)")
+    ps.add_argument("--max-k", type=int, default=1000, help="largest k (1000)")
+    ps.add_argument("--max-batch", type=int, default=256, help="histories per batch request")
+    ps.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    ps.set_defaults(fn=cmd_serve)
+
+    pc = sub.add_parser(
+        "score",
+        help="top-k for every user of an interaction file, to Parquet/CSV",
+        description="Recommend k items for every user of a history file (CSV or Parquet), in "
+        "chunks of users (bounded memory), written atomically. Output columns: the user "
+        "column, rank, item_id, score; sorted by user then rank.",
+    )
+    pc.add_argument("run", help="run directory written by `vaecf train`")
+    pc.add_argument("--input", required=True, help="interactions: .csv, .tsv or .parquet")
+    pc.add_argument("--user-col", default="user_id", help="user column (user_id)")
+    pc.add_argument("--item-col", default="item_id", help="item column (item_id)")
+    pc.add_argument("-k", type=int, default=100, help="items per user (100)")
+    pc.add_argument("--out", required=True, help="output .parquet or .csv")
+    pc.add_argument(
+        "--include-seen", action="store_true", help="may recommend the user's own items"
+    )
+    pc.add_argument(
+        "--chunk-rows", type=int, default=2_000_000, help="interactions read at once (2,000,000)"
+    )
+    pc.add_argument("--batch-users", type=int, default=1024, help="users per scoring call")
+    pc.add_argument("--device", default="cpu", help="cpu (default), cuda, cuda:N")
+    pc.add_argument("--quiet", action="store_true", help="no progress bar")
+    pc.add_argument("--json", action="store_true", help="print {users, rows, chunks, out}")
+    pc.set_defaults(fn=cmd_score)
+
+    px = sub.add_parser(
+        "export",
+        help="export a run's model (ONNX)",
+        description="Write the run's best model as ONNX: input `history` (batch, n_items) "
+        "float32 multi-hot in the column order of the run's items.parquet, output `scores` "
+        "(batch, n_items) raw scores (logits for Mult-VAE/DAE, RecVAE); dynamic batch axis. "
+        "The history is not masked in the graph. Checked against PyTorch with onnxruntime.",
+    )
+    px.add_argument("run", help="run directory written by `vaecf train`")
+    px.add_argument("--format", choices=["onnx"], default="onnx", help="onnx (the only one)")
+    px.add_argument("--out", help="output file (default RUN/model.onnx)")
+    px.add_argument("--no-check", action="store_true", help="skip the onnxruntime check")
+    px.add_argument("--json", action="store_true", help="print the result as JSON")
+    px.set_defaults(fn=cmd_export)

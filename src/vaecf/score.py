@@ -1,0 +1,164 @@
+"""Batch scoring: top-k recommendations for every user of an interaction file, in bounded memory.
+
+    score_file(run, "histories.parquet", "user_id", "item_id", k=100, out="recs.parquet")
+
+The file (CSV or Parquet) is read lazily with polars, never whole: one pass counts each user's
+rows, users are cut in sorted order into chunks of at most `chunk_rows` interactions, and each
+chunk is read by a filtered scan (a range of users), grouped into histories and scored in
+batches of `batch_users` with `Recommender.recommend_batch`. Every chunk's rows go to a part file
+in a temp directory beside `out`; the parts are then streamed into `out` through a temp file and
+a rename, so `out` is either the previous file or the complete new one. Peak memory: one chunk
+of interactions and its recommendations, plus the per-user row counts.
+
+Output rows, sorted by user then rank: the user column (as named in the input), rank (1 = best),
+item_id, score (the Recommender's: probability for multinomial models).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+
+import polars as pl
+
+from vaecf.errors import DataError
+from vaecf.recommender import Recommender
+
+
+def scan_interactions(path: str | os.PathLike, user_col: str, item_col: str) -> pl.LazyFrame:
+    path = Path(path)
+    if not path.is_file():
+        raise DataError(f"{path} does not exist; pass an interaction file (.csv or .parquet)")
+    suffix = path.suffix.lower()
+    if suffix == ".parquet":
+        lf = pl.scan_parquet(path)
+    elif suffix in (".csv", ".tsv"):
+        lf = pl.scan_csv(path, separator="\t" if suffix == ".tsv" else ",")
+    else:
+        raise DataError(f"{path}: give a .csv, .tsv or .parquet file")
+    try:
+        names = lf.collect_schema().names()
+    except Exception as e:
+        raise DataError(f"{path} is not a readable {suffix[1:]} file ({e})") from None
+    missing = [c for c in (user_col, item_col) if c not in names]
+    if missing:
+        raise DataError(
+            f"{path} has no column {', '.join(map(repr, missing))}; its columns: "
+            f"{', '.join(names)} (choose them with --user-col and --item-col)"
+        )
+    return lf.select(user_col, item_col).drop_nulls()
+
+
+def user_chunks(counts: pl.DataFrame, user_col: str, chunk_rows: int) -> list[tuple]:
+    """(first user, last user, n_users) ranges over the sorted users, each of at most
+    `chunk_rows` interactions (a user with more is a chunk of its own)."""
+    chunks, start, rows = [], 0, 0
+    users = counts.get_column(user_col).to_list()
+    lens = counts.get_column("n").to_list()
+    for i, n in enumerate(lens):
+        if rows and rows + n > chunk_rows:
+            chunks.append((users[start], users[i - 1], i - start))
+            start, rows = i, 0
+        rows += n
+    if users:
+        chunks.append((users[start], users[-1], len(users) - start))
+    return chunks
+
+
+def score_file(
+    rec: Recommender,
+    path: str | os.PathLike,
+    user_col: str,
+    item_col: str,
+    out: str | os.PathLike,
+    k: int = 100,
+    exclude_seen: bool = True,
+    chunk_rows: int = 2_000_000,
+    batch_users: int = 1024,
+    progress: Callable[[int], None] | None = None,
+) -> dict:
+    """Write top-`k` recommendations for every user of `path` to `out` (.parquet or .csv).
+    `progress(n)` is called after every n users scored. Returns {"users", "rows", "chunks"}."""
+    if chunk_rows < 1 or batch_users < 1:
+        raise DataError("chunk_rows and batch_users must be at least 1")
+    out = Path(out)
+    if out.suffix.lower() not in (".parquet", ".csv"):
+        raise DataError(f"--out {out}: give a .parquet or .csv file name")
+    lf = scan_interactions(path, user_col, item_col)
+    user_dtype = lf.collect_schema()[user_col]
+    counts = lf.group_by(user_col).agg(pl.len().alias("n")).sort(user_col).collect()
+    chunks = user_chunks(counts, user_col, chunk_rows)
+    del counts
+    out.parent.mkdir(parents=True, exist_ok=True)
+    parts_dir = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".parts", dir=out.parent))
+    n_users = n_rows = 0
+    try:
+        for c, (lo, hi, _) in enumerate(chunks):
+            hist = (
+                lf.filter(pl.col(user_col).is_between(lo, hi, closed="both"))
+                .group_by(user_col)
+                .agg(pl.col(item_col))
+                .sort(user_col)
+                .collect()
+            )
+            users = hist.get_column(user_col)
+            items = hist.get_column(item_col).to_list()
+            frames = []
+            for b in range(0, len(items), batch_users):
+                recs = rec.recommend_batch(
+                    items[b : b + batch_users], k, exclude_history=exclude_seen
+                )
+                lens = [len(r.item_ids) for r in recs]
+                frames.append(
+                    pl.DataFrame(
+                        {
+                            user_col: users.slice(b, len(recs)).gather(
+                                [i for i, n in enumerate(lens) for _ in range(n)]
+                            ),
+                            "rank": [j for n in lens for j in range(1, n + 1)],
+                            "item_id": pl.Series(
+                                [i for r in recs for i in r.item_ids], dtype=rec.items.ids.dtype
+                            ),
+                            "score": pl.Series(
+                                [s for r in recs for s in r.scores], dtype=pl.Float32
+                            ),
+                        },
+                        schema_overrides={"rank": pl.Int32},
+                    )
+                )
+                if progress is not None:
+                    progress(len(recs))
+            if frames:
+                part = pl.concat(frames)
+                part.write_parquet(parts_dir / f"{c:06d}.parquet")
+                n_rows += part.height
+            n_users += len(items)
+        fd, tmp = tempfile.mkstemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent)
+        os.close(fd)
+        try:
+            parts = sorted(parts_dir.glob("*.parquet"))
+            if parts:
+                merged = pl.scan_parquet(parts)
+            else:  # no users: an empty file with the columns
+                merged = pl.LazyFrame(
+                    schema={
+                        user_col: user_dtype,
+                        "rank": pl.Int32,
+                        "item_id": rec.items.ids.dtype,
+                        "score": pl.Float32,
+                    }
+                )
+            if out.suffix.lower() == ".parquet":
+                merged.sink_parquet(tmp)
+            else:
+                merged.sink_csv(tmp)
+            os.replace(tmp, out)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
+    finally:
+        shutil.rmtree(parts_dir, ignore_errors=True)
+    return {"users": n_users, "rows": n_rows, "chunks": len(chunks), "out": str(out)}

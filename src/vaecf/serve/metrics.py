@@ -1,0 +1,52 @@
+"""Prometheus metrics of one app, in its own registry (several apps in one process, as in the
+tests, do not collide): requests and latency by route and status, scoring batch sizes, reloads."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
+
+
+class Metrics:
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.requests = Counter(
+            "vaecf_requests", "HTTP requests by route and status", ["route", "status"], registry=r
+        )
+        self.latency = Histogram(
+            "vaecf_request_seconds",
+            "HTTP request latency by route and status",
+            ["route", "status"],
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.batch_histories = Histogram(
+            "vaecf_batch_histories",
+            "histories per scoring call (micro-batch size)",
+            buckets=BATCH_BUCKETS,
+            registry=r,
+        )
+        self.batch_requests = Histogram(
+            "vaecf_batch_requests",
+            "requests per scoring call",
+            buckets=BATCH_BUCKETS,
+            registry=r,
+        )
+        self.reloads = Counter("vaecf_reloads", "model reloads by outcome", ["outcome"], registry=r)
+        self.model_loaded = Gauge(
+            "vaecf_model_loaded_timestamp_seconds", "when the serving model was loaded", registry=r
+        )
+
+    def observe_request(self, route: str, status: int, seconds: float) -> None:
+        self.requests.labels(route, str(status)).inc()
+        self.latency.labels(route, str(status)).observe(seconds)
+
+    def observe_batch(self, histories: int, requests: int) -> None:
+        self.batch_histories.observe(histories)
+        self.batch_requests.observe(requests)
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)

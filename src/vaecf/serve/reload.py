@@ -1,0 +1,88 @@
+"""The model that answers: loaded from a run directory, checked, and swapped atomically.
+
+`ModelHolder.current` is one `LoadedModel` (a Recommender and the version that names it). A
+request takes `current` once, when it arrives, and is scored by that model whatever happens
+next; a reload builds the new model beside the old one, checks it, and only then replaces the
+reference, so requests in flight finish on the model they started with and a model that fails
+to load or check leaves the old one serving.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import hashlib
+import os
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from vaecf import rundir
+from vaecf.errors import RunError
+from vaecf.recommender import Recommender
+
+
+@dataclass
+class LoadedModel:
+    recommender: Recommender
+    version: dict[str, Any] = field(default_factory=dict)  # the response's `model` field
+
+
+def _version(run_dir: Path, rec: Recommender) -> dict[str, Any]:
+    ck = run_dir / rundir.BEST
+    stat = ck.stat()
+    mtime = dt.datetime.fromtimestamp(stat.st_mtime, dt.timezone.utc)
+    best_epoch = None
+    if (run_dir / rundir.RESULTS).is_file():
+        try:
+            best_epoch = rundir.load_results(run_dir).get("best_epoch")
+        except RunError:
+            best_epoch = None
+    ident = f"{run_dir.resolve()}|{stat.st_mtime_ns}|{stat.st_size}"
+    return {
+        "id": hashlib.sha256(ident.encode()).hexdigest()[:12],
+        "run": str(run_dir.resolve()),
+        "name": rec.info.get("model", {}).get("name"),
+        "n_items": len(rec.items),
+        "checkpoint": rundir.BEST,
+        "checkpoint_mtime": mtime.isoformat(timespec="seconds"),
+        "best_epoch": best_epoch,
+        "loaded_at": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+    }
+
+
+def load_checked(run_dir: str | os.PathLike, device: str = "cpu", precision: str = "fp32"):
+    """A LoadedModel of the run's best model, after a check that it scores: one history of its
+    first item must give finite scores for every item. RunError if it does not load or check."""
+    run_dir = Path(run_dir)
+    rec = Recommender.load(run_dir, device=device, precision=precision)
+    scores, _ = rec.scores([[0]])
+    if scores.shape != (1, len(rec.items)) or not bool(scores.isfinite().all()):
+        raise RunError(
+            f"the model in {run_dir} gives non-finite scores for a one-item history; it is "
+            "not served: check its training run (metrics.jsonl) or serve another run"
+        )
+    return LoadedModel(rec, _version(run_dir, rec))
+
+
+class ModelHolder:
+    """The current model; `reload` replaces it only with one that loaded and checked."""
+
+    def __init__(self, current: LoadedModel, device: str = "cpu", precision: str = "fp32"):
+        self.current = current
+        self.device = device
+        self.precision = precision
+        self._lock = threading.Lock()  # one reload at a time
+
+    @classmethod
+    def load(cls, run_dir: str | os.PathLike, device: str = "cpu", precision: str = "fp32"):
+        return cls(load_checked(run_dir, device, precision), device, precision)
+
+    def reload(self, run_dir: str | os.PathLike | None = None) -> LoadedModel:
+        """Load `run_dir` (default: the current run again), check it, swap it in; returns it.
+        Raises RunError (and keeps the old model) when it fails."""
+        with self._lock:
+            target = run_dir if run_dir else self.current.version["run"]
+            new = load_checked(target, self.device, self.precision)
+            self.current = new  # one reference assignment: atomic for readers
+            return new

@@ -1,0 +1,60 @@
+"""serve(): load and check the model, then run the app on uvicorn until SIGTERM or SIGINT.
+
+Start-up refuses (ConfigError, exit 2) before listening when the address is not loopback and
+neither an API key nor --no-auth is given, and when the run does not load. SIGTERM (or SIGINT):
+uvicorn stops accepting, lets requests in flight finish (up to `graceful_s`), then the app's
+lifespan scores what is queued and stops its worker; the process exits 0. SIGHUP reloads the
+model (app.py).
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+
+from vaecf.serve.settings import ServeSettings, check_auth
+
+
+def serve(settings: ServeSettings, log_level: str = "info", graceful_s: float = 30.0) -> None:
+    import uvicorn
+
+    from vaecf.serve.app import create_app
+    from vaecf.serve.reload import ModelHolder
+
+    check_auth(settings)
+    holder = ModelHolder.load(settings.run, settings.device, settings.precision)
+    app = create_app(holder, settings)
+    logger = logging.getLogger("vaecf.serve")
+    logger.setLevel(log_level.upper())
+    if not logger.handlers:
+        handler = logging.StreamHandler()
+        handler.setFormatter(logging.Formatter("%(levelname)s:     vaecf: %(message)s"))
+        logger.addHandler(handler)
+    config = uvicorn.Config(
+        app,
+        host=settings.host,
+        port=settings.port,
+        log_level=log_level,
+        timeout_graceful_shutdown=graceful_s,
+        server_header=False,
+    )
+    print(
+        f"serving {holder.current.version['name']} from {holder.current.version['run']} on "
+        f"http://{settings.host}:{settings.port} (auth: "
+        f"{'API key' if settings.api_key else 'none'}; docs at /docs)",
+        flush=True,
+    )
+    # uvicorn re-raises the signal that stopped it once it has shut down gracefully; note it
+    # instead of dying by it, so that a SIGTERM'd server exits 0 after a clean shutdown
+    stopped_by: list[int] = []
+    previous = {
+        sig: signal.signal(sig, lambda s, _frame: stopped_by.append(s))
+        for sig in (signal.SIGTERM, signal.SIGINT)
+    }
+    try:
+        uvicorn.Server(config).run()
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    if stopped_by:
+        logger.info("stopped by %s after a graceful shutdown", signal.Signals(stopped_by[0]).name)

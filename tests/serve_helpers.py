@@ -1,0 +1,49 @@
+"""Test helpers for the server: run an app on uvicorn in a thread, on 127.0.0.1 and a free port."""
+
+from __future__ import annotations
+
+import contextlib
+import socket
+import threading
+import time
+
+import httpx
+import uvicorn
+
+from vaecf.serve.app import create_app
+from vaecf.serve.reload import ModelHolder
+from vaecf.serve.settings import ServeSettings
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@contextlib.contextmanager
+def running(settings: ServeSettings, holder: ModelHolder | None = None):
+    """(base url, app) of a real uvicorn server in a thread, for the duration of the block."""
+    holder = holder or ModelHolder.load(settings.run)
+    app = create_app(holder, settings)
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    port = sock.getsockname()[1]
+    server = uvicorn.Server(uvicorn.Config(app, log_level="error", lifespan="on"))
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 30
+    while not server.started:
+        if not thread.is_alive() or time.monotonic() > deadline:
+            raise RuntimeError("the test server did not start")
+        time.sleep(0.01)
+    try:
+        yield f"http://127.0.0.1:{port}", app
+    finally:
+        server.should_exit = True
+        thread.join(30)
+        sock.close()
+
+
+def client(base: str, **kw) -> httpx.Client:
+    return httpx.Client(base_url=base, timeout=30, **kw)

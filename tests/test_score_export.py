@@ -1,0 +1,113 @@
+"""Batch scoring (vaecf score) against Recommender.recommend_batch, and ONNX export (vaecf
+export) against PyTorch's scores through onnxruntime."""
+
+from __future__ import annotations
+
+import random
+
+import numpy as np
+import polars as pl
+import pytest
+
+from vaecf import rundir
+from vaecf.cli import main
+from vaecf.errors import DataError
+from vaecf.export import check_onnx, export_onnx
+from vaecf.recommender import Recommender
+from vaecf.score import score_file
+from vaecf.serve.fixtures import fresh_run
+
+IDS = list(range(500, 580))
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    root = tmp_path_factory.mktemp("score")
+    return fresh_run(root / "run", len(IDS), "multvae", {"hidden_dims": [16], "latent_dim": 4}, IDS)
+
+
+def interactions(n_users: int = 37, seed: int = 0) -> pl.DataFrame:
+    rng = random.Random(seed)
+    rows = []
+    for u in rng.sample(range(10_000), n_users):
+        for item in rng.sample([*IDS, 9, 10], rng.randint(1, 12)):  # 9, 10: unknown ids
+            rows.append((u, item))
+    rng.shuffle(rows)  # users interleaved, as files come
+    return pl.DataFrame(rows, schema={"uid": pl.Int64, "movie": pl.Int64}, orient="row")
+
+
+@pytest.mark.parametrize("fmt", ["csv", "parquet"])
+def test_score_file_equals_recommend_batch(run, tmp_path, fmt):
+    df = interactions()
+    src = tmp_path / f"in.{fmt}"
+    getattr(df, f"write_{fmt}")(src)
+    rec = Recommender.load(run)
+    out = tmp_path / "recs.parquet"
+    seen = []
+    res = score_file(
+        rec, src, "uid", "movie", out, k=7, chunk_rows=40, batch_users=5, progress=seen.append
+    )
+    got = pl.read_parquet(out)
+    assert got.columns == ["uid", "rank", "item_id", "score"]
+    users = sorted(df.get_column("uid").unique().to_list())
+    assert res["users"] == len(users) == sum(seen) and res["chunks"] > 1
+    histories = [df.filter(pl.col("uid") == u).get_column("movie").to_list() for u in users]
+    want = rec.recommend_batch(histories, 7)
+    assert got.get_column("uid").to_list() == [u for u, r in zip(users, want) for _ in r.item_ids]
+    assert got.get_column("rank").to_list() == [j + 1 for r in want for j in range(len(r.item_ids))]
+    assert got.get_column("item_id").to_list() == [i for r in want for i in r.item_ids]
+    np.testing.assert_allclose(
+        got.get_column("score").to_numpy(), [s for r in want for s in r.scores], rtol=1e-5
+    )
+
+
+def test_score_cli_writes_atomically_and_checks_columns(run, tmp_path, capsys):
+    src = tmp_path / "in.parquet"
+    interactions(12).write_parquet(src)
+    out = tmp_path / "deep" / "recs.csv"
+    args = ["score", str(run), "--input", str(src), "--user-col", "uid", "--item-col", "movie"]
+    assert main([*args, "-k", "3", "--out", str(out), "--quiet"]) == 0
+    got = pl.read_csv(out)
+    assert got.height == 36 and got.get_column("rank").max() == 3
+    assert [p.name for p in out.parent.iterdir()] == ["recs.csv"]  # no temp files left
+    assert main(["score", str(run), "--input", str(src), "--out", str(out), "--quiet"]) == 2
+    assert "--user-col" in capsys.readouterr().err
+    with pytest.raises(DataError, match="does not exist"):
+        score_file(Recommender.load(run), tmp_path / "nope.csv", "u", "i", tmp_path / "o.parquet")
+
+
+MODELS = {
+    "multvae": {"hidden_dims": [32], "latent_dim": 8},
+    "multdae": {"latent_dim": 8},
+    "recvae": {"hidden_dim": 32, "latent_dim": 8, "n_layers": 3},
+    "ease": None,
+    "popular": None,
+}
+
+
+@pytest.mark.parametrize("name", list(MODELS))
+def test_onnx_scores_match_pytorch(name, tmp_path):
+    n = 300
+    run_dir = fresh_run(tmp_path / name, n, name, MODELS[name], seed=7)
+    path = export_onnx(run_dir, tmp_path / f"{name}.onnx")
+    model, _ = rundir.load_model(run_dir)
+    rng = random.Random(1)
+    histories = [rng.sample(range(n), rng.randint(1, 40)) for _ in range(16)] + [[]]
+    res = check_onnx(path, model, histories)
+    assert res["top100_equal"]
+    assert res["max_abs_diff"] <= 1e-5 * max(1.0, res["max_abs_score"])
+
+
+def test_export_cli_default_path_and_dynamic_batch(run, capsys):
+    import onnx
+    import onnxruntime as ort
+
+    assert main(["export", str(run), "--format", "onnx", "--json"]) == 0
+    assert '"top100_equal": true' in capsys.readouterr().out
+    path = run / "model.onnx"
+    meta = {p.key: p.value for p in onnx.load(str(path)).metadata_props}
+    assert meta["vaecf_model"] == "multvae" and meta["n_items"] == str(len(IDS))
+    sess = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    for b in (1, 5):
+        x = np.zeros((b, len(IDS)), np.float32)
+        assert sess.run(None, {"history": x})[0].shape == (b, len(IDS))
