@@ -435,6 +435,10 @@ def _run_one(study, objective: _Objective, log) -> None:
         study.tell(trial, state=TrialState.FAIL)
         log(f"trial {trial.number:4d}  failed: {e}")
     except BaseException as e:
+        if _caused_by_interrupt(e):  # Ctrl-C landed inside a library, which raised its own
+            trial.set_user_attr("interrupted", "ctrl-c")
+            study.tell(trial, state=TrialState.FAIL)
+            raise KeyboardInterrupt from e
         trial.set_user_attr("error", f"{type(e).__name__}: {e}")
         study.tell(trial, state=TrialState.FAIL)
         raise
@@ -446,6 +450,15 @@ def _run_one(study, objective: _Objective, log) -> None:
             f"trial {trial.number:4d}  {METRIC} {value:.4f}  "
             f"(best {best.value:.4f}, trial {best.number})  {time.monotonic() - t0:.0f} s"
         )
+
+
+def _caused_by_interrupt(e: BaseException | None) -> bool:
+    seen = 0
+    while e is not None and seen < 20:
+        if isinstance(e, KeyboardInterrupt):
+            return True
+        e, seen = e.__context__ or e.__cause__, seen + 1
+    return False
 
 
 def _drop_last(objective: _Objective, trial) -> None:
