@@ -213,6 +213,19 @@ def test_tune_ctrl_c_and_timeout_resume(tiny, tmp_path, monkeypatch):
     assert t[2].user_attrs["retry_of"] == 1 and t[2].params == t[1].params
     assert [x.state.name for x in t] == ["COMPLETE", "FAIL", "COMPLETE", "COMPLETE"]
 
+    def chained(trial, n):  # Ctrl-C inside a library that raises its own error (torch.save)
+        drawn = l2_space(trial, n)
+        if trial.number == 0:
+            try:
+                raise KeyboardInterrupt
+            except KeyboardInterrupt:
+                raise RuntimeError("unexpected pos") from None
+        return drawn
+
+    with pytest.raises(KeyboardInterrupt):
+        tune.tune(tiny, tmp_path / "s2", "ease", trials=1, seed=1, space=chained, **quiet)
+    assert _study(tmp_path / "s2").trials[0].user_attrs["interrupted"] == "ctrl-c"
+
     fixed = {"epochs": 3, "hidden_dim": 0, "latent_dim": 20, "batch_size": 100}
     clock = {"now": 0.0}  # the timeout passes once the first trial has started
     monkeypatch.setattr(tune.time, "monotonic", lambda: clock["now"])
