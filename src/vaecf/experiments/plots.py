@@ -265,8 +265,9 @@ def plot_compare(summary: dict, out: str | os.PathLike) -> Path:
             label=lab,
             alpha=0.85,
         )
-        for p, v in zip(pos, vals):
-            ax.plot([p] * len(v), v, ".", color="black", ms=4, alpha=0.6)
+        for p, v in zip(pos, vals):  # the splits, spread across the bar beside the error bar
+            spread = np.linspace(-0.3, 0.3, len(v)) * width if len(v) > 1 else [0.0]
+            ax.plot(p + np.asarray(spread), v, ".", color="black", ms=5, alpha=0.7)
     ax.set_xticks(x, [f"test {m}" for m in metrics])
     ax.set_ylabel("metric value (mean over splits; bars: ± 1 sd; dots: splits)")
     ax.set_title(f"test metrics over {summary['n_splits']} split(s)")
