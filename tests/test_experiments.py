@@ -167,14 +167,20 @@ def test_tune_finds_the_known_best(tiny, tmp_path):
     assert (tmp_path / "study" / "trials.csv").read_text().count("\n") == 5
     for png in ("history.png", "importance.png"):
         assert (tmp_path / "study" / png).stat().st_size > 5000
-    # the settings file reproduces the best trial
-    r = vaecf.train(
-        tiny,
-        vaecf.TrainConfig(progress=False, device="cpu"),
-        tmp_path / "again",
-        models.config_from_dict("ease", s.model_config),
+    # `vaecf train --config best.toml` (its data included) reproduces the best trial
+    assert (
+        cli(
+            "train",
+            "--config",
+            tmp_path / "study" / "best.toml",
+            "--out",
+            tmp_path / "a",
+            "--quiet",
+        )
+        == 0
     )
-    assert r.validation_metrics["ndcg@100"] == pytest.approx(res.best_value, abs=1e-6)
+    again = rundir.load_results(tmp_path / "a")["validation"]["ndcg@100"]
+    assert again == pytest.approx(res.best_value, abs=1e-6)
 
 
 def test_tune_refusals(tiny, tmp_path):
