@@ -2,6 +2,8 @@
 
     config.json     {"model": {"name", "config"}, "train": {...}, "data": {path, fingerprint,
                     n_items, n_train_users}, "vaecf_version"}: every setting, resolved
+    config.toml     the same settings as a file for `vaecf train --config` (vaecf.configfile):
+                    the run repeated from its own directory
     items.parquet   the item vocabulary (raw id of every model column)
     best.pt         weights of the selected model (the best validation epoch; closed-form: the fit)
     last.pt         everything needed to resume training bit for bit (gradient models)
@@ -21,11 +23,12 @@ from pathlib import Path
 
 import torch
 
-from vaecf import checkpoint
+from vaecf import checkpoint, configfile
 from vaecf._io import write_json
 from vaecf.errors import RunError
 
 CONFIG = "config.json"
+CONFIG_TOML = "config.toml"
 ITEMS = "items.parquet"
 BEST = "best.pt"
 LAST = "last.pt"
@@ -71,6 +74,17 @@ def write_config(
         "vaecf_version": version,
     }
     write_json(run_dir / CONFIG, cfg)
+    configfile.write(
+        run_dir / CONFIG_TOML,
+        model_name,
+        train,
+        model_config,
+        data=data.get("path"),
+        header=(
+            f"vaecf {version or ''} run settings, resolved (the same as {CONFIG}).\n"
+            "Repeat the run: vaecf train --config THIS_FILE --out NEW_DIR"
+        ),
+    )
     return cfg
 
 

@@ -161,11 +161,14 @@ def train(
     resume: bool = False,
     model: str | None = None,
     on_epoch: Callable[[dict], None] | None = None,
+    test: bool = True,
 ) -> RunResult:
     """Train (or fit) a model on a prepared dataset into run directory `out`; `resume=True`
     continues it. The model is `model` (a registry name) or the one `model_config` configures
     (default Mult-VAE with the paper's network). `on_epoch(row)` is called with every epoch's
-    metrics row once it is saved (a tuner's pruner raises from it to stop the run)."""
+    metrics row once it is saved (a tuner's pruner raises from it to stop the run).
+    `test=False` leaves the test split unscored (results.json "test": null), for model selection
+    that must not see it (vaecf tune scores the chosen run alone)."""
     ds = data if isinstance(data, PreparedDataset) else PreparedDataset(data)
     out = Path(out)
     if int(os.environ.get("RANK", "0")) != 0:  # under torchrun rank 0 holds the lock
@@ -219,6 +222,7 @@ def _train(ds, config, out, model_config, resume, model, on_epoch) -> RunResult:
         trainer_cls = ClosedFormFit if models.get(name).closed_form else Trainer
         run = trainer_cls(ds, config, name, model_config, out, ctx, device)
         run.on_epoch = on_epoch
+        run.score_test = test
         return run.fit()
     finally:
         if started:
@@ -261,6 +265,7 @@ class _Run:
         self.history: list[dict] = []
         self.epoch, self.step = 0, 0
         self.on_epoch: Callable[[dict], None] | None = None
+        self.score_test = True
 
     def _write_config(self) -> None:
         if not self.ctx.is_main:
@@ -306,10 +311,12 @@ class _Run:
         if self.ctx.enabled:  # the other ranks need not see rank 0's filesystem
             for t in self.model.state_dict().values():
                 torch.distributed.broadcast(t, 0)
-        test_metrics = self._evaluate(
-            CSR.from_scipy(self.ds.split("test_tr"), self.device),
-            CSR.from_scipy(self.ds.split("test_te"), self.device),
-        )
+        test_metrics = None
+        if self.score_test:
+            test_metrics = self._evaluate(
+                CSR.from_scipy(self.ds.split("test_tr"), self.device),
+                CSR.from_scipy(self.ds.split("test_te"), self.device),
+            )
         results = {
             "model": self.model_name,
             "best_epoch": self.best["epoch"],
@@ -506,6 +513,12 @@ class Trainer(_Run):
         t_setup = time.perf_counter()
         if (self.out / rundir.LAST).is_file():
             self._load_last()
+        elif (self.out / rundir.BEST).is_file():  # not from the start: that would overwrite it
+            raise RunError(
+                f"{self.out} has a {rundir.BEST} but no {rundir.LAST} to continue from (vaecf "
+                "tune keeps only best.pt of finished and pruned trials); train a new run with "
+                f"its settings: vaecf train --config {self.out / rundir.CONFIG_TOML} --out NEW"
+            )
         self._write_config()
         if self.epoch >= cfg.epochs and self._finished():
             return self._result()

@@ -10,13 +10,13 @@ import argparse
 import errno
 import sys
 
-from vaecf.cli import bench, data, serve, train
+from vaecf.cli import bench, data, experiments, serve, train
 
 # Operating-system errors the user fixes (space, quota, permissions, a read-only filesystem):
 # exit 2 with the path, never a traceback.
 _USER_FIXABLE = (errno.ENOSPC, errno.EDQUOT, errno.EACCES, errno.EPERM, errno.EROFS)
 
-VERB_MODULES = (data, train, bench, serve)
+VERB_MODULES = (data, train, bench, serve, experiments)
 
 
 def build_parser() -> argparse.ArgumentParser:

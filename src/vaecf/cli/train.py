@@ -24,11 +24,16 @@ def _model_settings() -> dict[str, list[str]]:
 
 
 def cmd_train(a) -> int:
-    from vaecf import models
+    from vaecf import configfile, models
     from vaecf.config import TrainConfig
+    from vaecf.errors import ConfigError
     from vaecf.trainer import train
 
-    name = a.model or "multvae"
+    file = configfile.read(a.config) if a.config else configfile.RunSettings()
+    name = a.model or file.model or "multvae"
+    data = a.data or file.data
+    if data is None:
+        raise ConfigError('--data is required (or data = "PATH" in the --config file)')
     per_model = _model_settings()
     all_model = sorted({n for names in per_model.values() for n in names})
     wrong = [n for n in given(a, all_model) if n not in per_model[name]]
@@ -38,15 +43,21 @@ def cmd_train(a) -> int:
             "; ".join(f"{flag(n)} applies to --model {'/'.join(owners[n])}" for n in wrong)
             + f", not {name}"
         )
-    train_given = given(a, [f.name for f in fields(TrainConfig)])
-    cfg = TrainConfig(**train_given)
+    # flags override the file, which overrides the defaults
+    train_given = {**file.train, **given(a, [f.name for f in fields(TrainConfig)])}
+    try:
+        cfg = TrainConfig(**train_given)
+    except TypeError as e:
+        raise ConfigError(f"bad training settings: {e}") from None
     cfg.progress = not a.quiet
     mcfg = None
+    model_given = {**file.model_config, **given(a, per_model[name])}
     if a.resume and (Path(a.out) / "config.json").is_file():
         from vaecf.rundir import load_config
 
         saved = load_config(a.out)["model"]["config"]
-        clash = {k: v for k, v in given(a, all_model).items() if saved.get(k) != v}
+        asked = {**file.model_config, **given(a, all_model)}  # the file's, then the flags
+        clash = {k: v for k, v in asked.items() if saved.get(k) != v}
         if clash:
             raise VaecfError(
                 "a resumed run keeps its model settings; "
@@ -54,8 +65,18 @@ def cmd_train(a) -> int:
                 + " conflict; start a new --out to train with other settings"
             )
     else:
-        mcfg = models.config_from_dict(name, given(a, per_model[name]))
-    res = train(a.data, cfg, a.out, mcfg, resume=a.resume, model=a.model)
+        mcfg = models.config_from_dict(name, model_given)
+    on_epoch = None
+    if a.tensorboard:
+        from vaecf.experiments.tblog import TensorBoardLogger
+
+        on_epoch = TensorBoardLogger(a.out)
+    try:
+        model_arg = a.model or file.model or (name if mcfg is not None else None)
+        res = train(data, cfg, a.out, mcfg, resume=a.resume, model=model_arg, on_epoch=on_epoch)
+    finally:
+        if on_epoch is not None:
+            on_epoch.close()
     if int(os.environ.get("RANK", "0")) != 0:
         return 0  # under torchrun, rank 0 alone reports
     if a.json:
@@ -149,7 +170,13 @@ def register(sub) -> None:
         "lambda on validation. The test split is scored once, with the selected model. Unset "
         "settings are resolved from the model and the data and recorded in config.json.",
     )
-    pt.add_argument("--data", required=True, help="prepared dataset directory")
+    pt.add_argument(
+        "--config",
+        metavar="FILE.toml",
+        help="settings file ([train] and [model] tables, as every run's config.toml); "
+        "options given on the command line override it",
+    )
+    pt.add_argument("--data", help="prepared dataset directory (required unless --config sets it)")
     pt.add_argument("--out", required=True, help="run directory to create (or resume)")
     pt.add_argument(
         "--model",
@@ -175,6 +202,12 @@ def register(sub) -> None:
     )
     pt.add_argument("--quiet", action="store_true", help="no progress bar or epoch lines")
     pt.add_argument("--json", action="store_true", help="print the final result as JSON")
+    pt.add_argument(
+        "--tensorboard",
+        action="store_true",
+        help="also write TensorBoard scalars (losses, beta, validation metrics per epoch) to "
+        "OUT/tensorboard (needs: pip install 'vaecf[tensorboard]')",
+    )
     pt.set_defaults(fn=cmd_train)
 
     pe = sub.add_parser("evaluate", help="score a run's best model on a held-out split")

@@ -102,6 +102,18 @@ class Model(nn.Module):
         data (`preset` "auto") or the model's paper ("paper")."""
         return {}
 
+    @classmethod
+    def search_space(cls, trial: Any, n_train_users: int) -> dict[str, dict]:
+        """Hyper-parameters for `vaecf tune`: `{"train": {...}, "model": {...}}`, TrainConfig
+        and Config settings drawn with `trial.suggest_*` (an optuna.Trial, duck-typed: models do
+        not import optuna). The sampled parameters need not be settings themselves (e.g. an
+        annealing fraction turned into total_anneal_steps), but must determine them."""
+        from vaecf.errors import ConfigError
+
+        raise ConfigError(
+            f"model {cls.name} has no hyper-parameters to tune; train it with `vaecf train`"
+        )
+
 
 def cosine_neighbours(vectors: torch.Tensor, idx: int, k: int) -> tuple[list[int], list[float]]:
     """The k items whose vectors have the highest cosine similarity to item `idx` (itself

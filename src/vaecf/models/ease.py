@@ -105,6 +105,11 @@ class EASE(Model):
     Config = EASEConfig
     closed_form = True
 
+    @classmethod
+    def search_space(cls, trial, n_train_users: int) -> dict[str, dict]:
+        """lambda, log-uniform over 1 to 30,000 (one solve per trial)."""
+        return {"train": {}, "model": {"l2": trial.suggest_float("l2", 1.0, 3e4, log=True)}}
+
     def __init__(self, n_items: int, config: EASEConfig | None = None):
         super().__init__(n_items, config)
         self.register_buffer("weight", torch.zeros(n_items, n_items))  # B (n_items, n_items)

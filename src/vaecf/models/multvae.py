@@ -196,6 +196,36 @@ class MultAE(Model):
     def resolve_train(cls, given: dict, n_train_users: int, preset: str = "auto") -> dict:
         return resolve_vae_train(given, n_train_users, preset, PAPER_TRAIN)
 
+    @classmethod
+    def search_space(cls, trial, n_train_users: int) -> dict[str, dict]:
+        """Learning rate, batch size (the data's auto size x 1/2 to 4), epochs, input dropout,
+        one hidden layer (or none) and the latent size; Mult-VAE: the KL cap and the share of the
+        run's updates over which beta climbs to it (`anneal_frac`, turned into
+        total_anneal_steps); Mult-DAE: the weight decay."""
+        auto = auto_batch_size(n_train_users)
+        epochs = trial.suggest_int("epochs", 20, 200, step=20)
+        batch = trial.suggest_categorical("batch_size", [auto // 2, auto, auto * 2, auto * 4])
+        train: dict = {
+            "epochs": epochs,
+            "batch_size": batch,
+            "lr": trial.suggest_float("lr", 1e-4, 1e-2, log=True),
+        }
+        hidden = trial.suggest_categorical("hidden_dim", [0, 300, 600, 1000])
+        model: dict = {
+            "hidden_dims": [hidden] if hidden else [],
+            "latent_dim": trial.suggest_categorical("latent_dim", [50, 100, 200, 400]),
+            "dropout": trial.suggest_float("dropout", 0.0, 0.8),
+        }
+        if cls.name == "multvae":
+            cap = trial.suggest_float("anneal_cap", 0.0, 1.0)
+            frac = trial.suggest_float("anneal_frac", 0.1, 1.0)
+            updates = epochs * math.ceil(n_train_users / batch)
+            train["anneal_cap"] = cap
+            train["total_anneal_steps"] = max(1, round(frac * updates / max(cap, 1e-3)))
+        else:
+            model["weight_decay"] = trial.suggest_float("weight_decay", 1e-5, 1e-1, log=True)
+        return {"train": train, "model": model}
+
     def loss(
         self,
         batch: SparseBatch,

@@ -135,6 +135,18 @@ class RecVAE(Model):
     def resolve_train(cls, given: dict, n_train_users: int, preset: str = "auto") -> dict:
         return resolve_vae_train(given, n_train_users, preset, PAPER_TRAIN)
 
+    @classmethod
+    def search_space(cls, trial, n_train_users: int) -> dict[str, dict]:
+        """gamma (the KL weight per interaction), the learning rate and the latent size; the
+        rest as the authors train it."""
+        return {
+            "train": {"lr": trial.suggest_float("lr", 1e-4, 3e-3, log=True)},
+            "model": {
+                "gamma": trial.suggest_float("gamma", 1e-3, 3e-2, log=True),
+                "latent_dim": trial.suggest_categorical("latent_dim", [100, 200, 400]),
+            },
+        }
+
     def param_groups(self) -> dict[str, list[nn.Parameter]]:
         return {
             "encoder": list(self.encoder.parameters()),

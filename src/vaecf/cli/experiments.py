@@ -1,0 +1,228 @@
+"""Experiment verbs: tune (hyper-parameter search), compare (models over split seeds), plot
+(training curves). The work is in vaecf.experiments; this module parses and prints."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from vaecf.cli.common import metrics_table, print_json
+
+
+# -- tune ---------------------------------------------------------------------------------------
+def cmd_tune(a) -> int:
+    from vaecf import configfile
+    from vaecf.experiments import tune
+
+    base = configfile.read(a.config) if a.config else None
+    if base is not None and base.model not in (None, a.model):
+        from vaecf.errors import ConfigError
+
+        raise ConfigError(f"{a.config} configures {base.model}, not --model {a.model}")
+    if base is not None and a.device:
+        base.train["device"] = a.device
+    elif a.device:
+        base = configfile.RunSettings(train={"device": a.device})
+    log = (lambda s: print(s, file=sys.stderr)) if a.json else print
+    res = tune.tune(
+        a.data,
+        a.out,
+        model=a.model,
+        trials=a.trials,
+        timeout=a.timeout,
+        seed=a.seed,
+        resume=a.resume,
+        base=base,
+        log=log,
+        fixed=tune.parse_fixed(a.fix),
+    )
+    if a.json:
+        print_json(
+            {
+                "study_dir": str(res.study_dir),
+                "trials": res.rows,
+                "best_trial": res.best_trial,
+                "best_value": res.best_value,
+                "best_run": str(res.best_run) if res.best_run else None,
+                "validation": res.validation,
+                "test": res.test,
+                "files": {k: str(v) for k, v in res.files.items()},
+            }
+        )
+        return 0
+    print()
+    print(tune.format_table(res.rows))
+    if res.best_trial is not None:
+        print(
+            f"\nbest: trial {res.best_trial} ({res.best_run}); settings in {res.files['best_toml']}"
+        )
+        print(metrics_table({"validation": res.validation, "test (once)": res.test}))
+    for key in ("table", "history_png", "importance_png", "best_json"):
+        if key in res.files:
+            print(f"wrote {res.files[key]}")
+    return 0
+
+
+# -- compare ------------------------------------------------------------------------------------
+def cmd_compare(a) -> int:
+    from vaecf.errors import ConfigError
+    from vaecf.experiments import compare
+
+    if a.data and a.runs:
+        raise ConfigError("pass either --data (train every model) or run directories, not both")
+    if a.data:
+        if not (a.models and a.user_col and a.item_col and a.heldout_users):
+            raise ConfigError(
+                "--data needs --models, --user-col, --item-col and --heldout-users "
+                "(as `vaecf prepare csv`)"
+            )
+        entries = compare.parse_models(a.models)
+        prepare = {
+            "user_col": a.user_col,
+            "item_col": a.item_col,
+            "rating_col": a.rating_col,
+            "sep": a.sep,
+            "min_rating": a.min_rating,
+            "min_user_items": a.min_user_items,
+            "heldout_users": a.heldout_users,
+        }
+        records = compare.train_all(
+            a.data,
+            a.out,
+            entries,
+            compare.parse_seeds(a.seeds),
+            prepare,
+            epochs=a.epochs,
+            device=a.device,
+            log=(lambda s: print(s, file=sys.stderr)),
+        )
+    elif a.runs:
+        if a.models or a.epochs:
+            raise ConfigError("--models and --epochs apply with --data, not to finished runs")
+        records = compare.read_runs(a.runs)
+    else:
+        raise ConfigError("pass run directories, or --data CSV with --models and --seeds")
+    s = compare.summarize(records)
+    files = compare.write_outputs(s, a.out, plot=not a.no_plot)
+    if a.json:
+        print_json({**s, "files": {k: str(v) for k, v in files.items()}})
+        return 0
+    print(compare.format_summary(s))
+    for f in files.values():
+        print(f"wrote {f}")
+    return 0
+
+
+# -- plot ---------------------------------------------------------------------------------------
+def cmd_plot(a) -> int:
+    from vaecf.experiments.plots import plot_runs
+
+    labels = None
+    runs = []
+    for spec in a.runs:
+        label, sep, path = spec.rpartition("=")
+        runs.append(path if sep else spec)
+        if sep:
+            labels = labels or {}
+            labels[len(runs) - 1] = label
+    names = None
+    if labels:
+        names = [labels.get(i, Path(r).name) for i, r in enumerate(runs)]
+    out = plot_runs(runs, a.out, names)
+    print(f"wrote {out}")
+    return 0
+
+
+def register(sub) -> None:
+    from vaecf import models
+
+    pt = sub.add_parser(
+        "tune",
+        help="search a model's hyper-parameters (Optuna: TPE, median pruning, SQLite study)",
+        description="Search the hyper-parameters of --model on validation NDCG@100: seeded TPE "
+        "sampling, a median pruner fed every validated epoch, the study stored in "
+        "OUT/study.db and every trial a run directory OUT/trials/NNNN. At the end the best "
+        "trial's test split is scored once, and OUT holds trials.csv, best.toml (for `vaecf "
+        "train --config`), best.json, history.png and importance.png. A stopped tune "
+        "(Ctrl-C, kill, --timeout) continues with --resume: finished trials are kept, "
+        "interrupted ones continue from their checkpoints.",
+    )
+    pt.add_argument("--data", required=True, help="prepared dataset directory")
+    pt.add_argument("--out", required=True, help="study directory to create (or resume)")
+    pt.add_argument(
+        "--model",
+        default="multvae",
+        choices=list(models.MODELS),
+        help="default multvae; popular has nothing to tune",
+    )
+    pt.add_argument(
+        "--trials",
+        type=int,
+        default=20,
+        help="finished trials the study should hold (default 20; a resume runs the rest)",
+    )
+    pt.add_argument(
+        "--timeout",
+        type=float,
+        help="stop after this many seconds; the running trial stops at its next validated "
+        "epoch and is continued by --resume",
+    )
+    pt.add_argument("--seed", type=int, help="seed of the sampler and of training (default 0)")
+    pt.add_argument("--resume", action="store_true", help="continue the study in --out")
+    pt.add_argument(
+        "--config",
+        metavar="FILE.toml",
+        help="settings for what is not searched (device, precision, eval_every, ...); the "
+        "search space overrides the settings it draws",
+    )
+    pt.add_argument(
+        "--fix",
+        action="append",
+        metavar="NAME=VALUE",
+        help="hold a search-space parameter at a value instead of searching it, e.g. "
+        "--fix epochs=50 --fix hidden_dim=600 (repeatable; the names are listed when wrong)",
+    )
+    pt.add_argument("--device", help="auto (default), cpu, cuda, cuda:N")
+    pt.add_argument("--json", action="store_true", help="print the result as JSON")
+    pt.set_defaults(fn=cmd_tune)
+
+    pc = sub.add_parser(
+        "compare",
+        help="compare models over split seeds: mean ± sd, paired t-tests, CSV/JSON/PNG",
+        description="Either train --models on a raw interactions file prepared once per seed "
+        "(as `vaecf prepare csv`; the seed also seeds training; interrupted, it reuses finished "
+        "runs and resumes the others), or read finished run directories (RUN or LABEL=RUN). "
+        "Prints each model's test metrics as mean ± sd over the splits, and the paired "
+        "difference to the first model with its paired t-test p-value.",
+    )
+    pc.add_argument("runs", nargs="*", help="finished run directories (RUN or LABEL=RUN)")
+    pc.add_argument("--out", required=True, help="directory for the runs, tables and chart")
+    pc.add_argument("--data", help="raw interactions file (.csv, .tsv, .parquet)")
+    pc.add_argument(
+        "--models",
+        help="comma-separated: registry names (multvae,recvae,ease,popular) or LABEL=FILE.toml "
+        "(a best.toml or config.toml, e.g. tuned=STUDY/best.toml); the first is the reference",
+    )
+    pc.add_argument("--seeds", default="98765,1,2,3,4", help="split seeds (default 98765,1,2,3,4)")
+    pc.add_argument("--user-col", help="name of the user id column")
+    pc.add_argument("--item-col", help="name of the item id column")
+    pc.add_argument("--rating-col", help="name of the rating column (needed by --min-rating)")
+    pc.add_argument("--min-rating", type=float, help="keep rows with rating >= X as positives")
+    pc.add_argument("--min-user-items", type=int, default=5, help="drop users with fewer (5)")
+    pc.add_argument("--heldout-users", type=int, help="N validation and N test users")
+    pc.add_argument("--sep", help="field separator (default: ',' or tab for .tsv)")
+    pc.add_argument("--epochs", type=int, help="override the epochs of the gradient models")
+    pc.add_argument("--device", help="auto (default), cpu, cuda, cuda:N")
+    pc.add_argument("--no-plot", action="store_true", help="no compare.png")
+    pc.add_argument("--json", action="store_true", help="print the summary as JSON")
+    pc.set_defaults(fn=cmd_compare)
+
+    pp = sub.add_parser(
+        "plot",
+        help="training curves of runs: loss, NLL, KL, beta, validation metrics (PNG)",
+        description="Draw the per-epoch training loss, NLL, KL and beta and the validation "
+        "metrics of one or more runs, overlaid, each run's selected epoch marked.",
+    )
+    pp.add_argument("runs", nargs="+", help="run directories (RUN or LABEL=RUN)")
+    pp.add_argument("--out", required=True, help="PNG file to write")
+    pp.set_defaults(fn=cmd_plot)
