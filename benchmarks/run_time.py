@@ -98,7 +98,7 @@ def main() -> int:
     a = ap.parse_args()
     versions = ([("before", a.before)] if a.before else []) + [("after", ROOT / "src")]
     rows = []
-    with tempfile.TemporaryDirectory(dir=ROOT) as tmp:
+    with tempfile.TemporaryDirectory() as tmp:
         for name, data in datasets(Path(tmp)).items():
             for label, src in versions:
                 r = run(src, data, Path(tmp) / f"run-{label}-{len(rows)}", a.epochs, a.precision)

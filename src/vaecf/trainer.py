@@ -172,12 +172,12 @@ def train(
     ds = data if isinstance(data, PreparedDataset) else PreparedDataset(data)
     out = Path(out)
     if int(os.environ.get("RANK", "0")) != 0:  # under torchrun rank 0 holds the lock
-        return _train(ds, config, out, model_config, resume, model, on_epoch)
+        return _train(ds, config, out, model_config, resume, model, on_epoch, test)
     with writer_lock(out, "vaecf train"):
-        return _train(ds, config, out, model_config, resume, model, on_epoch)
+        return _train(ds, config, out, model_config, resume, model, on_epoch, test)
 
 
-def _train(ds, config, out, model_config, resume, model, on_epoch) -> RunResult:
+def _train(ds, config, out, model_config, resume, model, on_epoch, test) -> RunResult:
     if resume and rundir.is_run(out):
         saved = rundir.load_config(out)
         if saved["data"]["fingerprint"] != ds.fingerprint:
