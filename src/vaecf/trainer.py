@@ -513,7 +513,10 @@ class Trainer(_Run):
         t_setup = time.perf_counter()
         if (self.out / rundir.LAST).is_file():
             self._load_last()
-        elif (self.out / rundir.BEST).is_file():  # not from the start: that would overwrite it
+        elif (self.out / rundir.BEST).is_file() and (self.out / rundir.RESULTS).is_file():
+            # a finished run whose last.pt was removed: starting over would overwrite its model
+            # (a best.pt without last.pt or results.json is one whose last.pt write was cut
+            # short, by a kill or a full disk: training from the start finds it again)
             raise RunError(
                 f"{self.out} has a {rundir.BEST} but no {rundir.LAST} to continue from (vaecf "
                 "tune keeps only best.pt of finished and pruned trials); train a new run with "
