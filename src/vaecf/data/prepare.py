@@ -35,7 +35,7 @@ from vaecf._io import (
 )
 from vaecf.data import splits
 from vaecf.data.sources import ITEM, NAME, RATING, USER, read_names_table, read_table
-from vaecf.data.vocab import Vocabulary
+from vaecf.data.vocab import Vocabulary, load_item_names
 from vaecf.errors import DataError
 
 FORMAT_VERSION = 2  # 2: per-file checksums in the manifest; part of the fingerprint
@@ -276,15 +276,6 @@ class PreparedDataset:
             f"items={c['n_items']}, validation={c['n_validation_users']}, "
             f"test={c['n_test_users']})"
         )
-
-
-def load_item_names(path: str | os.PathLike) -> dict:
-    """{item_id: name} from an item_names.parquet (a prepared dataset's or a run's)."""
-    try:
-        df = pl.read_parquet(path, columns=[ITEM, NAME])
-    except Exception as e:
-        raise DataError(f"{path} is not a readable item names file ({type(e).__name__})") from None
-    return dict(zip(df.get_column(ITEM).to_list(), df.get_column(NAME).to_list(), strict=True))
 
 
 def _vocab_names(names: pl.DataFrame, item_ids: pl.Series, what: str) -> pl.DataFrame:
