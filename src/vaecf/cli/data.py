@@ -173,7 +173,9 @@ def cmd_info(a) -> int:
         f"{c['n_validation_users']}, test {c['n_test_users']})\n  items {c['n_items']}\n"
         f"  training interactions {c['nnz_train']} (density {density:.4%}); all splits {total}"
         f"\n  raw rows {c['n_rows']}, positives {c['n_positive_rows']}, after filters "
-        f"{c['n_filtered_pairs']}\n  source {src.get('dataset') or src.get('path')} "
+        f"{c['n_filtered_pairs']}\n  item names "
+        f"{c['n_named_items'] if 'n_named_items' in c else 'none'}"
+        f"\n  source {src.get('dataset') or src.get('path')} "
         f"(sha256 {str(src.get('sha256'))[:16]}...)\n  settings "
         + ", ".join(f"{k}={v}" for k, v in s.items())
     )
