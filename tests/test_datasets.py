@@ -82,7 +82,9 @@ def test_ml_from_zip_and_directory_give_the_same_dataset(raw, tmp_path):
     )
     assert a.fingerprint == b.fingerprint and a.path == b.path
     extracted = tmp_path / "home" / "raw" / "ml-25m" / "extracted" / "my-copy.zip" / "ml-25m"
-    assert sorted(p.name for p in extracted.iterdir()) == ["ratings.csv"]  # only what is needed
+    # only what is needed: the ratings and the item names file
+    assert sorted(p.name for p in extracted.iterdir()) == ["movies.csv", "ratings.csv"]
+    assert a.item_names() == b.item_names() == {1: "Toy Story (1995)"}
 
 
 def test_ml1m_dat_matches_reference(raw, tmp_path):

@@ -3,8 +3,9 @@ scores out. It imports no training code (what a server loads).
 
 A recommendation is a fold-in: any history (a known user's or a new one's) is scored, its own
 items are excluded (unless asked otherwise), an allow list or a deny list filters the rest, and the
-top k are returned. Scores of multinomial models (Mult-VAE, Mult-DAE, RecVAE) are each item's
-probability under the model; EASE's are its raw scores, popularity's the training counts.
+top k are returned, with their names where the run has them (`titles`). Scores of multinomial
+models (Mult-VAE, Mult-DAE, RecVAE) are each item's probability under the model; EASE's are its
+raw scores, popularity's the training counts.
 """
 
 from __future__ import annotations
@@ -28,16 +29,27 @@ class Recommendation:
     item_ids: list  # raw ids, best first
     scores: list[float]  # the model's score of each (probability for multinomial models)
     unknown: list = field(default_factory=list)  # history ids the model has never seen
+    titles: list | None = None  # each item's name (None where unnamed); None: the run has none
 
     def to_dict(self) -> dict:
-        return {
-            "items": [{"item_id": i, "score": s} for i, s in zip(self.item_ids, self.scores)],
-            "unknown": self.unknown,
-        }
+        """{"items": [{"item_id", "score"[, "title"]}], "unknown"}: "title" (null for an item
+        without one) on every item when the run has names, on none otherwise."""
+        items = [{"item_id": i, "score": s} for i, s in zip(self.item_ids, self.scores)]
+        if self.titles is not None:
+            for item, title in zip(items, self.titles, strict=True):
+                item["title"] = title
+        return {"items": items, "unknown": self.unknown}
 
 
 class Recommender:
-    def __init__(self, model: Model, items: Vocabulary, precision: str = "fp32", info=None):
+    def __init__(
+        self,
+        model: Model,
+        items: Vocabulary,
+        precision: str = "fp32",
+        info=None,
+        names: dict | None = None,
+    ):
         if len(items) != model.n_items:
             raise ConfigError(f"vocabulary has {len(items)} items, model {model.n_items}")
         self.device = model.device
@@ -49,6 +61,7 @@ class Recommender:
         self.items = items
         self.precision = precision
         self.info = info or {}  # the run's config, when loaded from a run directory
+        self.names = names  # {raw item id: name}, or None when the run has no names
 
     @classmethod
     def load(
@@ -62,7 +75,13 @@ class Recommender:
         dev = prec.resolve_device(device)
         model, cfg = rundir.load_model(run_dir, dev, checkpoint_name)
         items = Vocabulary.load(os.path.join(run_dir, rundir.ITEMS))
-        return cls(model, items, precision, cfg)
+        return cls(model, items, precision, cfg, rundir.load_item_names(run_dir))
+
+    def titles(self, item_ids: Iterable) -> list | None:
+        """The name of each raw id (None where unnamed), or None when the run has no names."""
+        if self.names is None:
+            return None
+        return [self.names.get(i) for i in item_ids]
 
     def _batch(self, rows: Sequence[list[int]]) -> SparseBatch:
         lens = torch.tensor([len(r) for r in rows], dtype=torch.long)
@@ -124,12 +143,9 @@ class Recommender:
         for r in range(len(known)):
             idx, sc = top.indices[r].tolist(), top.values[r].tolist()
             keep = [j for j, s in enumerate(sc) if s != -float("inf")]  # fewer left than k
+            ids = self.items.id_of([idx[j] for j in keep])
             out.append(
-                Recommendation(
-                    self.items.id_of([idx[j] for j in keep]),
-                    [sc[j] for j in keep],
-                    list(unknown[r]),
-                )
+                Recommendation(ids, [sc[j] for j in keep], list(unknown[r]), self.titles(ids))
             )
         return out
 
@@ -147,4 +163,5 @@ class Recommender:
         if unknown:
             return Recommendation([], [], unknown)
         idx, sims = cosine_neighbours(self.model.item_vectors(), known[0], k)
-        return Recommendation(self.items.id_of(idx), sims)
+        ids = self.items.id_of(idx)
+        return Recommendation(ids, sims, titles=self.titles(ids))

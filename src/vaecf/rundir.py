@@ -5,6 +5,7 @@
     config.toml     the same settings as a file for `vaecf train --config` (vaecf.configfile):
                     the run repeated from its own directory
     items.parquet   the item vocabulary (raw id of every model column)
+    item_names.parquet  item_id, name: the items' names, where the dataset has them (optional)
     best.pt         weights of the selected model (the best validation epoch; closed-form: the fit)
     last.pt         everything needed to resume training bit for bit (gradient models)
     metrics.jsonl   one JSON line per epoch (closed-form: one line with the fit's record)
@@ -30,6 +31,7 @@ from vaecf.errors import RunError
 CONFIG = "config.json"
 CONFIG_TOML = "config.toml"
 ITEMS = "items.parquet"
+ITEM_NAMES = "item_names.parquet"
 BEST = "best.pt"
 LAST = "last.pt"
 METRICS = "metrics.jsonl"
@@ -92,6 +94,30 @@ def copy_items(run_dir: Path, items_parquet: Path) -> None:
     tmp = run_dir / f".{ITEMS}.tmp"
     shutil.copyfile(items_parquet, tmp)
     os.replace(tmp, run_dir / ITEMS)
+
+
+def copy_item_names(run_dir: Path, item_names_parquet: Path | None) -> None:
+    """The dataset's item names into the run (None: the dataset has none; a stale copy goes)."""
+    if item_names_parquet is None:
+        (run_dir / ITEM_NAMES).unlink(missing_ok=True)
+        return
+    tmp = run_dir / f".{ITEM_NAMES}.tmp"
+    shutil.copyfile(item_names_parquet, tmp)
+    os.replace(tmp, run_dir / ITEM_NAMES)
+
+
+def load_item_names(run_dir: str | os.PathLike) -> dict | None:
+    """{raw item id: name} of the run's items, or None when the run has no names."""
+    from vaecf.data.vocab import load_item_names as load
+    from vaecf.errors import DataError
+
+    path = Path(run_dir) / ITEM_NAMES
+    if not path.is_file():
+        return None
+    try:
+        return load(path)
+    except DataError as e:
+        raise RunError(f"{e}; restore the run directory or train it again") from None
 
 
 def save_model(run_dir: Path, model: torch.nn.Module, **extra) -> None:

@@ -286,6 +286,7 @@ class _Run:
             self.ds.manifest.get("vaecf_version"),
         )
         rundir.copy_items(self.out, self.ds.path / "items.parquet")
+        rundir.copy_item_names(self.out, self.ds.item_names_file())
 
     def validate(self) -> dict:
         return self._evaluate(*self.val)

@@ -19,7 +19,17 @@ def cmd_prepare(a) -> int:
         seed=a.seed,
     )
     ds = prepare_csv(
-        a.path, a.out, a.user_col, a.item_col, a.rating_col, a.sep, settings, overwrite=a.overwrite
+        a.path,
+        a.out,
+        a.user_col,
+        a.item_col,
+        a.rating_col,
+        a.sep,
+        settings,
+        overwrite=a.overwrite,
+        item_names=a.item_names,
+        name_col=a.name_col,
+        name_id_col=a.name_id_col,
     )
     if a.json:
         print_json({"path": str(ds.path), **ds.manifest})
@@ -163,7 +173,9 @@ def cmd_info(a) -> int:
         f"{c['n_validation_users']}, test {c['n_test_users']})\n  items {c['n_items']}\n"
         f"  training interactions {c['nnz_train']} (density {density:.4%}); all splits {total}"
         f"\n  raw rows {c['n_rows']}, positives {c['n_positive_rows']}, after filters "
-        f"{c['n_filtered_pairs']}\n  source {src.get('dataset') or src.get('path')} "
+        f"{c['n_filtered_pairs']}\n  item names "
+        f"{c['n_named_items'] if 'n_named_items' in c else 'none'}"
+        f"\n  source {src.get('dataset') or src.get('path')} "
         f"(sha256 {str(src.get('sha256'))[:16]}...)\n  settings "
         + ", ".join(f"{k}={v}" for k, v in s.items())
     )
@@ -286,6 +298,17 @@ def register(sub) -> None:
         help="N: users in the validation split, and again in the test split",
     )
     pc.add_argument("--seed", type=int, default=98765, help="shuffle/split seed (paper: 98765)")
+    pc.add_argument(
+        "--item-names",
+        metavar="FILE",
+        help="a CSV/TSV/Parquet file naming the items (e.g. MovieLens movies.csv); the names "
+        "are kept with the dataset and shown by recommend, similar and serve",
+    )
+    pc.add_argument("--name-col", help="--item-names: the column holding the name")
+    pc.add_argument(
+        "--name-id-col",
+        help="--item-names: the column holding the item id (default: the --item-col name)",
+    )
     pc.add_argument("--out", required=True, help="directory to write the prepared dataset to")
     pc.add_argument(
         "--overwrite",

@@ -140,21 +140,29 @@ def cmd_recommend(a) -> int:
 
 
 def _print_ranked(r) -> None:
-    print(f"{'rank':>4s}  {'item_id':>12s}  score")
-    for i, (item, s) in enumerate(zip(r.item_ids, r.scores), 1):
-        print(f"{i:4d}  {item!s:>12s}  {s:.5g}")
+    """rank, item id, score and, when the run has names, title."""
+    titles = r.titles if r.titles is not None else [None] * len(r.item_ids)
+    head = f"{'rank':>4s}  {'item_id':>12s}  {'score':>10s}"
+    print(head + ("  title" if r.titles is not None else ""))
+    for i, (item, s, t) in enumerate(zip(r.item_ids, r.scores, titles), 1):
+        line = f"{i:4d}  {item!s:>12s}  {s:10.5g}"
+        print(line + (f"  {t if t is not None else '-'}" if r.titles is not None else ""))
 
 
 def cmd_similar(a) -> int:
     from vaecf.recommender import Recommender
 
-    r = Recommender.load(a.run, device=a.device).similar_items(a.item, k=a.k)
+    rec = Recommender.load(a.run, device=a.device)
+    r = rec.similar_items(a.item, k=a.k)
     if r.unknown:
         raise VaecfError(f"item {a.item!r} is not in the model's vocabulary")
     if a.json:
         print_json(r.to_dict())
-    else:
-        _print_ranked(r)
+        return 0
+    if rec.names is not None:
+        known = rec.items.id_of(rec.items.index_of([a.item])[0])[0]
+        print(f"most similar to {known}: {rec.names.get(known) or '-'}")
+    _print_ranked(r)
     return 0
 
 

@@ -353,15 +353,22 @@ def locate(
 def _from_archive(spec: DatasetSpec, archive: Path, raw: Path) -> list[Path]:
     target = raw / "extracted" / archive.name
     done = target / ".complete"
-    if done.is_file() and done.read_text().strip() == str(archive.stat().st_size):
+    # the item names file (MovieLens' movies.csv) is extracted beside the raw files; the marker
+    # says so, so that an extraction made before names were read is made again, once
+    extra = (spec.names,) if spec.names and spec.names != "inline" else ()
+    mark = str(archive.stat().st_size) + (f" +{spec.names}" if extra else "")
+    if done.is_file() and done.read_text().strip() == mark:
         files = _find(target, spec.raw_files)
     else:
         with contextlib.suppress(FileNotFoundError):
             shutil.rmtree(target)
         files = extract(
-            archive, target, wanted=lambda n: _matches(n, spec.raw_files) or n.endswith(".tar")
+            archive,
+            target,
+            wanted=lambda n: _matches(n, spec.raw_files + extra) or n.endswith(".tar"),
         )
-        done.write_text(str(archive.stat().st_size))
+        files = [f for f in files if not _matches(f.name, extra)]
+        done.write_text(mark)
     # nested archives (Netflix: nf_prize_dataset.tar.gz -> training_set.tar -> mv_*.txt)
     nested = [f for f in files if is_archive(f) and not _matches(f.name, ("*.txt", "*.csv"))]
     out = [f for f in files if f not in nested]

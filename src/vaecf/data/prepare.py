@@ -3,7 +3,11 @@
 Directory: train.npz, validation_tr.npz, validation_te.npz, test_tr.npz, test_te.npz (scipy CSR,
 user x item, float32 ones), items.parquet (raw item id per column), users.parquet (raw user id
 per row: training users, then validation, then test), manifest.json (source checksum, settings,
-counts, fingerprint, library version).
+counts, fingerprint, library version), and item_names.parquet (item_id, name) where the data names
+its items: only items of the vocabulary, ids typed like items.parquet's. Its checksum is in the
+manifest like every file's; names from a user's file (`prepare_csv(item_names=...)`) are part of
+the fingerprint, a registry dataset's (read beside its raw files) are not: they come with the same
+download, and a dataset prepared again to gain them keeps matching the runs trained on it.
 """
 
 from __future__ import annotations
@@ -30,12 +34,13 @@ from vaecf._io import (
     writer_lock,
 )
 from vaecf.data import splits
-from vaecf.data.sources import ITEM, RATING, USER, read_table
-from vaecf.data.vocab import Vocabulary
+from vaecf.data.sources import ITEM, NAME, RATING, USER, read_names_table, read_table
+from vaecf.data.vocab import Vocabulary, load_item_names
 from vaecf.errors import DataError
 
 FORMAT_VERSION = 2  # 2: per-file checksums in the manifest; part of the fingerprint
 SPLIT_FILES = ("train", "validation_tr", "validation_te", "test_tr", "test_te")
+ITEM_NAMES = "item_names.parquet"
 
 
 # the settings that apply to one protocol only, and their defaults under it
@@ -111,6 +116,8 @@ def fingerprint(settings: PrepareSettings, source: dict) -> str:
     src = {k: source.get(k) for k in keys}
     if source.get("parser"):  # a registry dataset: its parser is part of what was read
         src["parser"] = source["parser"]
+    elif source.get("item_names"):  # a user's names file (a registry dataset's is not hashed in)
+        src["item_names"] = {k: source["item_names"].get(k) for k in ("sha256", "columns", "sep")}
     blob = json.dumps(
         {"settings": asdict(settings), "source": src, "format_version": FORMAT_VERSION},
         sort_keys=True,
@@ -243,6 +250,17 @@ class PreparedDataset:
         except Exception as e:
             raise DataError(f"{f} is unreadable ({type(e).__name__}); {_REPREPARE}") from None
 
+    def item_names_file(self) -> Path | None:
+        """item_names.parquet, checked against the manifest; None when the data has no names."""
+        if ITEM_NAMES not in (self.manifest.get("files") or {}):
+            return None
+        return self._checked(ITEM_NAMES)
+
+    def item_names(self) -> dict | None:
+        """{raw item id: name} for the items the data names, or None when it names none."""
+        f = self.item_names_file()
+        return None if f is None else load_item_names(f)
+
     @property
     def n_items(self) -> int:
         return int(self.manifest["counts"]["n_items"])
@@ -258,6 +276,29 @@ class PreparedDataset:
             f"items={c['n_items']}, validation={c['n_validation_users']}, "
             f"test={c['n_test_users']})"
         )
+
+
+def _vocab_names(names: pl.DataFrame, item_ids: pl.Series, what: str) -> pl.DataFrame:
+    """(item_id, name) of the vocabulary's items that `names` names: ids cast to the vocabulary's
+    type, blank names dropped, the first name of an id kept, in vocabulary order."""
+    ids = names.get_column(ITEM)
+    if item_ids.dtype.is_integer():
+        ids = ids.cast(pl.String).str.strip_chars().cast(pl.Int64, strict=False)
+    else:
+        ids = ids.cast(pl.String).str.strip_chars()
+    name = names.get_column(NAME).cast(pl.String).str.strip_chars()
+    df = pl.DataFrame({ITEM: ids, NAME: name}).filter(
+        pl.col(ITEM).is_not_null() & pl.col(NAME).is_not_null() & (pl.col(NAME) != "")
+    )
+    df = df.unique(subset=ITEM, keep="first", maintain_order=True)
+    vocab = pl.DataFrame({ITEM: item_ids.cast(df.schema[ITEM])}).with_row_index("pos")
+    out = vocab.join(df, on=ITEM, how="inner").sort("pos")
+    if out.height == 0 and names.height > 0:
+        raise DataError(
+            f"none of the {names.height} ids in {what} is an item of the dataset; check that its "
+            "id column (--name-id-col) holds the same ids as the interactions' --item-col"
+        )
+    return out.select(pl.col(ITEM).cast(item_ids.dtype), NAME)
 
 
 def load_prepared(path: str | os.PathLike) -> PreparedDataset:
@@ -319,8 +360,10 @@ def prepare_frame(
     out: str | os.PathLike,
     settings: PrepareSettings | None = None,
     source: dict | None = None,
+    item_names: pl.DataFrame | None = None,
 ) -> PreparedDataset:
-    """Binarize, filter, split and write `df` (columns user_id, item_id[, rating]) to `out`."""
+    """Binarize, filter, split and write `df` (columns user_id, item_id[, rating]) to `out`;
+    `item_names` (columns item_id, name) are kept for the items of the vocabulary."""
     settings = settings or PrepareSettings()
     settings.validate()
     source = source or {}
@@ -382,6 +425,11 @@ def prepare_frame(
         n_heldout_pairs_unknown_item=int(df.get_column("iidx").null_count()),
         **{f"nnz_{k}": int(m.nnz) for k, m in mats.items()},
     )
+    named = None
+    if item_names is not None:
+        where = (source.get("item_names") or {}).get("path", "the item names")
+        named = _vocab_names(item_names, item_ids, where)
+        counts["n_named_items"] = named.height
     fp = fingerprint(settings, source)
     manifest = {
         "format_version": FORMAT_VERSION,
@@ -402,6 +450,9 @@ def prepare_frame(
             Vocabulary(item_ids, ITEM).save(tmp / "items.parquet")
             with atomic_file(tmp / "users.parquet") as f:
                 users_frame.write_parquet(f)
+            if named is not None:
+                with atomic_file(tmp / ITEM_NAMES) as f:
+                    named.write_parquet(f)
             manifest["files"] = {f.name: sha256_file(f) for f in sorted(tmp.iterdir())}
             manifest["manifest_sha256"] = _manifest_digest(manifest)
             write_json(tmp / "manifest.json", manifest)
@@ -453,8 +504,15 @@ def prepare_csv(
     sep: str | None = None,
     settings: PrepareSettings | None = None,
     overwrite: bool = False,
+    item_names: str | os.PathLike | None = None,
+    name_col: str | None = None,
+    name_id_col: str | None = None,
 ) -> PreparedDataset:
-    """Prepare a CSV/TSV/Parquet file of interactions (cached by fingerprint at `out`)."""
+    """Prepare a CSV/TSV/Parquet file of interactions (cached by fingerprint at `out`).
+
+    `item_names`: a CSV/TSV/Parquet file naming items: `name_col` holds the name, `name_id_col`
+    (default: `item_col`) the item id; read with `sep` when given, else by its own suffix.
+    """
     settings = settings or PrepareSettings()
     settings.validate()
     if settings.min_rating is not None and rating_col is None:
@@ -470,12 +528,29 @@ def prepare_csv(
         "columns": {"user": user_col, "item": item_col, "rating": rating_col},
         "sep": sep,
     }
+    if item_names is not None:
+        if not name_col:
+            raise DataError("--item-names needs --name-col to say which column holds the names")
+        npath = Path(item_names)
+        if not npath.is_file():
+            raise DataError(f"--item-names {npath} does not exist or is not a file")
+        source["item_names"] = {
+            "path": str(npath.resolve()),
+            "sha256": sha256_file(npath),
+            "columns": {"id": name_id_col or item_col, "name": name_col},
+            "sep": sep,
+        }
+    elif name_col or name_id_col:
+        raise DataError("--name-col/--name-id-col need --item-names FILE")
     with writer_lock(out, "vaecf prepare"):
         reused = _reuse(out, fingerprint(settings, source), overwrite)
         if reused is not None:
             return reused
+        names = None
+        if item_names is not None:  # read first: a bad names file fails before the long part
+            names = read_names_table(item_names, name_id_col or item_col, name_col, sep)
         df = read_table(path, user_col, item_col, rating_col, sep)
-        return prepare_frame(df, out, settings, source)
+        return prepare_frame(df, out, settings, source, names)
 
 
 # -- named datasets ------------------------------------------------------------------------------
@@ -604,6 +679,9 @@ def prepare_dataset(
                 sums = hashing.result()
         _store_sha256(sums, cache_dir)
     record = _source_record(name, spec.parser, files, sums, origin)
+    names_file = _names_file(spec, files)
+    if names_file is not None:  # recorded; not part of the fingerprint (see the module's doc)
+        record["item_names"] = {"path": str(names_file), "sha256": sha256_file(names_file)}
     fp = fingerprint(settings, record)
     out = Path(out) if out is not None else prepared_root(root) / f"{name}-{fp}"
     with writer_lock(out, f"vaecf prepare {name}"):
@@ -613,17 +691,36 @@ def prepare_dataset(
             return reused
         if df is None:
             df, parse_counts = _parse(spec, files, progress)
+        names = None
+        if spec.names == "inline":  # the raw rows name their items: each one's first spelling
+            names = df.select(ITEM, NAME)
+            df = df.drop(NAME)
+        elif names_file is not None:
+            from vaecf.data.sources import NAMES_READERS
+
+            names = NAMES_READERS[spec.names](names_file)
         record["parse"] = parse_counts
         _say(progress, f"{name}: {df.height:,} rows; filtering and splitting")
         if settings.min_rating is not None and RATING not in df.columns:
             raise DataError(f"{name} has no ratings; leave --min-rating unset")
-        return prepare_frame(df, out, settings, record)
+        return prepare_frame(df, out, settings, record, names)
+
+
+def _names_file(spec, files: list[Path]) -> Path | None:
+    """The dataset's names file beside its (first) raw file, when the registry names one and it
+    is there."""
+    if not spec.names or spec.names == "inline" or not files:
+        return None
+    f = files[0].parent / spec.names
+    return f if f.is_file() else None
 
 
 def _parse(spec, files: list[Path], progress: bool):
     from vaecf.data.sources import PARSERS
 
     _say(progress, f"{spec.name}: parsing {len(files)} file(s)")
+    if spec.names == "inline":
+        return PARSERS[spec.parser](files, names=True)
     return PARSERS[spec.parser](files)
 
 

@@ -42,6 +42,9 @@ class DatasetSpec:
     manual: str = ""  # how to get the files when there is no download
     notes: str = ""  # format details worth knowing
     known: dict = field(default_factory=dict)  # published figures (raw and after preprocessing)
+    # item names: a file beside the raw files (read when present, see sources.NAMES_READERS), or
+    # "inline" (the parser's names=True adds a name column); "" = none
+    names: str = ""
 
 
 def _grouplens(name: str, md5: str | None, size: int | None) -> tuple[RemoteFile, ...]:
@@ -67,6 +70,7 @@ def _add(spec: DatasetSpec) -> None:
 _add(
     DatasetSpec(
         name="ml-20m",
+        names="movies.csv",
         title="MovieLens 20M",
         parser="movielens-csv",
         raw_files=("ratings.csv",),
@@ -88,6 +92,7 @@ _add(
 _add(
     DatasetSpec(
         name="ml-1m",
+        names="movies.dat",
         title="MovieLens 1M",
         parser="movielens-dat",
         raw_files=("ratings.dat",),
@@ -103,6 +108,7 @@ _add(
 _add(
     DatasetSpec(
         name="ml-25m",
+        names="movies.csv",
         title="MovieLens 25M",
         parser="movielens-csv",
         raw_files=("ratings.csv",),
@@ -118,6 +124,7 @@ _add(
 _add(
     DatasetSpec(
         name="ml-32m",
+        names="movies.csv",
         title="MovieLens 32M",
         parser="movielens-csv",
         raw_files=("ratings.csv",),
@@ -133,6 +140,7 @@ _add(
 _add(
     DatasetSpec(
         name="ml-latest-small",
+        names="movies.csv",
         title="MovieLens latest (small)",
         parser="movielens-csv",
         raw_files=("ratings.csv",),
@@ -179,6 +187,7 @@ _add(
 _add(
     DatasetSpec(
         name="lastfm-360k",
+        names="inline",
         title="Last.fm 360K (Celma)",
         parser="lastfm",
         raw_files=("usersha1-artmbid-artname-plays.tsv",),

@@ -14,6 +14,7 @@ import polars as pl
 from vaecf.errors import DataError
 
 USER, ITEM, RATING = "user_id", "item_id", "rating"
+NAME = "name"  # an item's display name (item names files; read_lastfm(names=True))
 
 
 def _sep_for(path: Path, sep: str | None) -> str:
@@ -419,12 +420,12 @@ def read_netflix(paths: list[Path]) -> Parsed:
     return df, {"n_files": len(paths)}
 
 
-def read_lastfm(paths: list[Path]) -> Parsed:
+def read_lastfm(paths: list[Path], names: bool = False) -> Parsed:
     """Last.fm 360K: user sha1 <tab> artist MBID <tab> artist name <tab> plays, no header.
 
     Known to be dirty: rows without exactly 4 fields, an empty user or artist, or a plays value
     that is not an integer are skipped and counted. Items: the MBID, or 'name:' + artist name
-    where the MBID is empty."""
+    where the MBID is empty. `names` adds a `name` column: the artist name as written on the row."""
     path = _one(paths, "usersha1-artmbid-artname-plays.tsv")
     if path.stat().st_size == 0:
         raise DataError(f"{path} is empty; download lastfm-360k again")
@@ -457,7 +458,10 @@ def read_lastfm(paths: list[Path]) -> Parsed:
         & pl.col(RATING).is_not_null()
         & (pl.col(RATING) >= 0)
     )
-    df = f.filter(ok).select(USER, ITEM, pl.col(RATING).cast(pl.Float64))
+    keep = [USER, ITEM, pl.col(RATING).cast(pl.Float64)]
+    if names:
+        keep.append(pl.col("name").str.strip_chars().alias(NAME))
+    df = f.filter(ok).select(keep)
     skipped = n_lines - df.height
     if df.height == 0:
         raise DataError(
@@ -510,3 +514,101 @@ PARSERS = {
     "pinterest": read_pinterest,
     "msd": read_msd,
 }
+
+
+# -- item names ----------------------------------------------------------------------------------
+# Names are read strictly, like interactions: a malformed names file is a DataError naming the file
+# and line (never a silent partial set of names). Every reader returns (item_id, name) rows in file
+# order; ids are typed later, like the vocabulary's (vaecf.data.prepare).
+def _names_frame(ids: list, names: list) -> pl.DataFrame:
+    return pl.DataFrame({ITEM: ids, NAME: names}, schema={ITEM: pl.String, NAME: pl.String})
+
+
+def read_names_table(
+    path: str | os.PathLike, id_col: str, name_col: str, sep: str | None = None
+) -> pl.DataFrame:
+    """(item_id, name) from a CSV/TSV (header row) or Parquet file with named columns."""
+    path = Path(path)
+    if not path.is_file():
+        raise DataError(f"{path} does not exist or is not a file; pass --item-names to a file")
+    is_parquet = path.suffix.lower() in {".parquet", ".pq"}
+    try:
+        if is_parquet:
+            lf = pl.scan_parquet(path)
+        else:
+            lf = pl.scan_csv(
+                path, separator=_sep_for(path, sep), infer_schema=False, quote_char='"'
+            )
+        cols = lf.collect_schema().names()
+    except (pl.exceptions.PolarsError, OSError) as e:
+        msg = str(e).splitlines()[0][:200] if str(e) else type(e).__name__
+        raise DataError(f"cannot read {path} ({msg}); pass a CSV/TSV/Parquet names file") from None
+    missing = [c for c in (id_col, name_col) if c not in cols]
+    if missing:
+        raise DataError(
+            f"{path}: no column(s) {missing}; the file has columns {cols}. "
+            "Pass the right --name-col / --name-id-col"
+        )
+    try:
+        df = lf.select(
+            pl.col(id_col).cast(pl.String).alias(ITEM), pl.col(name_col).cast(pl.String).alias(NAME)
+        ).collect()
+    except pl.exceptions.PolarsError as e:
+        where = None if is_parquet else _csv_bad_line(path, _sep_for(path, sep))
+        where = where or f": {str(e).splitlines()[0][:200]}"
+        raise DataError(f"cannot parse {path}{where}; fix the names file") from None
+    return df
+
+
+def read_movielens_movies_csv(path: Path) -> pl.DataFrame:
+    """MovieLens movies.csv (ml-20m/25m/32m/latest): header movieId,title,genres; titles quoted
+    where they hold a comma. Strict: a bad line is a DataError naming it."""
+    import csv
+
+    ids, names = [], []
+    with open(path, encoding="utf-8-sig", newline="") as f:
+        r = csv.reader(f, strict=True)
+        try:
+            header = next(r, [])
+            if header != ["movieId", "title", "genres"]:
+                raise DataError(
+                    f"{path}, line 1: header is {','.join(header)[:80]!r}, not "
+                    "'movieId,title,genres'; is this a MovieLens movies.csv? Fix or remove it"
+                )
+            for row in r:
+                if len(row) != 3 or not row[0].strip().isdigit() or not row[1].strip():
+                    raise DataError(
+                        f"{path}, line {r.line_num}: {','.join(row)[:80]!r} is not "
+                        "movieId,title,genres; fix, re-download or remove the file"
+                    )
+                ids.append(row[0].strip())
+                names.append(row[1].strip())
+        except csv.Error as e:
+            raise DataError(f"{path}, line {r.line_num}: {e}; fix or re-download it") from None
+        except UnicodeDecodeError:
+            raise DataError(
+                f"{path}, line {r.line_num + 1}: not valid UTF-8 text; re-download it"
+            ) from None
+    return _names_frame(ids, names)
+
+
+def read_movielens_movies_dat(path: Path) -> pl.DataFrame:
+    """MovieLens 1M movies.dat: MovieID::Title::Genres, latin-1, no header."""
+    ids, names = [], []
+    with open(path, encoding="latin-1", newline="") as f:
+        for n, line in enumerate(f, 1):
+            line = line.rstrip("\r\n")
+            if not line.strip():
+                continue
+            parts = line.split("::")
+            if len(parts) != 3 or not parts[0].strip().isdigit() or not parts[1].strip():
+                raise DataError(
+                    f"{path}, line {n}: {line[:80]!r} is not MovieID::Title::Genres; "
+                    "fix, re-download or remove the file"
+                )
+            ids.append(parts[0].strip())
+            names.append(parts[1].strip())
+    return _names_frame(ids, names)
+
+
+NAMES_READERS = {"movies.csv": read_movielens_movies_csv, "movies.dat": read_movielens_movies_dat}

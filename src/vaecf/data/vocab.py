@@ -1,4 +1,6 @@
-"""Vocabulary: raw identifiers <-> matrix positions, both directions, saved with every model."""
+"""Vocabulary: raw identifiers <-> matrix positions, both directions, saved with every model; and
+the item names file (item_names.parquet: item_id, name) that travels with it where the data has
+names."""
 
 from __future__ import annotations
 
@@ -64,3 +66,14 @@ class Vocabulary:
         except Exception as e:
             raise DataError(f"{path} is not a readable vocabulary ({e})") from None
         return cls(s.to_numpy() if s.dtype.is_integer() else s.to_list(), name=name)
+
+
+def load_item_names(path: str | os.PathLike) -> dict:
+    """{raw item id: name} from an item_names.parquet (a prepared dataset's or a run's)."""
+    try:
+        df = pl.read_parquet(path, columns=["item_id", "name"])
+    except FileNotFoundError:
+        raise DataError(f"{path} is missing") from None
+    except Exception as e:
+        raise DataError(f"{path} is not a readable item names file ({type(e).__name__})") from None
+    return dict(zip(df.get_column("item_id").to_list(), df.get_column("name").to_list()))

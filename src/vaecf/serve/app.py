@@ -48,6 +48,9 @@ def error(status: int, code: str, message: str, **extra: Any) -> JSONResponse:
 class ItemScore(BaseModel):
     item_id: ItemId
     score: float
+    title: str | None = Field(
+        None, description="the item's name, on every item when the run has names (else absent)"
+    )
 
 
 class ModelVersion(BaseModel):
@@ -332,7 +335,12 @@ def create_app(holder: ModelHolder, settings: ServeSettings) -> FastAPI:
             return error(422, "invalid_request", str(e))
         return recs, model.version
 
-    @app.post("/v1/recommend", response_model=RecommendResponse, tags=["recommend"])
+    @app.post(
+        "/v1/recommend",
+        response_model=RecommendResponse,
+        response_model_exclude_unset=True,
+        tags=["recommend"],
+    )
     async def recommend(req: RecommendRequest):  # type: ignore[valid-type]
         """Top-k items for one history of raw item ids."""
         out = await scored([req.items], req)
@@ -341,7 +349,12 @@ def create_app(holder: ModelHolder, settings: ServeSettings) -> FastAPI:
         recs, version = out
         return {**recs[0].to_dict(), "model": version}
 
-    @app.post("/v1/recommend/batch", response_model=BatchResponse, tags=["recommend"])
+    @app.post(
+        "/v1/recommend/batch",
+        response_model=BatchResponse,
+        response_model_exclude_unset=True,
+        tags=["recommend"],
+    )
     async def recommend_batch(req: BatchRequest):  # type: ignore[valid-type]
         """Top-k items for each of several histories, with the same k and filters."""
         out = await scored(req.histories, req)
@@ -350,7 +363,12 @@ def create_app(holder: ModelHolder, settings: ServeSettings) -> FastAPI:
         recs, version = out
         return {"results": [r.to_dict() for r in recs], "model": version}
 
-    @app.get("/v1/items/{item_id}/similar", response_model=SimilarResponse, tags=["recommend"])
+    @app.get(
+        "/v1/items/{item_id}/similar",
+        response_model=SimilarResponse,
+        response_model_exclude_unset=True,
+        tags=["recommend"],
+    )
     async def similar(
         item_id: Annotated[str, Path(max_length=256)],
         k: Annotated[int, Query(ge=1, le=settings.max_k)] = 10,
