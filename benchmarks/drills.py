@@ -124,7 +124,11 @@ def main() -> int:
     runner = dk.ForkRunner(work / "logs")
     tallies: list[dk.Tally] = []
     try:
-        drills = {"prepare": dk.PrepareDrill(), "train": dk.TrainDrill(epochs=3)}
+        drills = {
+            "prepare": dk.PrepareDrill(),
+            "train": dk.TrainDrill(epochs=3),
+            "score": dk.ScoreDrill(),
+        }
         if only & {"kill", "lock"}:
             for name, d in drills.items():
                 d.setup(work / name, runner)

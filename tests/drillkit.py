@@ -733,3 +733,91 @@ def format_table(rows: list[Tally]) -> str:
     for t in rows:
         lines.append("| " + " | ".join(str(v) for v in t.row()) + " |")
     return "\n".join(lines)
+
+
+# -- score ---------------------------------------------------------------------------------------
+class ScoreDrill(Drill):
+    """`vaecf score` of a history file into recs.parquet: even trials replace an older output
+    (k 5), odd ones write where nothing was; after a kill the file is the old one, the complete
+    new one, or absent where there was none, never a torn one; rerunning gives the result."""
+
+    name = "score"
+
+    def setup(self, root: Path, runner, out_parent: Path | None = None) -> None:
+        import polars as pl
+
+        from vaecf.data.synthetic import generate
+
+        self.root = Path(root)
+        (self.root / "inputs").mkdir(parents=True, exist_ok=True)
+        csv = self.root / "inputs" / "train.csv"
+        df = generate(n_users=600, n_items=150, n_groups=4, seed=8)
+        df.write_csv(csv)
+        self.history = self.root / "inputs" / "history.csv"
+        df.filter(pl.col("user_id") < 400).write_csv(self.history)
+        data, self.run_dir = self.root / "data", self.root / "run"
+        for argv in (
+            ["prepare", "csv", "--path", csv, "--user-col", "user_id", "--item-col", "item_id",
+             "--heldout-users", 50, "--out", data],
+            ["train", "--data", data, "--out", self.run_dir, "--epochs", 1, "--precision",
+             "fp32", "--device", "cpu", "--quiet"],
+        ):  # fmt: skip
+            r = run(runner, argv)
+            if r.rc:
+                raise RuntimeError(str(r))
+        self.out = Path(out_parent or self.root / "out") / "recs.parquet"
+        self.ref_old, self.ref_new = (
+            self.root / "ref" / "old.parquet",
+            self.root / "ref" / "new.parquet",
+        )
+        for ref, k in ((self.ref_old, 5), (self.ref_new, 20)):
+            t0 = time.perf_counter()
+            r = run(runner, self._argv(ref, k))
+            self.duration = time.perf_counter() - t0
+            if r.rc:
+                raise RuntimeError(str(r))
+        self.state_old, self.state_new = _table_state(self.ref_old), _table_state(self.ref_new)
+
+    def _argv(self, out: Path, k: int) -> list:
+        return [
+            "score", self.run_dir, "--input", self.history, "--user-col", "user_id",
+            "--item-col", "item_id", "-k", k, "--out", out,
+        ]  # fmt: skip
+
+    def reset(self, trial: int) -> None:
+        self.out.parent.mkdir(parents=True, exist_ok=True)
+        for p in self.out.parent.iterdir():
+            shutil.rmtree(p) if p.is_dir() else p.unlink()
+        if trial % 2 == 0:
+            shutil.copyfile(self.ref_old, self.out)
+
+    def command(self, trial: int) -> list:
+        return self._argv(self.out, 20)
+
+    def state(self):
+        return _table_state(self.out)
+
+    def old(self, trial: int):
+        return self.state_old if trial % 2 == 0 else None
+
+    def final(self, trial: int):
+        return self.state_new
+
+    def allowed_after_kill(self, trial: int):
+        return lambda st: st in (self.old(trial), self.state_new)
+
+    def output_paths(self) -> list[Path]:
+        return [self.out]
+
+
+def _table_state(path: Path):
+    """A digest of a Parquet table's rows; None if absent; Broken if it does not read."""
+    import polars as pl
+
+    if not path.exists():
+        return None
+    try:
+        df = pl.read_parquet(path)
+    except Exception as e:  # a torn file under the final name
+        raise Broken(f"{path}: {type(e).__name__}: {e}") from None
+    return hashlib.sha256(df.write_csv().encode()).hexdigest()

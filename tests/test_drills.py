@@ -14,6 +14,7 @@ import pytest
 from drillkit import (
     ForkRunner,
     PrepareDrill,
+    ScoreDrill,
     Tmpfs,
     TrainDrill,
     can_mount,
@@ -22,7 +23,7 @@ from drillkit import (
 )
 
 SEED = int(os.environ.get("VAECF_DRILL_SEED") or random.SystemRandom().randrange(10**6))
-KILL_TRIALS = {"prepare": 14, "train": 10}  # 1-2 kill points each
+KILL_TRIALS = {"prepare": 14, "train": 10, "score": 8}  # 1-2 kill points each
 DISK_TRIALS = 5
 
 
@@ -60,6 +61,13 @@ def test_killed_train_resumes_to_the_same_weights_bit_for_bit(runner, tmp_path):
     }
     t = kill_drill(d, runner, KILL_TRIALS["train"], SEED + 1)
     _assert_clean(t, SEED + 1)
+
+
+def test_killed_score_leaves_old_or_new_and_rerun_completes(runner, tmp_path):
+    d = ScoreDrill()
+    d.setup(tmp_path, runner)
+    t = kill_drill(d, runner, KILL_TRIALS["score"], SEED + 4)
+    _assert_clean(t, SEED + 4)
 
 
 def test_drill_notices_a_non_atomic_writer(runner, tmp_path, monkeypatch):
