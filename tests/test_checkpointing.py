@@ -130,3 +130,22 @@ def test_signal_stops_after_the_epoch_with_a_checkpoint(ds, tmp_path, sig):
     assert all(torch.equal(a[k], b[k]) for k in a)
     assert json.loads((tmp_path / "r/results.json").read_text())["test"] == ref.test_metrics
     assert os.path.getsize(tmp_path / "r/metrics.jsonl") > 0
+
+
+def test_a_second_trainer_into_the_same_run_is_refused(ds, tmp_path):
+    out = tmp_path / "r"
+    holder = subprocess.Popen(
+        [sys.executable, "-c", "import sys, time\nfrom vaecf._io import writer_lock\n"
+         f"with writer_lock({str(out)!r}, 'vaecf train'):\n"
+         "    print('held', flush=True)\n    time.sleep(60)"],
+        stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        with pytest.raises(vaecf.VaecfError, match=str(holder.pid)):
+            vaecf.train(ds, cfg(epochs=1), out, small())
+    finally:
+        holder.kill()
+        holder.wait()
+    res = vaecf.train(ds, cfg(epochs=1), out, small())  # the dead holder's lock is taken over
+    assert res.best_epoch == 1
