@@ -115,7 +115,10 @@ def _curve(ax, pts, best, color, label) -> None:
 
 
 def _decorate(ax, title: str, unit: str) -> None:
+    from matplotlib.ticker import MaxNLocator
+
     ax.set_title(title, fontsize=11)
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # epochs are whole
     ax.set_xlabel("epoch")
     ax.set_ylabel(unit)
     ax.grid(alpha=0.3)
