@@ -520,7 +520,28 @@ def prepared_state(out: Path):
     return ds.fingerprint, tuple(sorted(os.listdir(out))), h.hexdigest()
 
 
-class PrepareDrill(Drill):
+class ReplaceDrill(Drill):
+    """A verb whose output is replaced whole: even trials start from an older output
+    (`state_old`), odd ones from none; a kill may leave either start or the complete new output
+    (`state_new`), which the finishing command must reach."""
+
+    out: Path
+    state_old = state_new = None
+
+    def old(self, trial: int):
+        return self.state_old if trial % 2 == 0 else None
+
+    def final(self, trial: int):
+        return self.state_new
+
+    def allowed_after_kill(self, trial: int):
+        return lambda st: st in (self.old(trial), self.state_new)
+
+    def output_paths(self) -> list[Path]:
+        return [self.out]
+
+
+class PrepareDrill(ReplaceDrill):
     """`vaecf prepare csv ... --overwrite` replacing dataset A by B (even trials) or writing B
     where nothing was (odd trials)."""
 
@@ -547,7 +568,7 @@ class PrepareDrill(Drill):
         self.duration = time.perf_counter() - t0
         if r.rc:
             raise RuntimeError(str(r))
-        self.state_a, self.state_b = prepared_state(self.ref_a), prepared_state(self.ref_b)
+        self.state_old, self.state_new = prepared_state(self.ref_a), prepared_state(self.ref_b)
 
     def _argv(self, out: Path, heldout: int, seed: int) -> list:
         return [
@@ -569,18 +590,6 @@ class PrepareDrill(Drill):
 
     def state(self):
         return prepared_state(self.out)
-
-    def old(self, trial: int):
-        return self.state_a if trial % 2 == 0 else None
-
-    def final(self, trial: int):
-        return self.state_b
-
-    def allowed_after_kill(self, trial: int):
-        return lambda st: st in (self.old(trial), self.state_b)
-
-    def output_paths(self) -> list[Path]:
-        return [self.out]
 
 
 # -- train ---------------------------------------------------------------------------------------
@@ -736,7 +745,7 @@ def format_table(rows: list[Tally]) -> str:
 
 
 # -- score ---------------------------------------------------------------------------------------
-class ScoreDrill(Drill):
+class ScoreDrill(ReplaceDrill):
     """`vaecf score` of a history file into recs.parquet: even trials replace an older output
     (k 5), odd ones write where nothing was; after a kill the file is the old one, the complete
     new one, or absent where there was none, never a torn one; rerunning gives the result."""
@@ -796,18 +805,6 @@ class ScoreDrill(Drill):
 
     def state(self):
         return _table_state(self.out)
-
-    def old(self, trial: int):
-        return self.state_old if trial % 2 == 0 else None
-
-    def final(self, trial: int):
-        return self.state_new
-
-    def allowed_after_kill(self, trial: int):
-        return lambda st: st in (self.old(trial), self.state_new)
-
-    def output_paths(self) -> list[Path]:
-        return [self.out]
 
 
 def _table_state(path: Path):
