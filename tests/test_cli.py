@@ -203,6 +203,7 @@ def queries(ws, env, popular, manifest_text) -> dict:
             "info_json": ["info", ws.data, "--json"],
             "eval_test": ["evaluate", ws.run, "--json"],
             "eval_validation": ["evaluate", ws.run, "--split", "validation", "--json"],
+            "eval_int8": ["evaluate", ws.run, "--precision", "int8", "--json"],
             "recommend": ["recommend", ws.run, "--items", hist, "-k", 5, "--json"],
             "recommend_unknown": [
                 "recommend", ws.run, "--items", f"{hist},no-such-item", "-k", 5, "--json",
@@ -308,6 +309,15 @@ def test_evaluate_uses_the_runs_precision(ws, env):
         assert m[k] == results["test"][k], k
 
 
+def test_evaluate_a_serving_copy(ws, queries):
+    m = queries["eval_int8"].json()
+    _check_metrics(m)
+    results = json.loads((ws.run / "results.json").read_text())
+    assert m["n_users"] == results["test"]["n_users"]
+    for k in METRICS:  # int8 item weights cost little accuracy
+        assert abs(m[k] - results["test"][k]) < 0.05, k
+
+
 def test_evaluate_validation_split_reproduces_results(ws, queries):
     m = queries["eval_validation"].json()
     _check_metrics(m)
@@ -357,7 +367,7 @@ HELP = {
         ["--data", "--out", "--model", "--epochs", "--batch-size", "--lr", "--total-anneal-steps",
          "--anneal-cap", "--seed", "--device", "--resume"],
     ),
-    "evaluate": (["evaluate"], ["--split", "--json", "--data", "--device"]),
+    "evaluate": (["evaluate"], ["--split", "--json", "--data", "--device", "--precision"]),
     "recommend": (["recommend"], ["--items", "-k", "--json"]),
     "info": (["info"], ["--json"]),
     "demo": (["demo"], ["--out", "--epochs", "--users", "--items", "--seed"]),

@@ -82,3 +82,13 @@ def test_bf16_serving_agrees_with_fp32(block_run):
     for g in range(4):
         h = [f"g{g}-{j}" for j in range(5)]
         assert set(bf16.recommend(h, k=5).item_ids) == set(fp32.recommend(h, k=5).item_ids)
+
+
+@pytest.mark.parametrize("precision", ["bf16", "int8"])
+def test_serving_copies_agree_with_fp32(block_run, precision):
+    fp32 = vaecf.Recommender.load(block_run)
+    small = vaecf.Recommender.load(block_run, precision=precision)
+    for g in range(4):
+        h = [f"g{g}-{j}" for j in range(5)]
+        assert set(small.recommend(h, k=5).item_ids) == set(fp32.recommend(h, k=5).item_ids)
+        assert small.similar_items(h[0], k=3).item_ids == fp32.similar_items(h[0], k=3).item_ids

@@ -23,6 +23,7 @@ from vaecf import precision as prec
 from vaecf.data.matrix import CSR
 from vaecf.errors import ConfigError
 from vaecf.models.multvae import MultAE
+from vaecf.models.serving import serving_copy
 from vaecf.runtime import tune_cpu_allocator
 
 ML20M = {"users": 136_677, "items": 20_108, "nnz": 10_000_000}  # the paper's ML-20M training set
@@ -181,7 +182,6 @@ def bench_infer(
     """Latency and throughput of scoring + masking seen items + top-k, per batch size."""
     dev = prec.resolve_device(device)
     precision = prec.resolve_precision(precision, dev)
-    prec.check_precision(precision, dev)
     if dev.type == "cpu":
         tune_cpu_allocator()
     if isinstance(run_or_items, str) and Path(run_or_items).is_dir():
@@ -191,11 +191,8 @@ def bench_infer(
     else:
         torch.manual_seed(0)
         net = models.build("multvae", int(run_or_items)).to(dev)
-    net.eval()
-    if precision in ("bf16", "fp16"):  # serve from a half-width copy: no per-call casts
-        net = net.to(torch.bfloat16 if precision == "bf16" else torch.float16)
+    net, scorer = serving_copy(net, precision)
     items = net.n_items
-    scorer = net.scorer("fp32" if precision in ("bf16", "fp16") else precision)
     csr = CSR.from_scipy(
         synthetic_csr(max(batch_sizes) * 4, items, max(batch_sizes) * 4 * history, seed=1), dev
     )

@@ -22,6 +22,7 @@ from vaecf.data.matrix import SparseBatch
 from vaecf.data.vocab import Vocabulary
 from vaecf.errors import ConfigError
 from vaecf.models.base import Model, cosine_neighbours
+from vaecf.models.serving import serving_copy
 
 
 @dataclass
@@ -53,11 +54,7 @@ class Recommender:
         if len(items) != model.n_items:
             raise ConfigError(f"vocabulary has {len(items)} items, model {model.n_items}")
         self.device = model.device
-        prec.check_precision(precision, self.device)
-        if precision in ("bf16", "fp16"):  # a half-width copy: no casts per call
-            model = model.to(torch.bfloat16 if precision == "bf16" else torch.float16)
-        self.model = model.eval()
-        self.score_fn = model.scorer("fp32" if precision in ("bf16", "fp16") else precision)
+        self.model, self.score_fn = serving_copy(model, precision)
         self.items = items
         self.precision = precision
         self.info = info or {}  # the run's config, when loaded from a run directory
@@ -71,7 +68,8 @@ class Recommender:
         checkpoint_name: str = rundir.BEST,
         precision: str = "fp32",
     ) -> Recommender:
-        """The run's selected model on `device`; precision "bf16" serves a bfloat16 copy."""
+        """The run's selected model on `device`, served in `precision` (fp32, tf32, bf16, fp16,
+        or int8: see `vaecf.models.serving`)."""
         dev = prec.resolve_device(device)
         model, cfg = rundir.load_model(run_dir, dev, checkpoint_name)
         items = Vocabulary.load(os.path.join(run_dir, rundir.ITEMS))

@@ -45,3 +45,8 @@ def validate_fields(obj) -> None:
                 f"--{name.replace('_', '-')} must be one of {', '.join(map(str, allowed))}, "
                 f"not {value!r}"
             )
+
+
+# what a trained model can be served and scored in (vaecf.models.serving): the training
+# precisions, and int8 item layers
+SERVING_PRECISIONS = ("fp32", "tf32", "bf16", "fp16", "int8")

@@ -128,9 +128,10 @@ def register(sub) -> None:
     )
     bi.add_argument(
         "--precision",
-        choices=["auto", "fp32", "bf16", "fp16"],
+        choices=["auto", "fp32", "bf16", "fp16", "int8"],
         default="auto",
-        help="auto (default): bf16 where the device has native bf16, else fp32",
+        help="auto (default): bf16 where the device has native bf16, else fp32; int8: "
+        "item-sized layers in int8 with per-item scales",
     )
     bi.add_argument("--history", type=int, default=50, help="items per user history (default 50)")
     bi.add_argument("--seconds", type=float, default=3.0, help="time per batch size (default 3)")

@@ -10,6 +10,7 @@ from pathlib import Path
 from vaecf.cli.common import metrics_table, print_json
 from vaecf.cli.options import add_settings, flag, given
 from vaecf.errors import VaecfError
+from vaecf.settings import SERVING_PRECISIONS
 
 
 # -- train --------------------------------------------------------------------------------------
@@ -108,10 +109,14 @@ def cmd_evaluate(a) -> int:
         from vaecf.errors import RunError
 
         raise RunError(f"{ds.path} is not the dataset {a.run} was trained on; pass its --data")
-    rec = Recommender.load(a.run, device=a.device)
+    if a.precision is None:  # the run's precision: the test split reproduces results.json
+        rec = Recommender.load(a.run, device=a.device)
+        precision = cfg["train"]["precision"]
+    else:  # a serving copy, scored as `vaecf serve --precision` would score it
+        rec = Recommender.load(a.run, device=a.device, precision=a.precision)
+        precision = a.precision if a.precision in ("fp32", "tf32") else "fp32"
     fold_in, target = (CSR.from_scipy(ds.split(f"{a.split}_{p}"), rec.device) for p in ("tr", "te"))
-    # in the run's precision, so that the test split reproduces results.json
-    m = evaluate_model(rec.model, fold_in, target, precision=cfg["train"]["precision"])
+    m = evaluate_model(rec.model, fold_in, target, precision=precision)
     if a.json:
         print_json({"split": a.split, **m})
     else:
@@ -228,6 +233,12 @@ def register(sub) -> None:
     )
     pe.add_argument("--data", help="prepared dataset (default: the one the run was trained on)")
     pe.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N")
+    pe.add_argument(
+        "--precision",
+        choices=SERVING_PRECISIONS,
+        help="score a serving copy in this precision (as `vaecf serve --precision`); default: "
+        "the run's training precision, which reproduces results.json",
+    )
     pe.add_argument(
         "--json",
         action="store_true",

@@ -288,7 +288,8 @@ class Scorer:
         out = model.decoder[-1]
         self.bias = out.bias.detach()
         transpose = (
-            out.weight.device.type == "cpu"
+            isinstance(out, nn.Linear)
+            and out.weight.device.type == "cpu"
             and out.weight.dtype == torch.float32
             and precision in ("fp32", "tf32")
         )

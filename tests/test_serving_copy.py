@@ -1,0 +1,87 @@
+"""Serving copies (vaecf.models.serving): int8 item layers against a float64 reference."""
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+import vaecf
+from vaecf import models
+from vaecf.data.vocab import Vocabulary
+from vaecf.errors import ConfigError
+from vaecf.models.serving import INT8_KERNEL_ROWS, Int8Linear, serving_copy
+
+
+def _linear(n_in, n_out, seed=0):
+    torch.manual_seed(seed)
+    lin = nn.Linear(n_in, n_out)
+    with torch.no_grad():  # rows of very different sizes: per-row scales matter
+        lin.weight.mul_(torch.logspace(-3, 1, n_out)[:, None])
+    return lin
+
+
+def _reference(lin, x):
+    """float64 numpy: x @ (scale * q)^T + b, q = round(w / scale), scale = max|row| / 127."""
+    w = lin.weight.detach().double().numpy()
+    scale = np.abs(w).max(axis=1) / 127
+    q = np.clip(np.round(w / scale[:, None]), -127, 127)
+    return x.double().numpy() @ (q * scale[:, None]).T + lin.bias.detach().double().numpy()
+
+
+@pytest.mark.parametrize("n_in", [600, 200, 37, 64])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_int8_linear_matches_the_reference_at_every_batch_size(n_in, dtype):
+    lin = _linear(n_in, 301)
+    q = Int8Linear(lin, dtype)
+    assert q.q.dtype == torch.int8 and q.q.shape[1] % 64 == 0
+    w = lin.weight.detach().double()
+    err = (w - q.deq.double()).abs().max(dim=1).values
+    rel = 2**-8 if dtype == torch.bfloat16 else 1e-6
+    assert bool((err <= w.abs().max(dim=1).values * (0.5 / 127 + rel)).all())
+    for rows in (1, INT8_KERNEL_ROWS, INT8_KERNEL_ROWS + 1, 50):
+        x = torch.randn(rows, n_in)
+        want = _reference(lin, x.to(dtype).float())
+        got = q(x).double().numpy()
+        scale = np.abs(want).max()
+        tol = 0.02 * scale if dtype == torch.bfloat16 else 1e-4 * scale
+        np.testing.assert_allclose(got, want, atol=tol, rtol=0)
+
+
+def test_a_kernel_that_gives_wrong_answers_is_not_used(monkeypatch):
+    monkeypatch.setattr(
+        torch, "_weight_int8pack_mm", lambda x, q, s: torch.full((x.shape[0], q.shape[0]), 1e30)
+    )
+    q = Int8Linear(_linear(40, 30), torch.float32)
+    assert not q.kernel
+    x = torch.randn(1, 40)
+    np.testing.assert_allclose(q(x).double().numpy(), _reference(_linear(40, 30), x), atol=1e-4)
+
+
+def test_the_int8_kernel_is_used_where_it_works():
+    # the CPU build of the pinned PyTorch has it; if this fails, the fast path is lost
+    assert Int8Linear(_linear(600, 500), torch.bfloat16).kernel
+
+
+@pytest.mark.parametrize("name", ["multvae", "multdae", "recvae"])
+def test_int8_copy_quantizes_the_item_layers_only(name):
+    torch.manual_seed(0)
+    net = models.build(name, 300)
+    batch = vaecf.Recommender(net, Vocabulary(list(range(300))))._batch([[1, 2, 3], [4, 5]])
+    with torch.no_grad():
+        want = net.scores(batch)
+    net8, fn = serving_copy(net, "int8")
+    q = [m for m in net8.modules() if isinstance(m, Int8Linear)]
+    assert len(q) == 1 and q[0].q.shape[0] == 300
+    assert not any(isinstance(m, nn.Linear) and m.out_features == 300 for m in net8.modules())
+    with torch.no_grad():
+        got = fn(batch).float()
+    top = lambda s: set(s.topk(20, dim=1).indices.flatten().tolist())  # noqa: E731
+    assert len(top(got) & top(want)) >= 0.9 * len(top(want))
+    assert torch.allclose(got, want, atol=0.05 * float(want.abs().max()))
+
+
+def test_int8_is_refused_for_models_without_an_item_layer():
+    with pytest.raises(ConfigError, match="int8 applies to"):
+        serving_copy(models.build("popular", 10), "int8")
+    with pytest.raises(ConfigError, match="precision must be one of"):
+        serving_copy(models.build("multvae", 10), "int4")
