@@ -115,3 +115,20 @@ def test_export_cli_default_path_and_dynamic_batch(run, capsys):
     for b in (1, 5):
         x = np.zeros((b, len(IDS)), np.float32)
         assert sess.run(None, {"history": x})[0].shape == (b, len(IDS))
+
+
+def test_score_maps_string_ids_like_the_recommender(run, tmp_path):
+    """An int vocabulary read from a text column: " 501" and "501" are item 501, "x9" is
+    unknown; a user with only unknown items still gets an answer, like recommend_batch's."""
+    src = tmp_path / "in.csv"
+    src.write_text('uid,movie\n1," 501"\n1,502\n1,x9\n2,x9\n3,503\n3,503\n')
+    df = pl.read_csv(src, schema_overrides={"movie": pl.String})
+    assert df.schema["movie"] == pl.String
+    df.write_parquet(tmp_path / "in.parquet")
+    rec = Recommender.load(run)
+    score_file(rec, tmp_path / "in.parquet", "uid", "movie", tmp_path / "o.parquet", k=4)
+    got = pl.read_parquet(tmp_path / "o.parquet")
+    want = rec.recommend_batch([[" 501", "502", "x9"], ["x9"], ["503", "503"]], 4)
+    assert got.get_column("item_id").to_list() == [i for r in want for i in r.item_ids]
+    assert got.get_column("uid").to_list() == [1] * 4 + [2] * 4 + [3] * 4
+    assert not {501, 502} & set(got.filter(pl.col("uid") == 1).get_column("item_id").to_list())

@@ -14,6 +14,7 @@ import os
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
+import numpy as np
 import torch
 
 from vaecf import precision as prec
@@ -83,13 +84,17 @@ class Recommender:
 
     def _batch(self, rows: Sequence[list[int]]) -> SparseBatch:
         lens = torch.tensor([len(r) for r in rows], dtype=torch.long)
-        flat = [i for r in rows for i in r]
+        return self.batch_of(torch.tensor([i for r in rows for i in r], dtype=torch.long), lens)
+
+    def batch_of(self, indices: torch.Tensor, lens: torch.Tensor) -> SparseBatch:
+        """A batch of histories given as item indices (not raw ids): row r is the next
+        `lens[r]` entries of `indices`, distinct and sorted."""
         return SparseBatch(
-            indices=torch.tensor(flat, dtype=torch.long, device=self.device),
+            indices=indices.to(self.device),
             offsets=(torch.cumsum(lens, 0) - lens).to(self.device),
-            values=torch.ones(len(flat), device=self.device),
-            row_ids=torch.repeat_interleave(torch.arange(len(rows)), lens).to(self.device),
-            batch_size=len(rows),
+            values=torch.ones(len(indices), device=self.device),
+            row_ids=torch.repeat_interleave(torch.arange(len(lens)), lens).to(self.device),
+            batch_size=len(lens),
         )
 
     def _item_mask(self, allow: Iterable | None, deny: Iterable | None) -> torch.Tensor | None:
@@ -113,6 +118,29 @@ class Recommender:
         return s, batch
 
     @torch.no_grad()
+    def top_k(
+        self,
+        batch: SparseBatch,
+        k: int,
+        exclude_history: bool = True,
+        mask: torch.Tensor | None = None,
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(indices, scores, n): each history's best min(k, n_items) items as (B, k') arrays,
+        best first, of which the first n[r] of row r are candidates (the rest were excluded or
+        filtered out). Scores of multinomial models are probabilities, softmax over all items
+        taken before anything is excluded: exp(logit - logsumexp(logits))."""
+        logits = self.score_fn(batch).float()
+        lse = torch.logsumexp(logits, dim=1, keepdim=True) if self.model.multinomial else None
+        if mask is not None:
+            logits.masked_fill_(mask, -torch.inf)
+        if exclude_history:
+            logits[batch.row_ids, batch.indices] = -torch.inf
+        top = logits.topk(min(k, self.model.n_items), dim=1)
+        n = torch.isfinite(top.values).sum(dim=1)
+        scores = torch.exp(top.values - lse) if lse is not None else top.values
+        return top.indices.cpu().numpy(), scores.cpu().numpy(), n.cpu().numpy()
+
+    @torch.no_grad()
     def recommend_batch(
         self,
         histories: Sequence[Iterable],
@@ -132,18 +160,13 @@ class Recommender:
         known = [sorted(set(r)) for r in known]
         if not known:
             return []
-        scores, batch = self.scores(known)
-        scores = scores.masked_fill_(mask, -torch.inf) if mask is not None else scores
-        if exclude_history:
-            scores[batch.row_ids, batch.indices] = -torch.inf
-        top = scores.topk(min(k, self.model.n_items), dim=1)
+        idx, scores, n = self.top_k(self._batch(known), k, exclude_history, mask)
+        ids = self.items.array[idx]
         out = []
         for r in range(len(known)):
-            idx, sc = top.indices[r].tolist(), top.values[r].tolist()
-            keep = [j for j, s in enumerate(sc) if s != -float("inf")]  # fewer left than k
-            ids = self.items.id_of([idx[j] for j in keep])
+            top = ids[r, : n[r]].tolist()
             out.append(
-                Recommendation(ids, [sc[j] for j in keep], list(unknown[r]), self.titles(ids))
+                Recommendation(top, scores[r, : n[r]].tolist(), list(unknown[r]), self.titles(top))
             )
         return out
 

@@ -4,8 +4,9 @@
 
 The file (CSV or Parquet) is read lazily with polars, never whole: one pass counts each user's
 rows, users are cut in sorted order into chunks of at most `chunk_rows` interactions, and each
-chunk is read by a filtered scan (a range of users), grouped into histories and scored in
-batches of `batch_users` with `Recommender.recommend_batch`. Every chunk's rows go to a part file
+chunk is read by a filtered scan (a range of users), its raw ids mapped to the model's items by
+a join with the vocabulary, grouped into histories and scored in batches of `batch_users` with
+`Recommender.top_k`. Every chunk's rows go to a part file
 in a temp directory beside `out`; the parts are then streamed into `out` through a temp file and
 a rename, so `out` is either the previous file or the complete new one. Peak memory: one chunk
 of interactions and its recommendations, plus the per-user row counts.
@@ -22,10 +23,14 @@ import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
+import numpy as np
 import polars as pl
+import torch
 
 from vaecf.errors import DataError
 from vaecf.recommender import Recommender
+
+IDX = "__vaecf_item_index"
 
 
 def scan_interactions(path: str | os.PathLike, user_col: str, item_col: str) -> pl.LazyFrame:
@@ -50,6 +55,16 @@ def scan_interactions(path: str | os.PathLike, user_col: str, item_col: str) -> 
             f"{', '.join(names)} (choose them with --user-col and --item-col)"
         )
     return lf.select(user_col, item_col).drop_nulls()
+
+
+def _cast_ids(col: pl.Expr, given: pl.DataType, vocab: pl.DataType) -> pl.Expr:
+    """The input's item ids in the vocabulary's type (what `Vocabulary.index_of` accepts: "42"
+    and 42 name the same item); ids that cannot be converted become null (unknown)."""
+    if given == vocab:
+        return col
+    if vocab.is_integer() and given == pl.String:
+        col = col.str.strip_chars()
+    return col.cast(vocab, strict=False)
 
 
 def user_chunks(counts: pl.DataFrame, user_col: str, chunk_rows: int) -> list[tuple]:
@@ -96,46 +111,49 @@ def score_file(
     parts_dir = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".parts", dir=out.parent))
     n_users = n_rows = 0
     try:
+        vocab = pl.LazyFrame({item_col: rec.items.ids, IDX: range(len(rec.items))})
+        as_vocab = _cast_ids(pl.col(item_col), lf.collect_schema()[item_col], rec.items.ids.dtype)
         for c, (lo, hi, _) in enumerate(chunks):
-            hist = (
+            hist = (  # each user's known items as sorted distinct indices; unknown ids dropped
                 lf.filter(pl.col(user_col).is_between(lo, hi, closed="both"))
+                .with_columns(as_vocab)
+                .join(vocab, on=item_col, how="left")
                 .group_by(user_col)
-                .agg(pl.col(item_col))
+                .agg(pl.col(IDX).drop_nulls().unique().sort())
                 .sort(user_col)
                 .collect()
             )
             users = hist.get_column(user_col)
-            items = hist.get_column(item_col).to_list()
+            lens = hist.get_column(IDX).list.len().to_numpy().astype(np.int64)
+            flat = hist.get_column(IDX).explode().drop_nulls().to_numpy().astype(np.int64)
+            starts = np.concatenate([[0], np.cumsum(lens)])
             frames = []
-            for b in range(0, len(items), batch_users):
-                recs = rec.recommend_batch(
-                    items[b : b + batch_users], k, exclude_history=exclude_seen
+            for b in range(0, len(users), batch_users):
+                e = min(b + batch_users, len(users))
+                batch = rec.batch_of(
+                    torch.from_numpy(flat[starts[b] : starts[e]]), torch.from_numpy(lens[b:e])
                 )
-                lens = [len(r.item_ids) for r in recs]
+                idx, scores, n = rec.top_k(batch, k, exclude_history=exclude_seen)
+                valid = np.arange(idx.shape[1])[None, :] < n[:, None]
                 frames.append(
                     pl.DataFrame(
                         {
-                            user_col: users.slice(b, len(recs)).gather(
-                                [i for i, n in enumerate(lens) for _ in range(n)]
-                            ),
-                            "rank": [j for n in lens for j in range(1, n + 1)],
-                            "item_id": pl.Series(
-                                [i for r in recs for i in r.item_ids], dtype=rec.items.ids.dtype
-                            ),
-                            "score": pl.Series(
-                                [s for r in recs for s in r.scores], dtype=pl.Float32
-                            ),
-                        },
-                        schema_overrides={"rank": pl.Int32},
+                            user_col: users.slice(b, e - b).gather(np.repeat(np.arange(e - b), n)),
+                            "rank": np.broadcast_to(
+                                np.arange(1, idx.shape[1] + 1, dtype=np.int32), idx.shape
+                            )[valid],
+                            "item_id": rec.items.ids.gather(idx[valid]),
+                            "score": scores[valid].astype(np.float32),
+                        }
                     )
                 )
                 if progress is not None:
-                    progress(len(recs))
+                    progress(e - b)
             if frames:
                 part = pl.concat(frames)
                 part.write_parquet(parts_dir / f"{c:06d}.parquet")
                 n_rows += part.height
-            n_users += len(items)
+            n_users += len(users)
         fd, tmp = tempfile.mkstemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent)
         os.close(fd)
         try:

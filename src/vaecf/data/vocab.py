@@ -21,6 +21,7 @@ class Vocabulary:
         self.ids = pl.Series(name, ids)
         self.name = name
         self.is_int = self.ids.dtype.is_integer()
+        self.array = self.ids.to_numpy()  # int64, or object (str); array[indices] -> raw ids
         values = self.ids.to_list()
         self._index = {v: i for i, v in enumerate(values)}
         if len(self._index) != len(values):
@@ -51,7 +52,7 @@ class Vocabulary:
         return known, unknown
 
     def id_of(self, indices: Iterable[int]) -> list:
-        return self.ids.gather([int(i) for i in indices]).to_list()
+        return self.array[np.asarray(list(indices), dtype=np.int64)].tolist()
 
     def save(self, path: str | os.PathLike) -> None:
         with atomic_file(path) as f:
