@@ -3,10 +3,11 @@ concurrencies, with and without micro-batching, and one run during which the mod
 
 The server is a real `vaecf serve` subprocess on 127.0.0.1 serving an untrained Mult-VAE of
 ML-20M's size (20,108 items, the paper's [600] hidden layer and 200-d latent; scores of random
-weights cost what trained ones do). The client is a bounded asyncio loop (httpx): `concurrency`
-workers each send one request at a time (a history of 50 random items, k=100) until `duration`
-seconds or `max_requests` requests, whichever comes first. Client and server share the machine's
-cores, so on a small machine the client's own CPU use is part of what is measured.
+weights cost what trained ones do). The client is a bounded asyncio loop with a minimal
+HTTP/1.1 client: `concurrency` workers, each on its own keep-alive connection, send one request
+at a time (one of 1,000 histories of 50 random items made beforehand, k=100) until `duration`
+seconds or `max_requests` requests, whichever comes first. Client and server share the
+machine's cores, so on a small machine the client's own CPU use is part of what is measured.
 
     python benchmarks/serve_load.py                      # 5 s per cell, concurrency 1 16 64
     python benchmarks/serve_load.py --duration 10 --concurrency 1 8 --json
@@ -44,12 +45,14 @@ def free_port() -> int:
 class Server:
     """`vaecf serve RUN` as a subprocess, ready when /readyz answers 200."""
 
-    def __init__(self, run: Path, batch_wait_ms: float, max_batch_size: int = 256):
+    def __init__(
+        self, run: Path, batch_wait_ms: float, max_batch_size: int = 256, precision: str = "fp32"
+    ):
         self.port = free_port()
         self.base = f"http://127.0.0.1:{self.port}"
         cmd = [sys.executable, "-m", "vaecf", "serve", str(run), "--port", str(self.port)]
         cmd += ["--batch-wait-ms", str(batch_wait_ms), "--max-batch-size", str(max_batch_size)]
-        cmd += ["--log-level", "warning"]
+        cmd += ["--precision", precision, "--log-level", "warning"]
         self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL)
 
     def __enter__(self) -> Server:
@@ -73,6 +76,48 @@ class Server:
             self.proc.kill()
 
 
+class Connection:
+    """One keep-alive HTTP/1.1 connection speaking just what this load needs: POST a JSON body,
+    read the status line, the headers and a Content-Length body. Far lighter than a general
+    client, so that the client's own CPU use, on the cores it shares with the server, stays
+    small."""
+
+    def __init__(self, host: str, port: int):
+        self.host, self.port = host, port
+        self.reader: asyncio.StreamReader | None = None
+        self.writer: asyncio.StreamWriter | None = None
+
+    async def post(self, path: str, body: bytes) -> tuple[int, bytes]:
+        if self.writer is None:
+            self.reader, self.writer = await asyncio.open_connection(self.host, self.port)
+        head = (
+            f"POST {path} HTTP/1.1\r\nHost: {self.host}:{self.port}\r\n"
+            f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
+        )
+        self.writer.write(head.encode() + body)
+        status_line = await self.reader.readuntil(b"\r\n")
+        status = int(status_line.split(b" ", 2)[1])
+        length, close = None, False
+        while (line := await self.reader.readuntil(b"\r\n")) != b"\r\n":
+            name, _, value = line.partition(b":")
+            name = name.strip().lower()
+            if name == b"content-length":
+                length = int(value)
+            elif name == b"connection" and value.strip().lower() == b"close":
+                close = True
+        if length is None:
+            raise ConnectionError("response without Content-Length")
+        data = await self.reader.readexactly(length)
+        if close:
+            self.close()
+        return status, data
+
+    def close(self) -> None:
+        if self.writer is not None:
+            self.writer.close()
+            self.reader = self.writer = None
+
+
 async def load(
     base: str,
     concurrency: int,
@@ -83,46 +128,54 @@ async def load(
     seed: int = 0,
 ) -> dict:
     rng = random.Random(seed)
+    host, port = base.removeprefix("http://").split(":")
+    bodies = [  # made before the clock starts: 1,000 different histories of 50 items
+        json.dumps({"items": rng.sample(range(n_items), 50), "k": 100}).encode()
+        for _ in range(1000)
+    ]
     latencies: list[float] = []
     errors = 0
     models: set[str] = set()
     sent = 0
+    conns = [Connection(host, int(port)) for _ in range(concurrency)]
+    for conn in conns:  # warm-up: connections, first-call costs
+        await conn.post("/v1/recommend", bodies[0])
     t_end = time.perf_counter() + duration
-    limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
-    async with httpx.AsyncClient(base_url=base, timeout=60, limits=limits) as client:
-        for _ in range(3):  # warm-up: connections, first-call costs
-            await client.post("/v1/recommend", json={"items": [0, 1, 2], "k": 100})
 
-        async def worker() -> None:
-            nonlocal sent, errors
-            while time.perf_counter() < t_end and sent < max_requests:
-                sent += 1
-                body = {"items": rng.sample(range(n_items), 50), "k": 100}
-                t0 = time.perf_counter()
-                try:
-                    r = await client.post("/v1/recommend", json=body)
-                    ok = r.status_code == 200
-                    if ok:
-                        models.add(r.json()["model"]["id"])
-                except httpx.HTTPError:
-                    ok = False
-                if ok:
-                    latencies.append(time.perf_counter() - t0)
-                else:
-                    errors += 1
+    async def worker(conn: Connection) -> None:
+        nonlocal sent, errors
+        while time.perf_counter() < t_end and sent < max_requests:
+            body = bodies[sent % len(bodies)]
+            sent += 1
+            t0 = time.perf_counter()
+            try:
+                status, data = await conn.post("/v1/recommend", body)
+                ok = status == 200
+            except (OSError, asyncio.IncompleteReadError, ValueError):
+                conn.close()
+                ok = False
+            if ok:
+                latencies.append(time.perf_counter() - t0)
+                if reload_run is not None:
+                    models.add(json.loads(data)["model"]["id"])
+            else:
+                errors += 1
 
-        async def reloader() -> dict:
-            await asyncio.sleep(1.0)
-            t = time.perf_counter()
+    async def reloader() -> dict:
+        await asyncio.sleep(1.0)
+        t = time.perf_counter()
+        async with httpx.AsyncClient(base_url=base, timeout=60) as client:
             r = await client.post("/v1/admin/reload", json={"run": str(reload_run)})
-            return {"status": r.status_code, "seconds": round(time.perf_counter() - t, 2)}
+        return {"status": r.status_code, "seconds": round(time.perf_counter() - t, 2)}
 
-        t0 = time.perf_counter()
-        tasks = [worker() for _ in range(concurrency)]
-        if reload_run is not None:
-            tasks.append(reloader())
-        results = await asyncio.gather(*tasks)
-        wall = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    tasks = [worker(conn) for conn in conns]
+    if reload_run is not None:
+        tasks.append(reloader())
+    results = await asyncio.gather(*tasks)
+    wall = time.perf_counter() - t0
+    for conn in conns:
+        conn.close()
     q = statistics.quantiles(latencies, n=100, method="inclusive") if len(latencies) > 1 else []
     out = {
         "concurrency": concurrency,
@@ -147,6 +200,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--concurrency", type=int, nargs="+", default=[1, 16, 64])
     p.add_argument("--batch-wait-ms", type=float, default=2.0, help="micro-batching wait (2)")
     p.add_argument("--items", type=int, default=ML20M_ITEMS, help="n_items (20,108: ML-20M)")
+    p.add_argument("--precision", default="fp32", help="the server's --precision (fp32)")
     p.add_argument("--json", action="store_true", help="print JSON lines instead of a table")
     a = p.parse_args(argv)
 
@@ -155,12 +209,12 @@ def main(argv: list[str] | None = None) -> int:
         run_a = fresh_run(Path(tmp) / "a", a.items, "multvae", seed=0)
         run_b = fresh_run(Path(tmp) / "b", a.items, "multvae", seed=1)
         for label, wait in (("micro-batching", a.batch_wait_ms), ("no batching", 0.0)):
-            with Server(run_a, wait) as server:
+            with Server(run_a, wait, precision=a.precision) as server:
                 for c in a.concurrency:
                     res = asyncio.run(load(server.base, c, a.duration, a.max_requests, a.items))
                     rows.append({"mode": label, **res})
                     print(json.dumps(rows[-1]) if a.json else rows[-1], file=sys.stderr)
-        with Server(run_a, a.batch_wait_ms) as server:
+        with Server(run_a, a.batch_wait_ms, precision=a.precision) as server:
             c = max(a.concurrency)  # long enough for the reload (seconds under load) and after
             dur = max(a.duration, 12.0)
             res = asyncio.run(load(server.base, c, dur, a.max_requests, a.items, reload_run=run_b))
@@ -170,7 +224,8 @@ def main(argv: list[str] | None = None) -> int:
             print(json.dumps(r))
         return 0
     print(
-        f"n_items {a.items}, history 50 items, k=100, {a.duration:g} s per row, "
+        f"n_items {a.items}, --precision {a.precision}, history 50 items, k=100, "
+        f"{a.duration:g} s per row, "
         f"{os.cpu_count()} CPUs (client and server together)\n"
     )
     print("| mode | concurrency | requests | req/s | p50 ms | p95 ms | p99 ms | errors |")

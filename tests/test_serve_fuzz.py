@@ -12,6 +12,7 @@ from hypothesis import HealthCheck, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 from serve_helpers import client, running  # noqa: E402
 
+from vaecf.serve.app import BatchResponse, RecommendResponse  # noqa: E402
 from vaecf.serve.fixtures import fresh_run  # noqa: E402
 from vaecf.serve.settings import ServeSettings  # noqa: E402
 
@@ -67,13 +68,16 @@ def http(tmp_path_factory):
         yield c
 
 
-def check(r, body, history_of) -> None:
+def check(r, body, history_of, schema) -> None:
     assert r.status_code in (200, 413, 422), (r.status_code, body, r.text)
     answer = r.json()  # always JSON
     assert "Traceback" not in r.text
     if r.status_code != 200:
         assert answer["error"] and answer["message"]
         return
+    # the route encodes its answers itself: they must be what its OpenAPI schema says
+    assert r.headers["content-type"] == "application/json"
+    assert schema.model_validate(answer).model_dump(exclude_unset=True) == answer
     k = body.get("k", 10)
     for history, ranked in history_of(answer):
         assert len(ranked["items"]) <= k
@@ -91,7 +95,9 @@ FUZZ = settings(
 @given(body=recommend_bodies)
 def test_recommend_answers_any_json_with_json(http, body):
     r = http.post("/v1/recommend", json=body)
-    check(r, body if isinstance(body, dict) else {}, lambda a: [(body["items"], a)])
+    check(
+        r, body if isinstance(body, dict) else {}, lambda a: [(body["items"], a)], RecommendResponse
+    )
 
 
 @FUZZ
@@ -102,4 +108,5 @@ def test_batch_answers_any_json_with_json(http, body):
         r,
         body if isinstance(body, dict) else {},
         lambda a: list(zip(body["histories"], a["results"])),
+        BatchResponse,
     )

@@ -39,7 +39,7 @@ def cmd_serve(a) -> int:
         max_batch=a.max_batch,
     )
     check_auth(settings)  # before importing or loading anything heavy: refuse early
-    _need("serve", "fastapi", "uvicorn", "prometheus_client")
+    _need("serve", "fastapi", "uvicorn", "prometheus_client", "orjson")
     from vaecf.serve.server import serve
 
     serve(settings, log_level=a.log_level)

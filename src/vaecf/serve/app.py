@@ -19,6 +19,7 @@ import threading
 import time
 from typing import Annotated, Any
 
+import orjson
 from fastapi import Body, FastAPI, Path, Query, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
@@ -38,6 +39,14 @@ log = logging.getLogger("vaecf.serve")
 ItemId = StrictInt | Annotated[str, StringConstraints(min_length=1, max_length=256)]
 
 UNAUTHENTICATED = ("/healthz",)
+
+
+def json_ok(content: dict) -> Response:
+    """A 200 JSON answer encoded here: the routes' response models document it (OpenAPI) and
+    the tests check answers against them, but FastAPI's validation of every item of every
+    answer would cost a fifth of the event loop's time under load (and orjson encodes 20x
+    faster than the standard library)."""
+    return Response(orjson.dumps(content), media_type="application/json")
 
 
 def error(status: int, code: str, message: str, **extra: Any) -> JSONResponse:
@@ -347,7 +356,7 @@ def create_app(holder: ModelHolder, settings: ServeSettings) -> FastAPI:
         if isinstance(out, JSONResponse):
             return out
         recs, version = out
-        return {**recs[0].to_dict(), "model": version}
+        return json_ok({**recs[0].to_dict(), "model": version})
 
     @app.post(
         "/v1/recommend/batch",
@@ -361,7 +370,7 @@ def create_app(holder: ModelHolder, settings: ServeSettings) -> FastAPI:
         if isinstance(out, JSONResponse):
             return out
         recs, version = out
-        return {"results": [r.to_dict() for r in recs], "model": version}
+        return json_ok({"results": [r.to_dict() for r in recs], "model": version})
 
     @app.get(
         "/v1/items/{item_id}/similar",
