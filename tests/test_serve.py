@@ -302,6 +302,34 @@ def test_batcher_gathers_concurrent_jobs_and_answers_as_alone(rec_a, runs):
         assert same_answer(rec.to_dict(), expected(rec_a, body["items"], **to_kwargs(body)))
 
 
+def test_a_request_alone_is_scored_without_the_thread_hop(rec_a, runs):
+    model = load_checked(runs["a"])
+    in_flight = [1]
+    threads = []
+
+    async def go():
+        b = MicroBatcher(
+            wait_s=0.05,
+            on_batch=lambda h, r: threads.append(threading.current_thread()),
+            in_flight=lambda: in_flight[0],
+        )
+        await b.start()
+        try:
+            alone = await b.submit(model, [[1001, 1002]], 5)
+            in_flight[0] = 2  # another request in the server: the worker scores, after its wait
+            t0 = time.perf_counter()
+            queued = await b.submit(model, [[1001, 1002]], 5)
+            return alone, queued, time.perf_counter() - t0
+        finally:
+            await b.stop()
+
+    alone, queued, waited = asyncio.run(go())
+    assert threads[0] is threading.main_thread() and threads[1] is not threading.main_thread()
+    assert waited >= 0.05
+    want = expected(rec_a, [1001, 1002], 5)
+    assert same_answer(alone[0].to_dict(), want) and same_answer(queued[0].to_dict(), want)
+
+
 @pytest.mark.parametrize("wait_ms", [0.0, 20.0])
 def test_concurrent_http_requests_batched_or_not_get_the_unbatched_answer(runs, rec_a, wait_ms):
     bodies = requests_mix(32)

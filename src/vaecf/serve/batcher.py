@@ -8,7 +8,8 @@ no request beyond those in hand: then nobody could join), takes what has queued 
 to accept requests meanwhile; under load, requests queue while a batch is scored and form the
 next batch). Jobs are grouped by what changes the answer (model, k, exclude_seen, allow, deny)
 and each group is one `Recommender.recommend_batch` call, so a request's answer is exactly the
-one it would get alone. `wait_s = 0` turns batching off: one request per scoring call.
+one it would get alone. `wait_s = 0` turns batching off: one request per scoring call. A request
+that finds the server otherwise idle is scored at once on the event loop's thread.
 """
 
 from __future__ import annotations
@@ -61,6 +62,7 @@ class MicroBatcher:
         self._queued = 0  # histories waiting in the queue
         self._task: asyncio.Task | None = None
         self._stopping = False
+        self._busy = 0  # jobs on the worker thread
 
     @property
     def running(self) -> bool:
@@ -101,13 +103,34 @@ class MicroBatcher:
             None if deny is None else tuple(deny),
             asyncio.get_running_loop().create_future(),
         )
+        if self._alone():  # nothing to gather, nothing being scored: no hop to the thread
+            out = self._score([job])[0]
+            if isinstance(out, BaseException):
+                raise out
+            return out
         self._queued += len(job.histories)
         await self._queue.put(job)
         return await job.future
 
+    def _alone(self) -> bool:
+        """Whether the server handles no request but the caller's and the worker is idle: then
+        the caller scores on the event loop's thread, saving two thread switches (at
+        concurrency 1, ~0.6 ms of a 2 ms answer on 2 cores); anything arriving meanwhile waits
+        as it would for the worker."""
+        return (
+            self.in_flight is not None
+            and self.in_flight() == 1
+            and not self._busy
+            and self._queue.empty()
+        )
+
     async def call(self, fn: Callable[..., Any], *args: Any) -> Any:
         """Run `fn(*args)` on the scoring thread (between batches)."""
-        return await asyncio.get_running_loop().run_in_executor(self.executor, fn, *args)
+        self._busy += 1
+        try:
+            return await asyncio.get_running_loop().run_in_executor(self.executor, fn, *args)
+        finally:
+            self._busy -= 1
 
     def _take(self) -> _Job | None:
         job = self._queue.get_nowait()
@@ -137,10 +160,13 @@ class MicroBatcher:
                         break
                     jobs.append(job)
                     n += len(job.histories)
+            self._busy += 1
             try:
                 outcomes = await loop.run_in_executor(self.executor, self._score, jobs)
             except BaseException as e:  # the executor itself failed: fail the batch
                 outcomes = [e] * len(jobs)
+            finally:
+                self._busy -= 1
             for job, out in zip(jobs, outcomes):
                 if job.future.done():  # the client went away
                     continue
