@@ -29,6 +29,7 @@ from pathlib import Path
 
 import httpx
 
+from vaecf.bench import bench_infer
 from vaecf.serve.fixtures import fresh_run
 
 ML20M_ITEMS = 20_108
@@ -208,6 +209,8 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory() as tmp:
         run_a = fresh_run(Path(tmp) / "a", a.items, "multvae", seed=0)
         run_b = fresh_run(Path(tmp) / "b", a.items, "multvae", seed=1)
+        # the in-process batch-1 latency of the same model, for the concurrency-1 rows
+        inproc = bench_infer(str(run_a), (1,), a.precision, seconds=a.duration, progress=False)[0]
         for label, wait in (("micro-batching", a.batch_wait_ms), ("no batching", 0.0)):
             with Server(run_a, wait, precision=a.precision) as server:
                 for c in a.concurrency:
@@ -227,6 +230,11 @@ def main(argv: list[str] | None = None) -> int:
         f"n_items {a.items}, --precision {a.precision}, history 50 items, k=100, "
         f"{a.duration:g} s per row, "
         f"{os.cpu_count()} CPUs (client and server together)\n"
+    )
+    print(
+        f"in process (`vaecf bench infer RUN --batch-size 1 --precision {a.precision}`): "
+        f"p50 {inproc['p50_ms']:.2f} ms, p95 {inproc['p95_ms']:.2f} ms, "
+        f"p99 {inproc['p99_ms']:.2f} ms\n"
     )
     print("| mode | concurrency | requests | req/s | p50 ms | p95 ms | p99 ms | errors |")
     print("|---|---:|---:|---:|---:|---:|---:|---:|")

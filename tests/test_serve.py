@@ -330,6 +330,39 @@ def test_a_request_alone_is_scored_without_the_thread_hop(rec_a, runs):
     assert same_answer(alone[0].to_dict(), want) and same_answer(queued[0].to_dict(), want)
 
 
+def test_requests_that_arrive_together_are_batched_not_scored_inline(rec_a, runs):
+    """Requests read in one go each reach submit() before the first is scored: none of them
+    is alone, so they go to the worker and are batched (not scored one by one, inline)."""
+    model = load_checked(runs["a"])
+    active = [0]
+    calls = []
+
+    async def request(b, history):
+        active[0] += 1  # what the server's middleware does on arrival
+        try:
+            return await b.submit(model, [history], 5)
+        finally:
+            active[0] -= 1
+
+    async def go():
+        b = MicroBatcher(
+            wait_s=0.01,
+            on_batch=lambda h, r: calls.append((r, threading.current_thread())),
+            in_flight=lambda: active[0],
+        )
+        await b.start()
+        try:
+            return await asyncio.gather(*(request(b, [1000 + i]) for i in range(10)))
+        finally:
+            await b.stop()
+
+    got = asyncio.run(go())
+    assert sum(r for r, _ in calls) == 10 and len(calls) < 10
+    assert all(t is not threading.main_thread() for _, t in calls)
+    for i, [rec] in enumerate(got):
+        assert same_answer(rec.to_dict(), expected(rec_a, [1000 + i], 5))
+
+
 @pytest.mark.parametrize("wait_ms", [0.0, 20.0])
 def test_concurrent_http_requests_batched_or_not_get_the_unbatched_answer(runs, rec_a, wait_ms):
     bodies = requests_mix(32)
