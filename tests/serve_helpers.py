@@ -24,7 +24,7 @@ def free_port() -> int:
 @contextlib.contextmanager
 def running(settings: ServeSettings, holder: ModelHolder | None = None):
     """(base url, app) of a real uvicorn server in a thread, for the duration of the block."""
-    holder = holder or ModelHolder.load(settings.run)
+    holder = holder or ModelHolder.load(settings.run, root=settings.reload_root)
     app = create_app(holder, settings)
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))

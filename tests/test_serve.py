@@ -414,6 +414,8 @@ def test_reload_under_concurrent_requests(runs, rec_a):
             time.sleep(0.01)
         failed = c.post("/v1/admin/reload", json={"run": str(runs["broken"])})
         missing = c.post("/v1/admin/reload", json={"run": str(runs["a"] / "nope")})
+        outside = c.post("/v1/admin/reload", json={"run": str(runs["a"].parent.parent)})
+        escape = c.post("/v1/admin/reload", json={"run": str(runs["a"] / ".." / "..")})
         stop.set()
         for w in workers:
             w.join()
@@ -427,7 +429,7 @@ def test_reload_under_concurrent_requests(runs, rec_a):
     for a in answers:  # every answer entirely from the model it names
         assert same_answer(a.json(), want[a.json()["model"]["run"]])
     assert runs_seen[-1] == str(runs["b"].resolve())
-    for bad in (failed, missing):
+    for bad in (failed, missing, outside, escape):
         assert bad.status_code == 422
         err = bad.json()
         assert err["error"] == "reload_failed" and "still serving" in err["message"]
@@ -436,7 +438,23 @@ def test_reload_under_concurrent_requests(runs, rec_a):
     assert after["model"]["name"] == "multdae" and same_answer(after, want[after["model"]["run"]])
     assert again.status_code == 200 and again.json()["model"]["name"] == "multdae"
     assert no_body.status_code == 200
-    assert 'vaecf_reloads_total{outcome="failed"} 2.0' in metrics
+    assert "outside the directory runs may be reloaded from" in outside.json()["message"]
+    assert "outside" in escape.json()["message"]
+    assert 'vaecf_reloads_total{outcome="failed"} 4.0' in metrics
+
+
+def test_reload_root_widens_or_narrows_where_runs_come_from(runs, tmp_path):
+    other = fresh_run(tmp_path / "elsewhere" / "c", len(IDS), "multvae", SMALL, IDS, seed=4)
+    narrow = ServeSettings(run=str(runs["a"]), reload_root=str(runs["a"]))
+    with running(narrow) as (base, _), client(base) as c:
+        assert c.post("/v1/admin/reload", json={}).status_code == 200  # the run itself
+        assert c.post("/v1/admin/reload", json={"run": str(runs["b"])}).status_code == 422
+    wide = ServeSettings(run=str(runs["a"]), reload_root=str(tmp_path))
+    with running(wide) as (base, _), client(base) as c:
+        r = c.post("/v1/admin/reload", json={"run": str(other)})
+        assert r.status_code == 200 and r.json()["model"]["run"] == str(other.resolve())
+        assert c.post("/v1/admin/reload", json={"run": str(runs["a"])}).status_code == 422
+        assert c.post("/v1/admin/reload", json={}).json()["model"]["run"] == str(other.resolve())
 
 
 # -- the CLI: start-up rules, SIGHUP, SIGTERM ---------------------------------------------------

@@ -37,6 +37,7 @@ def cmd_serve(a) -> int:
         max_history=a.max_history,
         max_k=a.max_k,
         max_batch=a.max_batch,
+        reload_root=a.reload_root,
     )
     check_auth(settings)  # before importing or loading anything heavy: refuse early
     _need("serve", "fastapi", "uvicorn", "prometheus_client", "orjson")
@@ -157,6 +158,11 @@ def register(sub) -> None:
     ps.add_argument("--max-history", type=int, default=5000, help="items per history (5000)")
     ps.add_argument("--max-k", type=int, default=1000, help="largest k (1000)")
     ps.add_argument("--max-batch", type=int, default=256, help="histories per batch request")
+    ps.add_argument(
+        "--reload-root",
+        help='POST /v1/admin/reload {"run": DIR} loads run directories under this one only '
+        "(default: the directory holding RUN)",
+    )
     ps.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     ps.set_defaults(fn=cmd_serve)
 

@@ -66,23 +66,44 @@ def load_checked(run_dir: str | os.PathLike, device: str = "cpu", precision: str
 
 
 class ModelHolder:
-    """The current model; `reload` replaces it only with one that loaded and checked."""
+    """The current model; `reload` replaces it only with one that loaded and checked, from a
+    run directory under `root` (default: the directory holding the first run, so that a
+    client can swap in a sibling run but not make the server read anywhere it may)."""
 
-    def __init__(self, current: LoadedModel, device: str = "cpu", precision: str = "fp32"):
+    def __init__(
+        self,
+        current: LoadedModel,
+        device: str = "cpu",
+        precision: str = "fp32",
+        root: str | os.PathLike | None = None,
+    ):
         self.current = current
         self.device = device
         self.precision = precision
+        self.root = Path(root or Path(current.version["run"]).parent).resolve()
         self._lock = threading.Lock()  # one reload at a time
 
     @classmethod
-    def load(cls, run_dir: str | os.PathLike, device: str = "cpu", precision: str = "fp32"):
-        return cls(load_checked(run_dir, device, precision), device, precision)
+    def load(
+        cls,
+        run_dir: str | os.PathLike,
+        device: str = "cpu",
+        precision: str = "fp32",
+        root: str | os.PathLike | None = None,
+    ):
+        return cls(load_checked(run_dir, device, precision), device, precision, root)
 
     def reload(self, run_dir: str | os.PathLike | None = None) -> LoadedModel:
         """Load `run_dir` (default: the current run again), check it, swap it in; returns it.
-        Raises RunError (and keeps the old model) when it fails."""
+        Raises RunError (and keeps the old model) when it fails, or when `run_dir` is given and
+        lies outside `root`."""
         with self._lock:
             target = run_dir if run_dir else self.current.version["run"]
+            if run_dir and not Path(run_dir).resolve().is_relative_to(self.root):
+                raise RunError(
+                    f"{target} is outside the directory runs may be reloaded from "
+                    f"({self.root}); restart the server with --reload-root to allow another"
+                )
             new = load_checked(target, self.device, self.precision)
             self.current = new  # one reference assignment: atomic for readers
             return new

@@ -23,7 +23,9 @@ def serve(settings: ServeSettings, log_level: str = "info", graceful_s: float = 
     from vaecf.serve.reload import ModelHolder
 
     check_auth(settings)
-    holder = ModelHolder.load(settings.run, settings.device, settings.precision)
+    holder = ModelHolder.load(
+        settings.run, settings.device, settings.precision, settings.reload_root
+    )
     app = create_app(holder, settings)
     logger = logging.getLogger("vaecf.serve")
     logger.setLevel(log_level.upper())

@@ -32,6 +32,9 @@ class ServeSettings:
     max_k: int = 1000
     max_batch: int = 256  # histories per /v1/recommend/batch request
     max_filter: int = 100_000  # ids in an allow or deny list
+    # POST /v1/admin/reload {"run": DIR} accepts run directories under this one only
+    # (default: the directory that holds `run`)
+    reload_root: str | None = None
 
     def __post_init__(self) -> None:
         for name in ("max_batch_size", "max_body_bytes", "max_history", "max_k", "max_batch"):
