@@ -841,6 +841,7 @@ def _digest(path: Path) -> str | None:
     """sha256 of a file that must be whole: None if absent; Broken if it does not parse (JSON,
     CSV with every row as long as the header, PNG through its IEND chunk, TOML)."""
     import csv
+
     import tomllib
 
     if not path.exists():
@@ -1079,7 +1080,7 @@ class TuneDrill(Drill):
         """A finished trial of an earlier state (the old study, a state seen after a kill) that
         `st` no longer holds as it was."""
         have = {t.number: t for t in (st.trials if st else ())}
-        for before in [self.old(trial), *self.seen[trial]]:
+        for before in [self.old(trial), *self.seen.get(trial, ())]:
             for t in before.trials if before else ():
                 if t.counted and have.get(t.number) != t:
                     return f"finished trial {t.number} lost or changed: {have.get(t.number)}"
@@ -1159,7 +1160,8 @@ def compare_state(out: Path):
         return None
     files = tuple((n, _digest(out / n)) for n in COMPARE_FILES)
     data = tuple(
-        (p.name, prepared_state(p)) for p in (_visible(out / "data") if (out / "data").is_dir() else [])
+        (p.name, prepared_state(p))
+        for p in (_visible(out / "data") if (out / "data").is_dir() else [])
     )
     runs = tuple(
         (f"{lab.name}/{p.name}", run_state(p))
@@ -1189,9 +1191,7 @@ class CompareDrill(ReplaceDrill):
         self.root = Path(root)
         (self.root / "inputs").mkdir(parents=True, exist_ok=True)
         self.csv = self.root / "inputs" / "raw.csv"
-        generate(n_users=self.n_users, n_items=self.n_items, n_groups=4, seed=6).write_csv(
-            self.csv
-        )
+        generate(n_users=self.n_users, n_items=self.n_items, n_groups=4, seed=6).write_csv(self.csv)
         self.mv = self.root / "inputs" / "mv.toml"
         self.mv.write_text(
             '[model]\nname = "multvae"\nhidden_dims = []\nlatent_dim = 8\n[train]\n'
@@ -1252,7 +1252,9 @@ class CompareDrill(ReplaceDrill):
         if st is None:
             return "no output"
         diff = [n for n, d in st[0] if d != dict(self.state_new[0])[n]]
-        diff += [n for n, s in st[1] + st[2] if s != dict(self.state_new[1] + self.state_new[2]).get(n)]
+        diff += [
+            n for n, s in st[1] + st[2] if s != dict(self.state_new[1] + self.state_new[2]).get(n)
+        ]
         return f"differs from the uninterrupted run in {diff}"
 
 

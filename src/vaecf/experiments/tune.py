@@ -38,7 +38,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from vaecf import configfile, models, rundir
-from vaecf._io import write_json
+from vaecf._io import atomic_file, write_json
 from vaecf.errors import ConfigError, RunError
 
 STUDY_DB = "study.db"
@@ -534,12 +534,10 @@ def _write_csv(path: Path, rows: list[dict]) -> None:
     keys: list[str] = []
     for r in rows:
         keys += [k for k in r if k not in keys]
-    tmp = path.with_suffix(".csv.tmp")
-    with open(tmp, "w", newline="") as f:
+    with atomic_file(path, "w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=keys)
         w.writeheader()
         w.writerows(rows)
-    os.replace(tmp, path)
 
 
 def score_test(run: Path, ds) -> dict:
