@@ -118,7 +118,7 @@ def main() -> int:
         action="append",
         help="a kind of drill (kill: every verb's), or one verb's kill drill",
     )
-    ap.add_argument("--kill-trials", type=int, default=75, help="per verb (1-2 kills each)")
+    ap.add_argument("--kill-trials", type=int, default=80, help="per verb (1-2 kills each)")
     ap.add_argument("--disk-trials", type=int, default=30, help="per verb")
     ap.add_argument("--lock-trials", type=int, default=40)
     ap.add_argument("--fuzz", type=int, default=10_000, help="generated inputs per parser")

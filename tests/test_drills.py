@@ -113,9 +113,9 @@ def test_tune_drill_notices_lost_torn_and_wrong_trials(tune_drill, tmp_path):
     import shutil
 
     d, new = tune_drill, tune_drill.new_state
+    d.seen.clear()  # (what the kill drill saw)
     assert d.check_final(0, new) is None
     assert "finished trials" in d.check_final(0, d.old_state)
-    d.seen[1] = []
     assert "lost" in d.check_final(1, dataclasses.replace(new, trials=new.trials[1:]))
     wrong = dataclasses.replace(new.trials[0], value=new.trials[0].value + 1e-9)
     assert "retrained" in d.check_final(
