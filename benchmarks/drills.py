@@ -155,6 +155,8 @@ def main() -> int:
             else:
                 tallies.append(dk.kill_drill(d, runner, a.kill_trials, seed + i))
             print(dk.format_table(tallies[-1:]).splitlines()[-1], flush=True)
+            for n in tallies[-1].notes[:3]:
+                print(f"\n[{tallies[-1].drill}] {n[:3000]}", flush=True)
         if "lock" in only:
             tallies.append(dk.lock_drill(drills["prepare"], runner, a.lock_trials, seed + 10))
         if "disk" in only:

@@ -1257,7 +1257,7 @@ class CompareDrill(ReplaceDrill):
                 all(d in (old_files.get(n), dict(new[0])[n]) for n, d in files)
                 and all(new_data.get(n) == s for n, s in data)
                 # finished runs (results.json) are the reference's; unfinished ones load
-                and all(s[3] is None or new_runs.get(n) == s for n, s in runs)
+                and all(s is None or s[3] is None or new_runs.get(n) == s for n, s in runs)
             )
 
         return ok
