@@ -898,6 +898,7 @@ class TrialRow:
     value: float | None
     retry_of: int | None
     interrupted: str | None
+    started: bool  # its parameters all drawn (tune records run_dir then)
 
     @property
     def counted(self) -> bool:  # what --trials counts (tune._counts)
@@ -955,6 +956,7 @@ def study_state(study_dir: Path) -> StudyState | None:
                 t.value,
                 t.user_attrs.get("retry_of"),
                 t.user_attrs.get("interrupted"),
+                "run_dir" in t.user_attrs,
             )
             for t in got
         )
@@ -998,7 +1000,8 @@ class TuneDrill(Drill):
     queued again, which adds a trial. What must hold instead: after each kill, every file is
     whole and consistent with study.db (`study_state`) and no finished trial is lost or changed;
     after the finishing --resume exactly N trials count, none twice (distinct parameters), every
-    interrupted trial was queued again exactly once with its parameters, and every complete
+    interrupted trial that had drawn its parameters was queued again exactly once with them (one
+    killed before that, never), and every complete
     trial's value, and best.json's test metrics, equal those of training its parameters
     uninterrupted (`vaecf train` with tune's own settings: bit for bit on the CPU)."""
 
@@ -1118,7 +1121,10 @@ class TuneDrill(Drill):
             return f"an interrupted trial was queued again more than once: {retries}"
         params = {t.number: t.params for t in st.trials}
         for t in st.trials:
-            if t.interrupted and (t.number not in retries or not any(
+            # killed before all its parameters were drawn: nothing to continue, not queued again
+            if t.interrupted and not t.started and t.number in retries:
+                return f"trial {t.number}, killed before its parameters, was queued again"
+            if t.interrupted and t.started and (t.number not in retries or not any(
                 r.retry_of == t.number and r.params == t.params for r in st.trials
             )):  # fmt: skip
                 return f"interrupted trial {t.number} was not run again with its parameters"

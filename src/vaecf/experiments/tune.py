@@ -197,7 +197,9 @@ def _counts(trials) -> int:
 
 def _recover(study, storage, log) -> None:
     """Mark trials a killed process left RUNNING as failed (interrupted), and queue every
-    interrupted trial's parameters once more (its run directory is continued)."""
+    interrupted trial's parameters once more (its run directory is continued). A trial killed
+    before it had drawn all its parameters (no run_dir yet) has nothing to continue: it is not
+    queued again, and a new trial takes its place."""
     from optuna.trial import TrialState
 
     trials = study.get_trials(deepcopy=False)
@@ -209,7 +211,12 @@ def _recover(study, storage, log) -> None:
     trials = study.get_trials(deepcopy=False)
     retried = {t.user_attrs.get("retry_of") for t in trials}
     for t in trials:
-        if t.state == TrialState.FAIL and "interrupted" in t.user_attrs and t.number not in retried:
+        if (
+            t.state == TrialState.FAIL
+            and "interrupted" in t.user_attrs
+            and "run_dir" in t.user_attrs  # set once every parameter is drawn
+            and t.number not in retried
+        ):
             study.enqueue_trial(t.params, user_attrs={"retry_of": t.number})
             log(f"trial {t.number} ({t.user_attrs['interrupted']}) queued again")
 
