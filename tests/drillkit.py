@@ -898,7 +898,7 @@ class TrialRow:
     value: float | None
     retry_of: int | None
     interrupted: str | None
-    started: bool  # its parameters all drawn (tune records run_dir then)
+    started: bool  # it had drawn its parameters
 
     @property
     def counted(self) -> bool:  # what --trials counts (tune._counts)
@@ -956,7 +956,7 @@ def study_state(study_dir: Path) -> StudyState | None:
                 t.value,
                 t.user_attrs.get("retry_of"),
                 t.user_attrs.get("interrupted"),
-                "run_dir" in t.user_attrs,
+                bool(t.params),
             )
             for t in got
         )
@@ -1000,7 +1000,7 @@ class TuneDrill(Drill):
     queued again, which adds a trial. What must hold instead: after each kill, every file is
     whole and consistent with study.db (`study_state`) and no finished trial is lost or changed;
     after the finishing --resume exactly N trials count, none twice (distinct parameters), every
-    interrupted trial that had drawn its parameters was queued again exactly once with them (one
+    interrupted trial that had drawn parameters was queued again exactly once with them (one
     killed before that, never), and every complete
     trial's value, and best.json's test metrics, equal those of training its parameters
     uninterrupted (`vaecf train` with tune's own settings: bit for bit on the CPU)."""

@@ -198,8 +198,9 @@ def _counts(trials) -> int:
 def _recover(study, storage, log) -> None:
     """Mark trials a killed process left RUNNING as failed (interrupted), and queue every
     interrupted trial's parameters once more (its run directory is continued). A trial killed
-    before it had drawn all its parameters (no run_dir yet) has nothing to continue: it is not
-    queued again, and a new trial takes its place."""
+    before it had drawn any parameter has nothing to repeat: it is not queued again (a queued
+    trial without parameters would draw new ones under the old one's name); a new trial takes
+    its place."""
     from optuna.trial import TrialState
 
     trials = study.get_trials(deepcopy=False)
@@ -214,7 +215,7 @@ def _recover(study, storage, log) -> None:
         if (
             t.state == TrialState.FAIL
             and "interrupted" in t.user_attrs
-            and "run_dir" in t.user_attrs  # set once every parameter is drawn
+            and t.params
             and t.number not in retried
         ):
             study.enqueue_trial(t.params, user_attrs={"retry_of": t.number})
