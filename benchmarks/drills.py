@@ -14,7 +14,7 @@ tests/test_fuzz_parsers.py); the drill kit is tests/drillkit.py and tests/fuzzki
 - fuzz: generated malformed files through every parser (a DataError naming file and line, or a
   correct parse), and a share of them through `vaecf prepare` (exit 2, one message).
 
-    PYTHONPATH=src .venv/bin/python benchmarks/drills.py                 # the full set (~20 min)
+    PYTHONPATH=src .venv/bin/python benchmarks/drills.py                 # the full set (~35 min)
     PYTHONPATH=src .venv/bin/python benchmarks/drills.py --quick         # a few of each
     PYTHONPATH=src .venv/bin/python benchmarks/drills.py --only kill --seed 7
     PYTHONPATH=src .venv/bin/python benchmarks/drills.py --only tune --only serve  # 2 verbs
