@@ -2,18 +2,22 @@
 was lost. The test suite runs a small share of the same drills (tests/test_drills.py,
 tests/test_fuzz_parsers.py); the drill kit is tests/drillkit.py and tests/fuzzkit.py.
 
-- kill: `vaecf prepare` / `vaecf train` SIGKILLed at random moments (1-2 per trial), then rerun
-  (`--resume` for train); the output must be the old or the complete new state after each kill,
-  and the rerun must reach the uninterrupted result (train: best.pt/last.pt weights bit for bit).
+- kill: `vaecf prepare` / `train` / `score` / `tune` / `compare` SIGKILLed at random moments (1-2
+  per trial), then rerun (`--resume` for train and tune); the output must be the old or the
+  complete new state after each kill, and the rerun must reach the uninterrupted result (train:
+  best.pt/last.pt weights bit for bit; tune: no finished trial lost or repeated, every value
+  what retraining its parameters gives). `vaecf serve` SIGKILLed during start-up, while
+  answering and during a reload: both run directories unchanged, a restart answers the same.
 - disk full: the same verbs writing into a tmpfs left with 0..N bytes free (root only).
 - one writer: two commands into one directory at once, or the first SIGKILLed: one is refused
   naming the other's pid, or a dead writer's lock is taken over.
 - fuzz: generated malformed files through every parser (a DataError naming file and line, or a
   correct parse), and a share of them through `vaecf prepare` (exit 2, one message).
 
-    PYTHONPATH=src .venv/bin/python benchmarks/drills.py                 # the full set (~20 min)
+    PYTHONPATH=src .venv/bin/python benchmarks/drills.py                 # the full set (~35 min)
     PYTHONPATH=src .venv/bin/python benchmarks/drills.py --quick         # a few of each
     PYTHONPATH=src .venv/bin/python benchmarks/drills.py --only kill --seed 7
+    PYTHONPATH=src .venv/bin/python benchmarks/drills.py --only tune --only serve  # 2 verbs
 """
 
 from __future__ import annotations
@@ -33,6 +37,7 @@ sys.path[:0] = [str(ROOT / "src"), str(ROOT / "tests")]
 import drillkit as dk  # noqa: E402
 import fuzzkit as fk  # noqa: E402
 
+KILL_VERBS = ("prepare", "train", "score", "tune", "compare", "serve")
 CLI_DATASET = {  # parser -> the `vaecf prepare` verb that reads it
     "csv": "csv",
     "tsv": "csv",
@@ -107,8 +112,13 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--seed", type=int, help="base seed (default: random, printed)")
     ap.add_argument("--quick", action="store_true", help="a few trials of each drill")
-    ap.add_argument("--only", choices=["kill", "disk", "lock", "fuzz"], action="append")
-    ap.add_argument("--kill-trials", type=int, default=70, help="per verb (1-2 kills each)")
+    ap.add_argument(
+        "--only",
+        choices=["kill", "disk", "lock", "fuzz", *KILL_VERBS],
+        action="append",
+        help="a kind of drill (kill: every verb's), or one verb's kill drill",
+    )
+    ap.add_argument("--kill-trials", type=int, default=80, help="per verb (1-2 kills each)")
     ap.add_argument("--disk-trials", type=int, default=30, help="per verb")
     ap.add_argument("--lock-trials", type=int, default=40)
     ap.add_argument("--fuzz", type=int, default=10_000, help="generated inputs per parser")
@@ -118,6 +128,8 @@ def main() -> int:
         a.kill_trials, a.disk_trials, a.lock_trials, a.fuzz, a.fuzz_cli = 6, 3, 4, 200, 20
     seed = a.seed if a.seed is not None else random.SystemRandom().randrange(10**6)
     only = set(a.only or ["kill", "disk", "lock", "fuzz"])
+    if "kill" in only:
+        only |= set(KILL_VERBS)
     print(f"drills: seed {seed} (rerun with --seed {seed})", flush=True)
     t0 = time.perf_counter()
     work = Path(tempfile.mkdtemp(prefix="vaecf-drills-"))
@@ -128,13 +140,23 @@ def main() -> int:
             "prepare": dk.PrepareDrill(),
             "train": dk.TrainDrill(epochs=3),
             "score": dk.ScoreDrill(),
+            "tune": dk.TuneDrill(),
+            "compare": dk.CompareDrill(),
+            "serve": dk.ServeDrill(),
         }
-        if only & {"kill", "lock"}:
-            for name, d in drills.items():
+        for name, d in drills.items():
+            if name in only or (name == "prepare" and "lock" in only):
                 d.setup(work / name, runner)
-        if "kill" in only:
-            for i, d in enumerate(drills.values()):
+        for i, (name, d) in enumerate(drills.items()):
+            if name not in only:
+                continue
+            if name == "serve":
+                tallies.append(dk.serve_drill(d, runner, a.kill_trials, seed + i))
+            else:
                 tallies.append(dk.kill_drill(d, runner, a.kill_trials, seed + i))
+            print(dk.format_table(tallies[-1:]).splitlines()[-1], flush=True)
+            for n in tallies[-1].notes[:3]:
+                print(f"\n[{tallies[-1].drill}] {n[:3000]}", flush=True)
         if "lock" in only:
             tallies.append(dk.lock_drill(drills["prepare"], runner, a.lock_trials, seed + 10))
         if "disk" in only:

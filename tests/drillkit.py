@@ -31,7 +31,11 @@ SRC = Path(__file__).resolve().parents[1] / "src"
 _SERVER = r"""
 import json, os, sys, traceback
 for name in sys.argv[1:]:
-    __import__(name)
+    try:
+        __import__(name.lstrip("?"))
+    except ImportError:
+        if not name.startswith("?"):  # ?name: optional (an extra that may not be installed)
+            raise
 out = sys.stdout
 def reply(obj):
     out.write(json.dumps(obj) + "\n")
@@ -112,6 +116,10 @@ class ForkRunner:
         "vaecf.trainer",
         "vaecf.checkpoint",
         "torch._dynamo",
+        "?optuna",
+        "?matplotlib.pyplot",
+        "?vaecf.serve.app",
+        "?uvicorn",
     )
 
     def __init__(self, logdir: Path, env: dict | None = None):
@@ -272,6 +280,11 @@ class Drill:
         """Why the output differs from the uninterrupted result, in words (for reports)."""
         return ""
 
+    def check_final(self, trial: int, st) -> str | None:
+        """Why the state after the finishing command is not what an uninterrupted run reaches
+        (None: it is). By default the two must be equal."""
+        return None if st == self.final(trial) else f"state differs: {self.diagnose()}"
+
     duration = 1.0  # seconds an uninterrupted command takes (measured in setup)
 
 
@@ -283,7 +296,7 @@ class Tally:
 
     drill: str
     trials: int = 0
-    points: int = 0  # kills (or fills) applied
+    points: int = 0  # kills (or fills) applied; kill drills: kills that found it running
     failures: int = 0
     lost: int = 0
     refused: int = 0  # lock drill: trials where one writer was refused (the lock at work)
@@ -318,7 +331,7 @@ def kill_drill(
         for k in range(rng.randint(1, max_kills)):
             delay = rng.uniform(0.0, drill.duration * 1.1)
             r = kill_after(runner, argv, delay)
-            t.points += 1
+            t.points += r.rc == -signal.SIGKILL  # not a command that ended before its moment
             if r.rc not in (-signal.SIGKILL, 0):
                 failed = True
                 t.notes.append(f"trial {trial} kill {k} at {delay:.3f}s: exit {r.rc}\n{r}")
@@ -329,11 +342,11 @@ def kill_drill(
             argv = drill.finish_command(trial)
         r = run(runner, drill.finish_command(trial))
         st, err = _safe_state(drill)
-        if r.rc != 0 or err is not None or st != drill.final(trial):
+        why = err if err is not None else drill.check_final(trial, st)
+        if r.rc != 0 or why is not None:
             failed = True
-            lost = lost or err is not None or st != drill.old(trial)
-            why = err or f"state differs: {drill.diagnose()}"
-            t.notes.append(f"trial {trial} finish: {why}\n{r}")
+            lost = lost or err is not None or (why is not None and st != drill.old(trial))
+            t.notes.append(f"trial {trial} finish: {why or f'exit {r.rc}'}\n{r}")
         t.trials += 1
         t.failures += failed
         t.lost += lost
@@ -613,7 +626,7 @@ def run_state(run_dir: Path):
                 ck = checkpoint.load(run_dir / name)
                 for k, v in sorted(ck["model"].items()):
                     h.update(k.encode())
-                    h.update(v.cpu().contiguous().view(torch.uint8).numpy().tobytes())
+                    h.update(v.cpu().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
                 if name == "last.pt":
                     epoch = ck["epoch"]
                     hist = [json.dumps(r) for r in ck["history"]]
@@ -818,3 +831,670 @@ def _table_state(path: Path):
     except Exception as e:  # a torn file under the final name
         raise Broken(f"{path}: {type(e).__name__}: {e}") from None
     return hashlib.sha256(df.write_csv().encode()).hexdigest()
+
+
+# -- files that must parse -----------------------------------------------------------------------
+PNG_END = b"\x00\x00\x00\x00IEND\xaeB`\x82"
+
+
+def _digest(path: Path) -> str | None:
+    """sha256 of a file that must be whole: None if absent; Broken if it does not parse (JSON,
+    CSV with every row as long as the header, PNG through its IEND chunk, TOML)."""
+    import csv
+
+    import tomllib
+
+    if not path.exists():
+        return None
+    data = path.read_bytes()
+    try:
+        if path.suffix == ".json":
+            json.loads(data)
+        elif path.suffix == ".csv":
+            rows = list(csv.reader(data.decode().splitlines()))
+            if not rows or any(len(r) != len(rows[0]) for r in rows) or not data.endswith(b"\n"):
+                raise ValueError("a row cut short")
+        elif path.suffix == ".png":
+            if not (data.startswith(b"\x89PNG\r\n\x1a\n") and data.endswith(PNG_END)):
+                raise ValueError(f"not a whole PNG ({len(data)} bytes)")
+        elif path.suffix == ".toml":
+            tomllib.loads(data.decode())
+    except (ValueError, UnicodeDecodeError) as e:
+        raise Broken(f"{path}: torn: {type(e).__name__}: {e}") from None
+    return hashlib.sha256(data).hexdigest()
+
+
+def _visible(directory: Path) -> list[Path]:
+    return sorted(p for p in directory.iterdir() if not p.name.startswith("."))
+
+
+def _timed(runner, argv: list, out: Path) -> float:
+    """Seconds `vaecf ARGV` takes writing a fresh `out` (removed again): a second timing, since
+    one taken while the machine is busy would put most kill moments after the command's end."""
+    _clear(out)
+    t0 = time.perf_counter()
+    r = run(runner, argv)
+    took = time.perf_counter() - t0
+    if r.rc:
+        raise RuntimeError(str(r))
+    _clear(out)
+    return took
+
+
+def _clear(out: Path) -> None:
+    for p in [out, *out.parent.glob(f".{out.name}.*")]:
+        if p.is_dir():
+            shutil.rmtree(p)
+        elif p.exists():
+            p.unlink()
+
+
+# -- tune ----------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class TrialRow:
+    number: int
+    state: str  # COMPLETE, PRUNED, FAIL, RUNNING, WAITING
+    params: str  # JSON, sorted keys
+    value: float | None
+    retry_of: int | None
+    interrupted: str | None
+    started: bool  # it had drawn its parameters
+
+    @property
+    def counted(self) -> bool:  # what --trials counts (tune._counts)
+        return self.state in ("COMPLETE", "PRUNED") or (
+            self.state == "FAIL" and self.interrupted is None
+        )
+
+
+@dataclass(frozen=True)
+class StudyState:
+    trials: tuple[TrialRow, ...]  # () while study.db holds no study yet
+    files: tuple  # (name, sha256 or None) of the study's own outputs
+    best: tuple | None  # best.json's (trial, validation value, test metrics)
+
+
+STUDY_FILES = ("trials.csv", "best.json", "best.toml", "history.png", "importance.png")
+
+
+def study_state(study_dir: Path) -> StudyState | None:
+    """What a `vaecf tune` study directory holds: None if nothing (or only the lock); else its
+    trials (read from a copy of study.db and its journal, so that reading writes nothing into
+    the study). Broken when a file under its final name is torn, a trial's run directory does
+    not load, a complete trial's value is not its run's validation value, or trials.csv and
+    best.json disagree with the study."""
+    import optuna
+
+    from vaecf.experiments.tune import METRIC
+
+    if not study_dir.exists() or not _visible(study_dir):
+        return None
+    files = tuple((n, _digest(study_dir / n)) for n in STUDY_FILES)
+    db = study_dir / "study.db"
+    trials: tuple[TrialRow, ...] = ()
+    if db.exists():
+        with tempfile.TemporaryDirectory(prefix="vaecf-study-") as tmp:
+            for p in study_dir.glob("study.db*"):  # the database and its journal, if any
+                shutil.copyfile(p, Path(tmp) / p.name)
+            storage = None
+            try:
+                storage = optuna.storages.RDBStorage(f"sqlite:///{Path(tmp) / 'study.db'}")
+                study = optuna.load_study(study_name="vaecf", storage=storage)
+                got = study.get_trials(deepcopy=False)
+            except KeyError:  # killed before the study was created in it
+                got = []
+            except Exception as e:  # noqa: BLE001 - an unreadable database is a finding
+                raise Broken(f"{db}: {type(e).__name__}: {e}") from None
+            finally:
+                if storage is not None:
+                    storage.engine.dispose()
+        trials = tuple(
+            TrialRow(
+                t.number,
+                t.state.name,
+                json.dumps(t.params, sort_keys=True),
+                t.value,
+                t.user_attrs.get("retry_of"),
+                t.user_attrs.get("interrupted"),
+                bool(t.params),
+            )
+            for t in got
+        )
+    by_number = {t.number: t for t in trials}
+    for t in trials:
+        run = study_dir / "trials" / f"{t.number:04d}"
+        if run.exists():
+            run_state(run)  # raises Broken
+        if t.state == "COMPLETE":
+            try:
+                res = json.loads((run / "results.json").read_text())
+            except (OSError, ValueError) as e:
+                raise Broken(f"complete trial {t.number}: {run}/results.json: {e}") from None
+            if res["validation"][METRIC] != t.value:
+                raise Broken(f"trial {t.number}: study value {t.value} != {run}/results.json")
+    if dict(files)["trials.csv"]:
+        import csv
+
+        with open(study_dir / "trials.csv", newline="") as f:
+            for row in csv.DictReader(f):
+                t = by_number.get(int(row["trial"]))
+                if t is None or (row["state"] == "complete" and float(row["value"]) != t.value):
+                    raise Broken(f"trials.csv row {row['trial']} disagrees with study.db")
+    best = None
+    if dict(files)["best.json"]:
+        b = json.loads((study_dir / "best.json").read_text())
+        t = by_number.get(b["trial"])
+        if t is None or t.state != "COMPLETE" or t.value != b["validation"][METRIC]:
+            raise Broken(f"best.json names trial {b['trial']}, which study.db does not hold")
+        best = (b["trial"], b["validation"][METRIC], json.dumps(b["test"], sort_keys=True))
+    return StudyState(trials, files, best)
+
+
+class TuneDrill(Drill):
+    """`vaecf tune` of Mult-VAE (a few epochs each, last.pt after every epoch) killed at random
+    points and finished with `vaecf tune --resume`. Even trials start a study of `trials` trials;
+    odd ones extend a finished study of `trials - 1` with `--resume --trials N`.
+
+    A resumed study cannot reach the same trials as an uninterrupted one: its sampler is seeded
+    by the study's seed and length (tune.py), and an interrupted trial is marked failed and
+    queued again, which adds a trial. What must hold instead: after each kill, every file is
+    whole and consistent with study.db (`study_state`) and no finished trial is lost or changed;
+    after the finishing --resume exactly N trials count, none twice (distinct parameters), every
+    interrupted trial that had drawn parameters was queued again exactly once with them (one
+    killed before that, never), and every complete
+    trial's value, and best.json's test metrics, equal those of training its parameters
+    uninterrupted (`vaecf train` with tune's own settings: bit for bit on the CPU)."""
+
+    name = "tune"
+
+    def __init__(self, trials: int = 3, epochs: int = 4, n_users: int = 400, n_items: int = 100):
+        self.n_trials, self.epochs, self.n_users, self.n_items = trials, epochs, n_users, n_items
+        self.seen: dict[int, list] = {}
+        self.retrained: dict[str, tuple] = {}  # params JSON -> (validation value, test)
+
+    def setup(self, root: Path, runner, out_parent: Path | None = None) -> None:
+        from vaecf.data.synthetic import generate
+
+        self.root, self.runner = Path(root), runner
+        (self.root / "inputs").mkdir(parents=True, exist_ok=True)
+        csv = self.root / "inputs" / "train.csv"
+        generate(n_users=self.n_users, n_items=self.n_items, n_groups=4, seed=5).write_csv(csv)
+        self.data = self.root / "data"
+        r = run(runner, [
+            "prepare", "csv", "--path", csv, "--user-col", "user_id", "--item-col", "item_id",
+            "--heldout-users", 40, "--out", self.data,
+        ])  # fmt: skip
+        if r.rc:
+            raise RuntimeError(str(r))
+        self.base = self.root / "inputs" / "base.toml"
+        self.base.write_text('[train]\ncheckpoint_every = 0\nprecision = "fp32"\n')
+        self.out = Path(out_parent or self.root / "studies") / "study"
+        # the references run where the drill's output lives (best.json names its run by path)
+        ref = self.root / "reference"
+        ref.mkdir(parents=True, exist_ok=True)
+        self.ref_old, self.ref_new = ref / "old", ref / "new"
+        _clear(self.out)
+        self._ok(self._argv(self.n_trials - 1))
+        shutil.move(self.out, self.ref_old)
+        t0 = time.perf_counter()
+        self._ok(self._argv(self.n_trials))
+        self.duration = time.perf_counter() - t0
+        shutil.move(self.out, self.ref_new)
+        self.duration = min(self.duration, _timed(runner, self._argv(self.n_trials), self.out))
+        self.old_state, self.new_state = study_state(self.ref_old), study_state(self.ref_new)
+        # the references are what training their parameters uninterrupted gives (if not, the
+        # retraining below could not judge the drill's trials)
+        for st in (self.old_state, self.new_state):
+            why = self._values_match(st)
+            if why:
+                raise RuntimeError(f"tune is not reproducible by `vaecf train`: {why}")
+
+    def _ok(self, argv: list) -> None:
+        r = run(self.runner, argv)
+        if r.rc:
+            raise RuntimeError(str(r))
+
+    def _argv(self, trials: int, resume: bool = False) -> list:
+        return [
+            "tune", "--config", self.base, "--data", self.data, "--out", self.out,
+            "--model", "multvae", "--trials", trials, "--seed", 0, "--device", "cpu",
+            "--fix", f"epochs={self.epochs}", "--fix", "hidden_dim=0", "--fix", "latent_dim=8",
+            "--fix", "batch_size=64", *(["--resume"] if resume else []),
+        ]  # fmt: skip
+
+    def reset(self, trial: int) -> None:
+        _clear(self.out)
+        self.seen[trial] = []
+        if trial % 2 == 1:
+            shutil.copytree(self.ref_old, self.out)
+
+    def command(self, trial: int) -> list:
+        return self._argv(self.n_trials, resume=trial % 2 == 1)
+
+    def finish_command(self, trial: int) -> list:
+        return self._argv(self.n_trials, resume=True)
+
+    def state(self):
+        return study_state(self.out)
+
+    def old(self, trial: int):
+        return self.old_state if trial % 2 == 1 else None
+
+    def final(self, trial: int):
+        return self.new_state
+
+    def allowed_after_kill(self, trial: int):
+        def ok(st) -> bool:
+            self.seen[trial].append(st)
+            return self._lost(trial, st) is None
+
+        return ok
+
+    def output_paths(self) -> list[Path]:
+        return [self.out]
+
+    def _lost(self, trial: int, st) -> str | None:
+        """A finished trial of an earlier state (the old study, a state seen after a kill) that
+        `st` no longer holds as it was."""
+        have = {t.number: t for t in (st.trials if st else ())}
+        for before in [self.old(trial), *self.seen.get(trial, ())]:
+            for t in before.trials if before else ():
+                if t.counted and have.get(t.number) != t:
+                    return f"finished trial {t.number} lost or changed: {have.get(t.number)}"
+        return None
+
+    def check_final(self, trial: int, st) -> str | None:
+        if st is None or not st.trials or st.best is None:
+            return f"no finished study: {st}"
+        if any(d is None for _, d in st.files):
+            return f"missing outputs: {st.files}"
+        lost = self._lost(trial, st)
+        if lost:
+            return lost
+        counted = [t for t in st.trials if t.counted]
+        if len(counted) != self.n_trials:
+            return f"{len(counted)} finished trials, not {self.n_trials}"
+        if len({t.params for t in counted}) != len(counted):
+            return "a finished trial was run twice (the same parameters)"
+        retries = [t.retry_of for t in st.trials if t.retry_of is not None]
+        if len(set(retries)) != len(retries):
+            return f"an interrupted trial was queued again more than once: {retries}"
+        params = {t.number: t.params for t in st.trials}
+        for t in st.trials:
+            # killed before all its parameters were drawn: nothing to continue, not queued again
+            if t.interrupted and not t.started and t.number in retries:
+                return f"trial {t.number}, killed before its parameters, was queued again"
+            if t.interrupted and t.started and (t.number not in retries or not any(
+                r.retry_of == t.number and r.params == t.params for r in st.trials
+            )):  # fmt: skip
+                return f"interrupted trial {t.number} was not run again with its parameters"
+            if t.retry_of is not None and params.get(t.retry_of) != t.params:
+                return f"trial {t.number} retries trial {t.retry_of} with other parameters"
+        return self._values_match(st)
+
+    def _values_match(self, st: StudyState) -> str | None:
+        for t in st.trials:
+            if t.state == "COMPLETE":
+                value, test = self._retrain(t.params)
+                if value != t.value:
+                    return f"trial {t.number}: value {t.value}, retrained {value} ({t.params})"
+                if st.best[0] == t.number and st.best[2] != test:
+                    return f"best trial {t.number}: test {st.best[2]}, retrained {test}"
+        return None
+
+    def _retrain(self, params: str) -> tuple:
+        """(validation value, test metrics JSON) of `vaecf train` with a trial's settings."""
+        if params not in self.retrained:
+            from vaecf import configfile, models
+            from vaecf.data.prepare import PreparedDataset
+            from vaecf.experiments.tune import METRIC, parse_fixed, settings_of
+
+            fixed = parse_fixed(
+                [f"epochs={self.epochs}", "hidden_dim=0", "latent_dim=8", "batch_size=64"]
+            )
+            base = configfile.read(self.base)
+            base.train["device"] = "cpu"
+            n_train = PreparedDataset(self.data).manifest["counts"]["n_train_users"]
+            space = models.get("multvae").search_space
+            train_d, model_d = settings_of(space, json.loads(params), n_train, base, 0, fixed)
+            n = len(self.retrained)
+            toml, out = self.root / "retrain" / f"{n}.toml", self.root / "retrain" / f"{n}"
+            configfile.write(toml, "multvae", train_d, model_d, data=str(self.data))
+            _clear(out)
+            self._ok(["train", "--config", toml, "--out", out, "--quiet"])
+            res = json.loads((out / "results.json").read_text())
+            test = json.dumps(res["test"], sort_keys=True)
+            self.retrained[params] = (res["validation"][METRIC], test)
+        return self.retrained[params]
+
+
+# -- compare -------------------------------------------------------------------------------------
+COMPARE_FILES = ("compare.json", "compare_splits.csv", "compare_summary.csv", "compare.png")
+
+
+def compare_state(out: Path):
+    """What a `vaecf compare --data` directory holds: None if nothing (or only the lock); else
+    each output file's digest, each prepared split's `prepared_state` and each run's
+    `run_state`. Broken when any of them is torn or does not load."""
+    if not out.exists() or not _visible(out):
+        return None
+    files = tuple((n, _digest(out / n)) for n in COMPARE_FILES)
+    data = tuple(
+        (p.name, prepared_state(p))
+        for p in (_visible(out / "data") if (out / "data").is_dir() else [])
+    )
+    runs = tuple(
+        (f"{lab.name}/{p.name}", run_state(p))
+        for lab in (_visible(out / "runs") if (out / "runs").is_dir() else [])
+        for p in _visible(lab)
+    )
+    return files, data, runs
+
+
+class CompareDrill(ReplaceDrill):
+    """`vaecf compare --data` of Mult-VAE (a few epochs, last.pt after every epoch), EASE and
+    popularity over two split seeds, killed at random points and run again (it resumes
+    unfinished runs and reuses finished ones). Even trials start from nothing; odd ones from a
+    finished comparison over the first seed. After a kill every output file is absent, the
+    old one or the complete new one; every prepared split is the reference's; every finished
+    run is the reference's (weights bit for bit); the rerun must reach the reference exactly:
+    the same files byte for byte (summary tables, per-split metrics, chart), splits and runs."""
+
+    name = "compare"
+
+    def __init__(self, epochs: int = 4, n_users: int = 400, n_items: int = 100):
+        self.epochs, self.n_users, self.n_items = epochs, n_users, n_items
+
+    def setup(self, root: Path, runner, out_parent: Path | None = None) -> None:
+        from vaecf.data.synthetic import generate
+
+        self.root = Path(root)
+        (self.root / "inputs").mkdir(parents=True, exist_ok=True)
+        self.csv = self.root / "inputs" / "raw.csv"
+        generate(n_users=self.n_users, n_items=self.n_items, n_groups=4, seed=6).write_csv(self.csv)
+        self.mv = self.root / "inputs" / "mv.toml"
+        self.mv.write_text(
+            '[model]\nname = "multvae"\nhidden_dims = []\nlatent_dim = 8\n[train]\n'
+            f'checkpoint_every = 0\nprecision = "fp32"\nbatch_size = 64\nepochs = {self.epochs}\n'
+        )
+        self.out = Path(out_parent or self.root / "compares") / "cmp"
+        ref = self.root / "reference"
+        ref.mkdir(parents=True, exist_ok=True)
+        self.ref_old, self.ref_new = ref / "old", ref / "new"
+        _clear(self.out)
+        for dest, seeds in ((self.ref_old, "1"), (self.ref_new, "1,2")):
+            t0 = time.perf_counter()
+            r = run(runner, self._argv(seeds))
+            self.duration = time.perf_counter() - t0
+            if r.rc:
+                raise RuntimeError(str(r))
+            shutil.move(self.out, dest)  # run where the drill's output lives: paths inside match
+        self.duration = min(self.duration, _timed(runner, self._argv("1,2"), self.out))
+        self.state_old, self.state_new = compare_state(self.ref_old), compare_state(self.ref_new)
+
+    def _argv(self, seeds: str) -> list:
+        return [
+            "compare", "--data", self.csv, "--user-col", "user_id", "--item-col", "item_id",
+            "--heldout-users", 40, "--models", f"mv={self.mv},ease,popular", "--seeds", seeds,
+            "--out", self.out, "--device", "cpu",
+        ]  # fmt: skip
+
+    def reset(self, trial: int) -> None:
+        _clear(self.out)
+        if trial % 2 == 0:  # (ReplaceDrill: even trials start from the old output)
+            shutil.copytree(self.ref_old, self.out)
+
+    def command(self, trial: int) -> list:
+        return self._argv("1,2")
+
+    def state(self):
+        return compare_state(self.out)
+
+    def allowed_after_kill(self, trial: int):
+        old, new = self.old(trial), self.state_new
+        new_data, new_runs = dict(new[1]), dict(new[2])
+
+        def ok(st) -> bool:
+            if st is None or st == old:
+                return True
+            files, data, runs = st
+            old_files = dict(old[0]) if old else {}
+            return (
+                all(d in (old_files.get(n), dict(new[0])[n]) for n, d in files)
+                and all(new_data.get(n) == s for n, s in data)
+                # finished runs (results.json) are the reference's; unfinished ones load
+                and all(s is None or s[3] is None or new_runs.get(n) == s for n, s in runs)
+            )
+
+        return ok
+
+    def diagnose(self) -> str:
+        st = _safe_state(self)[0]
+        if st is None:
+            return "no output"
+        diff = [n for n, d in st[0] if d != dict(self.state_new[0])[n]]
+        diff += [
+            n for n, s in st[1] + st[2] if s != dict(self.state_new[1] + self.state_new[2]).get(n)
+        ]
+        return f"differs from the uninterrupted run in {diff}"
+
+
+# -- serve ---------------------------------------------------------------------------------------
+def tree_digest(dirs: Sequence[Path]) -> dict:
+    """Every entry under `dirs` (hidden ones too): a file's sha256, or 'dir'."""
+    out = {}
+    for d in dirs:
+        for p in sorted(Path(d).rglob("*")):
+            out[str(p)] = "dir" if p.is_dir() else hashlib.sha256(p.read_bytes()).hexdigest()
+    return out
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def http(port: int, method: str, path: str, body=None, timeout: float = 10.0) -> tuple[int, dict]:
+    """(status, JSON body) of one request to 127.0.0.1:`port`; OSError when it cannot connect."""
+    import urllib.error
+    import urllib.request
+
+    req = urllib.request.Request(
+        f"http://127.0.0.1:{port}{path}",
+        data=None if body is None else json.dumps(body).encode(),
+        method=method,
+        headers={"Content-Type": "application/json"},
+    )
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as r:
+            return r.status, json.loads(r.read())
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read() or b"{}")
+
+
+def _alive(pid: int) -> bool:
+    """The process runs (not gone, not a zombie waiting to be reaped)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except FileNotFoundError:
+        return False
+    except OSError:
+        return True
+    return stat.rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+
+
+def _stable(body):
+    """An answer without the moment its model was loaded (the one field a restart changes)."""
+    if isinstance(body, dict):
+        return {k: _stable(v) for k, v in body.items() if k != "loaded_at"}
+    if isinstance(body, (list, tuple)):
+        return type(body)(_stable(v) for v in body)
+    return body
+
+
+class ServeDrill:
+    """`vaecf serve RUN` SIGKILLed at random moments: during start-up, while answering a stream
+    of requests, and during a `POST /v1/admin/reload` of another run. Serve only reads: after
+    every kill both run directories must hold exactly the files they held, byte for byte (no
+    new, changed or temp files). A server started again afterwards must answer /readyz and
+    /v1/recommend exactly as before the kills (the model's version included: it names the
+    checkpoint's path, size and mtime), and a reload of the other run as before too."""
+
+    name = "serve"
+
+    def setup(self, root: Path, runner) -> None:
+        from vaecf.data.synthetic import generate
+
+        self.root, self.runner = Path(root), runner
+        (self.root / "inputs").mkdir(parents=True, exist_ok=True)
+        csv = self.root / "inputs" / "train.csv"
+        generate(n_users=400, n_items=100, n_groups=4, seed=8).write_csv(csv)
+        data = self.root / "data"
+        self.run_a, self.run_b = self.root / "runs" / "a", self.root / "runs" / "b"
+        for argv in (
+            ["prepare", "csv", "--path", csv, "--user-col", "user_id", "--item-col", "item_id",
+             "--heldout-users", 40, "--out", data],
+            ["train", "--data", data, "--out", self.run_a, "--epochs", 2, "--batch-size", 64,
+             "--precision", "fp32", "--device", "cpu", "--quiet"],
+            ["train", "--data", data, "--out", self.run_b, "--model", "ease", "--device", "cpu",
+             "--quiet"],
+        ):  # fmt: skip
+            r = run(runner, argv)
+            if r.rc:
+                raise RuntimeError(str(r))
+        from vaecf.data.vocab import Vocabulary
+
+        items = Vocabulary.load(self.run_a / "items.parquet").id_of(range(3))
+        self.request = {"items": [str(i) for i in items], "k": 10}
+        self.files = tree_digest([self.run_a, self.run_b])
+        t0 = time.perf_counter()
+        proc, port = self.start()
+        self.startup = time.perf_counter() - t0
+        try:
+            self.answers = self.answer(proc, port)
+            t0 = time.perf_counter()
+            self.reload_answers = self.reload(port)
+            self.reload_s = time.perf_counter() - t0
+        finally:
+            self.stop(proc)
+
+    def start(self, wait: bool = True):
+        port = free_port()
+        proc = self.runner.start(["serve", self.run_a, "--port", port, "--log-level", "warning"])
+        if wait:
+            self.wait_ready(proc, port)
+        return proc, port
+
+    def wait_ready(self, proc: Proc, port: int, timeout: float = 60.0) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if not _alive(proc.pid):
+                raise RuntimeError(f"vaecf serve exited: {_read(proc.stderr)[-2000:]}")
+            try:
+                if http(port, "GET", "/readyz", timeout=2)[0] == 200:
+                    return
+            except OSError:
+                pass
+            time.sleep(0.01)
+        raise RuntimeError("vaecf serve did not become ready")
+
+    def answer(self, proc: Proc, port: int) -> tuple:
+        return tuple(
+            _stable(x)
+            for x in (
+                http(port, "GET", "/readyz"),
+                http(port, "POST", "/v1/recommend", self.request),
+            )
+        )
+
+    def reload(self, port: int) -> tuple:
+        status, body = http(port, "POST", "/v1/admin/reload", {"run": str(self.run_b)})
+        return _stable((status, body)), _stable(http(port, "POST", "/v1/recommend", self.request))
+
+    def stop(self, proc: Proc) -> int:
+        with _suppress_lookup():
+            os.kill(proc.pid, signal.SIGKILL)
+        return self.runner.wait(proc)
+
+
+def _requests(port: int, body_of: Callable[[int], tuple], stop) -> None:
+    """Send requests one after another (a thread) until `stop` is set or the server is gone."""
+    i = 0
+    while not stop.is_set():
+        try:
+            http(port, *body_of(i), timeout=5)
+        except Exception:  # noqa: BLE001 - killed mid-answer: refused, reset, cut short
+            return
+        i += 1
+
+
+def serve_drill(drill: ServeDrill, runner, trials: int, seed: int, max_kills: int = 2, log=print):
+    """`trials` times: 1..max_kills servers, each SIGKILLed at a random moment of a random phase
+    (start-up; answering requests; reloading the other run while answering), checking after
+    each kill that neither run directory changed; then a fresh server must answer as before."""
+    import threading
+
+    rng = random.Random(seed)
+    log(f"kill drill serve: seed {seed} ({trials} trials)")
+    t = Tally("kill serve")
+    recommend = ("POST", "/v1/recommend", drill.request)
+    reload = ("POST", "/v1/admin/reload", {"run": str(drill.run_b)})
+    for trial in range(trials):
+        failed = lost = False
+        for k in range(rng.randint(1, max_kills)):
+            phase = rng.choice(["start-up", "answering", "reload"])
+            stop = threading.Event()
+            sender = None
+            try:
+                proc, port = drill.start(wait=phase != "start-up")
+            except RuntimeError as e:
+                failed = True
+                t.notes.append(f"trial {trial} kill {k}: {e}")
+                continue
+            if phase == "start-up":
+                delay = rng.uniform(0.0, drill.startup * 1.1)
+            else:
+                first = reload if phase == "reload" else recommend
+                sender = threading.Thread(
+                    target=_requests,
+                    args=(port, lambda i, first=first: first if i == 0 else recommend, stop),
+                )
+                sender.start()
+                delay = rng.uniform(0.0, drill.reload_s * 1.5 if phase == "reload" else 0.3)
+            time.sleep(max(0.0, delay - (time.perf_counter() - proc.started)) if phase ==
+                       "start-up" else delay)  # fmt: skip
+            alive = _alive(proc.pid)
+            rc = drill.stop(proc)
+            stop.set()
+            if sender is not None:
+                sender.join(30)
+            t.points += 1
+            if not alive and rc != -signal.SIGKILL:
+                failed = True
+                t.notes.append(f"trial {trial} kill {k} ({phase}): exited {rc} by itself\n"
+                               f"{_read(proc.stderr)[-2000:]}")  # fmt: skip
+            now = tree_digest([drill.run_a, drill.run_b])
+            if now != drill.files:
+                failed = lost = True
+                changed = sorted(set(now.items()) ^ set(drill.files.items()))
+                t.notes.append(f"trial {trial} kill {k} ({phase} at {delay:.3f}s): {changed}")
+                drill.files = now  # report each change once
+        try:
+            proc, port = drill.start()
+            try:
+                got, got_reload = drill.answer(proc, port), drill.reload(port)
+            finally:
+                drill.stop(proc)
+            if (got, got_reload) != (drill.answers, drill.reload_answers):
+                failed = True
+                t.notes.append(f"trial {trial}: restarted server answers {got} {got_reload}")
+        except (RuntimeError, OSError) as e:
+            failed = True
+            t.notes.append(f"trial {trial} restart: {e}")
+        t.trials += 1
+        t.failures += failed
+        t.lost += lost
+    return t

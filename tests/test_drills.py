@@ -1,5 +1,6 @@
-"""Crash drills (a share of benchmarks/drills.py): `vaecf prepare` and `vaecf train` SIGKILLed at
-random points, then rerun (`--resume` for train), and the same verbs on a nearly full tmpfs.
+"""Crash drills (a share of benchmarks/drills.py): `vaecf prepare`, `train`, `score`, `tune`,
+`compare` and `serve` SIGKILLed at random points, then rerun (`--resume` for train and tune;
+serve: started again), and prepare and train on a nearly full tmpfs.
 
 Each drill prints its seed; rerun one with VAECF_DRILL_SEED=N. The counts here are small (the
 benchmark runs >= 100 kill points per verb); the drill kit lives in drillkit.py.
@@ -12,18 +13,24 @@ import random
 
 import pytest
 from drillkit import (
+    Broken,
+    CompareDrill,
     ForkRunner,
     PrepareDrill,
     ScoreDrill,
+    ServeDrill,
     Tmpfs,
     TrainDrill,
+    TuneDrill,
     can_mount,
     disk_full_drill,
     kill_drill,
+    serve_drill,
 )
 
 SEED = int(os.environ.get("VAECF_DRILL_SEED") or random.SystemRandom().randrange(10**6))
-KILL_TRIALS = {"prepare": 14, "train": 10, "score": 8}  # 1-2 kill points each
+# 1-2 kill points each
+KILL_TRIALS = {"prepare": 14, "train": 10, "score": 8, "tune": 3, "compare": 3, "serve": 5}
 DISK_TRIALS = 5
 
 
@@ -68,6 +75,72 @@ def test_killed_score_leaves_old_or_new_and_rerun_completes(runner, tmp_path):
     d.setup(tmp_path, runner)
     t = kill_drill(d, runner, KILL_TRIALS["score"], SEED + 4)
     _assert_clean(t, SEED + 4)
+
+
+@pytest.fixture(scope="module")
+def tune_drill(runner, tmp_path_factory):
+    pytest.importorskip("optuna")
+    d = TuneDrill()
+    d.setup(tmp_path_factory.mktemp("tune"), runner)  # checks that retraining matches
+    return d
+
+
+def test_killed_tune_resumes_without_losing_or_repeating_a_trial(runner, tune_drill):
+    t = kill_drill(tune_drill, runner, KILL_TRIALS["tune"], SEED + 5)
+    _assert_clean(t, SEED + 5)
+
+
+def test_killed_compare_reaches_the_same_tables_byte_for_byte(runner, tmp_path):
+    d = CompareDrill()
+    d.setup(tmp_path, runner)
+    t = kill_drill(d, runner, KILL_TRIALS["compare"], SEED + 6)
+    _assert_clean(t, SEED + 6)
+
+
+def test_killed_serve_writes_nothing_and_answers_the_same_after_a_restart(runner, tmp_path):
+    pytest.importorskip("uvicorn")
+    d = ServeDrill()
+    d.setup(tmp_path, runner)
+    t = serve_drill(d, runner, KILL_TRIALS["serve"], SEED + 7)
+    _assert_clean(t, SEED + 7)
+    assert t.points >= KILL_TRIALS["serve"]
+
+
+def test_tune_drill_notices_lost_torn_and_wrong_trials(tune_drill, tmp_path):
+    """The tune drill can fail: a study short of trials, a finished trial gone, a value that
+    retraining does not give, a torn best.json and a trials.csv that disagrees are all caught."""
+    import dataclasses
+    import shutil
+
+    d, new = tune_drill, tune_drill.new_state
+    d.seen.clear()  # (what the kill drill saw)
+    assert d.check_final(0, new) is None
+    assert "finished trials" in d.check_final(0, d.old_state)
+    assert "lost" in d.check_final(1, dataclasses.replace(new, trials=new.trials[1:]))
+    wrong = dataclasses.replace(new.trials[0], value=new.trials[0].value + 1e-9)
+    assert "retrained" in d.check_final(
+        0, dataclasses.replace(new, trials=(wrong, *new.trials[1:]))
+    )
+    study = tmp_path / "study"
+    shutil.copytree(d.ref_new, study)
+    text = (study / "best.json").read_text()
+    (study / "best.json").write_text(text[: len(text) // 2])  # a kill inside a plain write
+    with pytest.raises(Broken, match="best.json"):
+        _study(study)
+    (study / "best.json").write_text(text)
+    csv = (study / "trials.csv").read_text().splitlines()
+    (study / "trials.csv").write_text("\n".join(csv[:-1]) + "\n")
+    _study(study)  # an older table (a trial short) is consistent
+    changed = csv[-1].replace(",0.", ",0.9", 1)  # the last trial's value
+    (study / "trials.csv").write_text("\n".join([*csv[:-1], changed]) + "\n")
+    with pytest.raises(Broken, match="trials.csv row .* disagrees"):
+        _study(study)
+
+
+def _study(path):
+    from drillkit import study_state
+
+    return study_state(path)
 
 
 def test_drill_notices_a_non_atomic_writer(runner, tmp_path, monkeypatch):
@@ -150,3 +223,65 @@ def test_trainer_issue_stale_results_after_extending(runner, short_run, tmp_path
     (out / "results.json").write_text(old_results)  # = killed just before results.json
     assert run(runner, short_run._argv(out, 2, resume=True)).rc == 0
     assert run_state(out) == short_run.extended_state
+
+
+# -- a compare issue the drill's invariants exposed (now fixed), reproduced deterministically --
+class _Killed(Exception):
+    """Stands for a SIGKILL landing inside a write."""
+
+
+def test_compare_killed_while_writing_keeps_the_old_tables_and_chart(tmp_path, monkeypatch):
+    """compare_splits.csv, compare_summary.csv and compare.png (and tune's history.png and
+    importance.png) were written in place: a process killed inside the write left the old table
+    or chart truncated under its final name. Now each goes through a temp file and a rename."""
+    import csv
+
+    import matplotlib.figure
+
+    from vaecf.experiments import compare
+
+    def summary(shift):
+        def test(lab, s):
+            return {m: 0.1 * s + shift + (lab == "b") * 0.01 * s**2 for m in compare.METRICS}
+
+        recs = [
+            compare.Record(lab, f"seed {s}", f"fp{s}", tmp_path / lab / str(s), test(lab, s))
+            for lab in ("a", "b")
+            for s in (1, 2, 3)
+        ]
+        return compare.summarize(recs)
+
+    out = tmp_path / "cmp"
+    compare.write_outputs(summary(0.0), out)
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    real_writer = csv.writer
+
+    def dying_writer(f, *args, **kwargs):
+        w, rows = real_writer(f, *args, **kwargs), []
+
+        class Writer:
+            def writerow(self, row):
+                rows.append(row)
+                if len(rows) == 3:
+                    raise _Killed
+                return w.writerow(row)
+
+        return Writer()
+
+    monkeypatch.setattr(csv, "writer", dying_writer)
+    with pytest.raises(_Killed):
+        compare.write_outputs(summary(0.01), out)
+    monkeypatch.undo()
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before  # whole; no temp files
+
+    def torn_savefig(fig, fname, **kwargs):
+        data = b"\x89PNG\r\n\x1a\n half a chart"
+        fname.write(data) if hasattr(fname, "write") else open(fname, "wb").write(data)
+        raise _Killed
+
+    monkeypatch.setattr(matplotlib.figure.Figure, "savefig", torn_savefig)
+    with pytest.raises(_Killed):
+        compare.write_outputs(summary(0.01), out)
+    # the tables are the new ones now; the chart is the old one, whole; no temp files beside
+    assert sorted(p.name for p in out.iterdir()) == sorted(before)
+    assert (out / "compare.png").read_bytes() == before["compare.png"]

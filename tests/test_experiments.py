@@ -286,6 +286,35 @@ def _study(path):
     return optuna.load_study(study_name="vaecf", storage=f"sqlite:///{path / 'study.db'}")
 
 
+def test_tune_resume_does_not_requeue_a_trial_killed_before_its_parameters(tiny, tmp_path):
+    """Found by the tune kill drill: a tune killed right after Optuna opened a trial, before the
+    search space had drawn its parameters, left a RUNNING trial with none; --resume queued
+    that as a "retry" of it: a new trial labelled as repeating the killed one, with parameters
+    drawn afresh. Now a trial without parameters is not queued again."""
+    from vaecf.experiments import tune
+
+    study_dir = tmp_path / "study"
+    tune.tune(tiny, study_dir, "ease", trials=1, seed=1, space=l2_space, log=lambda s: None)
+    study = _study(study_dir)
+    study.ask()  # what the killed process left: RUNNING, no parameters
+    half = study.ask()
+    half.suggest_categorical("l2", L2_CHOICES)  # drawn, killed before training
+    started = study.ask()
+    started.suggest_categorical("l2", L2_CHOICES)
+    started.set_user_attr("run_dir", "trials/0003")  # killed while training
+    res = tune.tune(
+        tiny, study_dir, "ease", trials=3, resume=True, space=l2_space, log=lambda s: None
+    )
+    after = _study(study_dir).trials
+    assert [t.state.name for t in after[1:4]] == ["FAIL"] * 3
+    retries = {t.user_attrs["retry_of"]: t for t in after if "retry_of" in t.user_attrs}
+    assert set(retries) == {2, 3}  # not 1
+    assert all(
+        r.params == after[n].params and r.state.name == "COMPLETE" for n, r in retries.items()
+    )
+    assert sum(t.state.name == "COMPLETE" for t in after) == 3 == len(res.rows) - 3
+
+
 def test_tune_resumes_after_sigkill(tiny, tmp_path):
     """SIGKILL a real `vaecf tune` in its third trial; --resume keeps the finished trials once,
     marks the killed one failed, continues its run directory and completes the study."""

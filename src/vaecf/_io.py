@@ -77,7 +77,9 @@ def _no_space_error(e: BaseException, path: Path, free: int | None) -> WriteErro
 
 
 @contextlib.contextmanager
-def atomic_file(path: str | os.PathLike, mode: str = "wb") -> Iterator[Any]:
+def atomic_file(
+    path: str | os.PathLike, mode: str = "wb", newline: str | None = None
+) -> Iterator[Any]:
     """Open a temp file beside `path`; on clean exit fsync and rename it over `path`.
 
     The file gets the mode an ordinary `open(path, "w")` would (0666 minus the umask). A full
@@ -89,7 +91,7 @@ def atomic_file(path: str | os.PathLike, mode: str = "wb") -> Iterator[Any]:
     try:
         fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
         os.fchmod(fd, 0o666 & ~current_umask())
-        with os.fdopen(fd, mode) as f:
+        with os.fdopen(fd, mode, newline=newline) as f:
             yield f
             f.flush()
             os.fsync(f.fileno())

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from vaecf import configfile, models, rundir
-from vaecf._io import write_json
+from vaecf._io import atomic_file, write_json
 from vaecf.errors import ConfigError, RunError
 
 METRICS = ("ndcg@100", "recall@20", "recall@50")
@@ -285,7 +285,7 @@ def write_outputs(s: dict, out: str | os.PathLike, plot: bool = True) -> dict:
     out.mkdir(parents=True, exist_ok=True)
     files = {}
     path = out / "compare_splits.csv"
-    with open(path, "w", newline="") as f:
+    with atomic_file(path, "w", newline="") as f:  # a kill mid-write leaves the old table
         w = csv.writer(f)
         w.writerow(["label", "split", *s["metrics"], "run_dir"])
         for lab in s["labels"]:
@@ -300,7 +300,7 @@ def write_outputs(s: dict, out: str | os.PathLike, plot: bool = True) -> dict:
                 )
     files["splits_csv"] = path
     path = out / "compare_summary.csv"
-    with open(path, "w", newline="") as f:
+    with atomic_file(path, "w", newline="") as f:
         keys = list(s["summary"][0])
         w = csv.DictWriter(f, fieldnames=keys)
         w.writeheader()

@@ -21,6 +21,18 @@ TRAIN_PANELS = (
 VAL_PANELS = ("ndcg@100", "recall@20", "recall@50")
 
 
+def save_figure(fig, path: Path) -> Path:
+    """Write `fig` to `path` (the format its suffix names; PNG, and a .png suffix, without one)
+    atomically: a process killed while drawing leaves the previous picture, never a torn one."""
+    from vaecf._io import atomic_file
+
+    if not path.suffix:
+        path = path.with_name(path.name + ".png")
+    with atomic_file(path) as f:
+        fig.savefig(f, format=path.suffix[1:].lower(), dpi=110)
+    return path
+
+
 def _pyplot():
     import matplotlib
 
@@ -87,9 +99,7 @@ def plot_runs(
     )
     legend_ax.legend(handles=handles, loc="center", fontsize=10, frameon=False)
     fig.suptitle(f"training curves of {len(data)} run{'s' if len(data) > 1 else ''}", fontsize=13)
-    out = Path(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out, dpi=110)
+    out = save_figure(fig, Path(out))
     plt.close(fig)
     return out
 
@@ -203,7 +213,7 @@ def plot_study(study, out_dir: Path, metric: str, log: Callable[[str], None] = p
             loc="upper center", bbox_to_anchor=(0.5, -0.13), ncols=2, fontsize=9, frameon=False
         )
     path = Path(out_dir) / "history.png"
-    fig.savefig(path, dpi=110)
+    save_figure(fig, path)
     plt.close(fig)
     written["history_png"] = path
 
@@ -230,7 +240,7 @@ def plot_study(study, out_dir: Path, metric: str, log: Callable[[str], None] = p
     ax.set_title(f"parameter importances over {len(complete)} complete trials")
     ax.grid(axis="x", alpha=0.3)
     path = Path(out_dir) / "importance.png"
-    fig.savefig(path, dpi=110)
+    save_figure(fig, path)
     plt.close(fig)
     written["importance_png"] = path
     return written
@@ -276,8 +286,6 @@ def plot_compare(summary: dict, out: str | os.PathLike) -> Path:
     ax.set_title(f"test metrics over {summary['n_splits']} split(s)")
     ax.grid(axis="y", alpha=0.3)
     ax.legend(ncols=min(n, 4), loc="upper center", bbox_to_anchor=(0.5, -0.08), frameon=False)
-    out = Path(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out, dpi=110)
+    out = save_figure(fig, Path(out))
     plt.close(fig)
     return out

@@ -38,7 +38,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from vaecf import configfile, models, rundir
-from vaecf._io import write_json
+from vaecf._io import atomic_file, write_json
 from vaecf.errors import ConfigError, RunError
 
 STUDY_DB = "study.db"
@@ -197,7 +197,10 @@ def _counts(trials) -> int:
 
 def _recover(study, storage, log) -> None:
     """Mark trials a killed process left RUNNING as failed (interrupted), and queue every
-    interrupted trial's parameters once more (its run directory is continued)."""
+    interrupted trial's parameters once more (its run directory is continued). A trial killed
+    before it had drawn any parameter has nothing to repeat: it is not queued again (a queued
+    trial without parameters would draw new ones under the old one's name); a new trial takes
+    its place."""
     from optuna.trial import TrialState
 
     trials = study.get_trials(deepcopy=False)
@@ -209,7 +212,12 @@ def _recover(study, storage, log) -> None:
     trials = study.get_trials(deepcopy=False)
     retried = {t.user_attrs.get("retry_of") for t in trials}
     for t in trials:
-        if t.state == TrialState.FAIL and "interrupted" in t.user_attrs and t.number not in retried:
+        if (
+            t.state == TrialState.FAIL
+            and "interrupted" in t.user_attrs
+            and t.params
+            and t.number not in retried
+        ):
             study.enqueue_trial(t.params, user_attrs={"retry_of": t.number})
             log(f"trial {t.number} ({t.user_attrs['interrupted']}) queued again")
 
@@ -534,12 +542,10 @@ def _write_csv(path: Path, rows: list[dict]) -> None:
     keys: list[str] = []
     for r in rows:
         keys += [k for k in r if k not in keys]
-    tmp = path.with_suffix(".csv.tmp")
-    with open(tmp, "w", newline="") as f:
+    with atomic_file(path, "w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=keys)
         w.writeheader()
         w.writerows(rows)
-    os.replace(tmp, path)
 
 
 def score_test(run: Path, ds) -> dict:
