@@ -561,3 +561,13 @@ def test_auth_rule_for_addresses():
         check_auth(ServeSettings(host=host, no_auth=True))
     with pytest.raises(ConfigError, match="max_k"):
         ServeSettings(max_k=0)
+
+
+def test_ids_beyond_64_bits_are_echoed_as_unknown(server):
+    base, _ = server
+    huge = [-(2**63) - 1, 2**70]
+    with client(base) as c:
+        one = c.post("/v1/recommend", json={"items": [1001, *huge], "k": 3})
+        batch = c.post("/v1/recommend/batch", json={"histories": [huge], "k": 3})
+    assert one.status_code == 200 and one.json()["unknown"] == huge
+    assert batch.status_code == 200 and batch.json()["results"][0]["unknown"] == huge
