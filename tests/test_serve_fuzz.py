@@ -12,8 +12,8 @@ from hypothesis import HealthCheck, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 from serve_helpers import client, running  # noqa: E402
 
-from vaecf.serve.app import BatchResponse, RecommendResponse  # noqa: E402
 from vaecf.serve.fixtures import fresh_run  # noqa: E402
+from vaecf.serve.schemas import BatchResponse, RecommendResponse  # noqa: E402
 from vaecf.serve.settings import ServeSettings  # noqa: E402
 
 IDS = list(range(100, 140))

@@ -4,7 +4,8 @@
     reload.py     ModelHolder: the model that answers, loaded, checked and swapped atomically
     batcher.py    MicroBatcher: concurrent requests gathered and scored as one batch, one thread
     metrics.py    Prometheus counters and histograms of one app
-    app.py        create_app: routes, pydantic schemas, auth, body limit, JSON errors
+    schemas.py    request and response models (with the limits), JSON answers and errors
+    app.py        create_app: routes, auth, body limit, metrics, no tracebacks to clients
     server.py     serve(): uvicorn with SIGHUP (reload) and SIGTERM (graceful shutdown)
     fixtures.py   fresh_run(): a run directory from an untrained model (load tests, smoke tests)
 
