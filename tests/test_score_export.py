@@ -11,7 +11,7 @@ import pytest
 
 from vaecf import rundir
 from vaecf.cli import main
-from vaecf.errors import DataError
+from vaecf.errors import ConfigError, DataError
 from vaecf.export import check_onnx, export_onnx
 from vaecf.recommender import Recommender
 from vaecf.score import score_file
@@ -115,6 +115,24 @@ def test_export_cli_default_path_and_dynamic_batch(run, capsys):
     for b in (1, 5):
         x = np.zeros((b, len(IDS)), np.float32)
         assert sess.run(None, {"history": x})[0].shape == (b, len(IDS))
+
+
+def test_an_export_that_fails_its_check_never_takes_the_name(run, tmp_path):
+    out = tmp_path / "m.onnx"
+    out.write_bytes(b"the previous export")
+    seen = []
+
+    def refuse(path, model):
+        seen.append((path.name, path.stat().st_size > 1000, model.n_items))
+        raise ConfigError("differs")
+
+    with pytest.raises(ConfigError, match="differs"):
+        export_onnx(run, out, check=refuse)
+    assert out.read_bytes() == b"the previous export"
+    assert [p.name for p in tmp_path.iterdir()] == ["m.onnx"]  # no temp file left
+    assert seen and seen[0][0] != "m.onnx" and seen[0][1:] == (True, len(IDS))
+    export_onnx(run, out, check=lambda path, model: None)
+    assert out.stat().st_size > 1000
 
 
 def test_score_maps_string_ids_like_the_recommender(run, tmp_path):

@@ -13,7 +13,9 @@ is a dynamic axis. `check_onnx` compares onnxruntime's scores with PyTorch's.
 from __future__ import annotations
 
 import os
+import tempfile
 import warnings
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -21,6 +23,7 @@ import torch
 from torch import nn
 
 from vaecf import rundir
+from vaecf._io import current_umask
 from vaecf.data.matrix import SparseBatch
 from vaecf.errors import ConfigError
 from vaecf.models.base import Model
@@ -70,9 +73,16 @@ class DenseScores(nn.Module):
         return m.decode(h)
 
 
-def export_onnx(run_dir: str | os.PathLike, out: str | os.PathLike, opset: int = 17) -> Path:
+def export_onnx(
+    run_dir: str | os.PathLike,
+    out: str | os.PathLike,
+    opset: int = 17,
+    check: Callable[[Path, Model], None] | None = None,
+) -> Path:
     """Write the run's best model to `out` as ONNX (input `history` (B, n_items) float32
-    multi-hot, output `scores` (B, n_items)); returns `out`."""
+    multi-hot, output `scores` (B, n_items)); returns `out`. The file is written beside `out`
+    under a temporary name, synced, given to `check(path, model)` (which raises to refuse it)
+    and only then renamed to `out`: a kill or a failed check leaves the previous `out`."""
     model, cfg = rundir.load_model(run_dir, "cpu")
     size = sum(t.numel() * t.element_size() for t in model.state_dict().values())
     if size > MAX_BYTES:
@@ -83,23 +93,33 @@ def export_onnx(run_dir: str | os.PathLike, out: str | os.PathLike, opset: int =
     wrapper = DenseScores(model)
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_name(f".{out.name}.tmp")
+    fd, name = tempfile.mkstemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent)
+    os.close(fd)
+    tmp = Path(name)
     example = torch.zeros(2, model.n_items)
     example[:, :3] = 1.0
-    with warnings.catch_warnings(), torch.no_grad():
-        warnings.simplefilter("ignore")  # the TorchScript exporter's deprecation notice
-        torch.onnx.export(
-            wrapper,
-            (example,),
-            str(tmp),
-            input_names=["history"],
-            output_names=["scores"],
-            dynamic_axes={"history": {0: "batch"}, "scores": {0: "batch"}},
-            opset_version=opset,
-            dynamo=False,
-        )
-    _add_metadata(tmp, model, cfg, run_dir)
-    os.replace(tmp, out)
+    try:
+        with warnings.catch_warnings(), torch.no_grad():
+            warnings.simplefilter("ignore")  # the TorchScript exporter's deprecation notice
+            torch.onnx.export(
+                wrapper,
+                (example,),
+                str(tmp),
+                input_names=["history"],
+                output_names=["scores"],
+                dynamic_axes={"history": {0: "batch"}, "scores": {0: "batch"}},
+                opset_version=opset,
+                dynamo=False,
+            )
+        _add_metadata(tmp, model, cfg, run_dir)
+        os.chmod(tmp, 0o666 & ~current_umask())
+        with open(tmp, "rb+") as f:
+            os.fsync(f.fileno())
+        if check is not None:
+            check(tmp, model)
+        os.replace(tmp, out)
+    finally:
+        tmp.unlink(missing_ok=True)
     return out
 
 
