@@ -28,12 +28,15 @@ from vaecf import __version__
 from vaecf.errors import VaecfError
 from vaecf.serve.batcher import MicroBatcher, Stopped
 from vaecf.serve.metrics import Metrics
-from vaecf.serve.reload import ModelHolder
+from vaecf.serve.reload import ModelHolder, RunForbidden, RunNotFound
 from vaecf.serve.schemas import (
     BatchResponse,
+    ReadyResponse,
     RecommendResponse,
     ReloadRequest,
+    ReloadResponse,
     SimilarResponse,
+    documented,
     error,
     json_ok,
     request_schemas,
@@ -158,7 +161,11 @@ def create_app(holder: ModelHolder, settings: ServeSettings) -> FastAPI:
                 metrics.reloads.labels("failed").inc()
                 log.warning("reload failed, still serving %s: %s", holder.current.version, e)
                 return error(
-                    422,
+                    403
+                    if isinstance(e, RunForbidden)
+                    else 404
+                    if isinstance(e, RunNotFound)
+                    else 422,
                     "reload_failed",
                     f"{e}; still serving the previous model",
                     model=holder.current.version,
@@ -236,6 +243,7 @@ def create_app(holder: ModelHolder, settings: ServeSettings) -> FastAPI:
         "/v1/recommend",
         response_model=RecommendResponse,
         response_model_exclude_unset=True,
+        responses=documented(401, 413, 422, 503),
         tags=["recommend"],
     )
     async def recommend(req: RecommendRequest):  # type: ignore[valid-type]
@@ -250,6 +258,7 @@ def create_app(holder: ModelHolder, settings: ServeSettings) -> FastAPI:
         "/v1/recommend/batch",
         response_model=BatchResponse,
         response_model_exclude_unset=True,
+        responses=documented(401, 413, 422, 503),
         tags=["recommend"],
     )
     async def recommend_batch(req: BatchRequest):  # type: ignore[valid-type]
@@ -264,6 +273,7 @@ def create_app(holder: ModelHolder, settings: ServeSettings) -> FastAPI:
         "/v1/items/{item_id}/similar",
         response_model=SimilarResponse,
         response_model_exclude_unset=True,
+        responses=documented(401, 404, 422, 503),
         tags=["recommend"],
     )
     async def similar(
@@ -284,7 +294,12 @@ def create_app(holder: ModelHolder, settings: ServeSettings) -> FastAPI:
         raw = vocab.id_of(vocab.index_of([item_id])[0])[0]  # the id as the data spells it
         return {"item_id": raw, "items": r.to_dict()["items"], "model": model.version}
 
-    @app.post("/v1/admin/reload", tags=["admin"])
+    @app.post(
+        "/v1/admin/reload",
+        response_model=ReloadResponse,
+        responses=documented(401, 403, 404, 413, 422, 500),
+        tags=["admin"],
+    )
     async def reload(req: Annotated[ReloadRequest | None, Body()] = None):
         """Load the current run's best model again, or another run directory's; check it and
         swap it in. A model that fails leaves the old one serving (422 or 500, JSON)."""
@@ -295,14 +310,19 @@ def create_app(holder: ModelHolder, settings: ServeSettings) -> FastAPI:
         """The process is up (no auth)."""
         return {"ok": True}
 
-    @app.get("/readyz", tags=["ops"])
+    @app.get("/readyz", response_model=ReadyResponse, responses=documented(401, 503), tags=["ops"])
     async def readyz():
         """Ready to answer: a model is loaded and the scoring worker runs."""
         if not (ready["value"] and batcher.running):
             return error(503, "not_ready", "starting or shutting down")
         return {"ready": True, "model": holder.current.version}
 
-    @app.get("/metrics", tags=["ops"])
+    @app.get(
+        "/metrics",
+        response_class=Response,
+        responses={200: {"content": {"text/plain": {}}}, **documented(401)},
+        tags=["ops"],
+    )
     async def prometheus():
         """Prometheus metrics: requests and latency by route and status, batch sizes."""
         return Response(metrics.render(), media_type="text/plain; version=0.0.4")

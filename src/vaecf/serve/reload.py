@@ -22,6 +22,14 @@ from vaecf.errors import RunError
 from vaecf.recommender import Recommender
 
 
+class RunForbidden(RunError):
+    """A run directory outside the one reloads may come from."""
+
+
+class RunNotFound(RunError):
+    """A run directory that does not exist."""
+
+
 @dataclass
 class LoadedModel:
     recommender: Recommender
@@ -100,10 +108,12 @@ class ModelHolder:
         with self._lock:
             target = run_dir if run_dir else self.current.version["run"]
             if run_dir and not Path(run_dir).resolve().is_relative_to(self.root):
-                raise RunError(
+                raise RunForbidden(
                     f"{target} is outside the directory runs may be reloaded from "
                     f"({self.root}); restart the server with --reload-root to allow another"
                 )
+            if not Path(target).is_dir():
+                raise RunNotFound(f"{target} is not a directory; give a run directory")
             new = load_checked(target, self.device, self.precision)
             self.current = new  # one reference assignment: atomic for readers
             return new

@@ -80,9 +80,51 @@ class SimilarResponse(BaseModel):
     model: ModelVersion
 
 
+class ErrorResponse(BaseModel):
+    """Every error answer: a code, a message that says what to do, and where it helps the limits
+    (`limits`), the failed fields (`errors`) or the model still serving (`model`)."""
+
+    model_config = ConfigDict(extra="allow")
+    error: str = Field(
+        description="invalid_request, body_too_large, unauthorized, unknown_item, ..."
+    )
+    message: str
+
+
+ERROR_MEANING = {
+    401: "no or a wrong API key (only when the server has one)",
+    403: "reload: the run directory is outside --reload-root",
+    404: "the item is not in the model's vocabulary; reload: no such run directory",
+    413: "the request body exceeds max_body_bytes",
+    422: "the request breaks the schema or a limit (named in `limits`); a run that fails to load",
+    500: "the model to reload failed in an unexpected way; the old one still serves",
+    503: "the server is starting or shutting down",
+}
+
+
+def documented(*statuses: int) -> dict:
+    """The `responses` of a route: its error answers, for /openapi.json."""
+    return {c: {"model": ErrorResponse, "description": ERROR_MEANING[c]} for c in statuses}
+
+
+class ReadyResponse(BaseModel):
+    ready: bool
+    model: ModelVersion
+
+
+class ReloadResponse(BaseModel):
+    reloaded: bool
+    model: ModelVersion
+
+
 class ReloadRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    run: str | None = Field(None, description="run directory to serve; default the current one")
+    run: str | None = Field(
+        None,
+        max_length=4096,
+        pattern=r"^[^\x00]*$",  # a path never holds a NUL
+        description="run directory to serve (under --reload-root); default the current one",
+    )
 
 
 def request_schemas(s: ServeSettings) -> tuple[type[BaseModel], type[BaseModel]]:
@@ -91,7 +133,16 @@ def request_schemas(s: ServeSettings) -> tuple[type[BaseModel], type[BaseModel]]
     Filter = Annotated[list[ItemId] | None, Field(max_length=s.max_filter)]
 
     class Filters(BaseModel):
-        model_config = ConfigDict(extra="forbid")
+        # an allow list and a deny list together are refused; the schema says so too
+        model_config = ConfigDict(
+            extra="forbid",
+            json_schema_extra={
+                "not": {
+                    "required": ["allow", "deny"],
+                    "properties": {"allow": {"type": "array"}, "deny": {"type": "array"}},
+                }
+            },
+        )
         k: int = Field(10, ge=1, le=s.max_k, description=f"how many items (max_k {s.max_k})")
         exclude_seen: bool = Field(True, description="never recommend the history's items")
         allow: Filter = Field(None, description="recommend only among these ids")
