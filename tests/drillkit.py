@@ -898,7 +898,7 @@ class TrialRow:
     value: float | None
     retry_of: int | None
     interrupted: str | None
-    started: bool  # it had drawn its parameters
+    started: bool  # it had drawn all its parameters
 
     @property
     def counted(self) -> bool:  # what --trials counts (tune._counts)
@@ -915,6 +915,20 @@ class StudyState:
 
 
 STUDY_FILES = ("trials.csv", "best.json", "best.toml", "history.png", "importance.png")
+
+
+def _whole_draw(info: dict | None) -> Callable[[dict], bool]:
+    """Whether a trial's parameters are a whole draw of the study's search space (the
+    space replays on them, its fixed parameters added), from the study's own record."""
+    if not info:
+        return bool
+    from vaecf import models
+    from vaecf.data.prepare import PreparedDataset
+    from vaecf.experiments.tune import _drew_all
+
+    space = models.get(info["model"]).search_space
+    n_train = PreparedDataset(info["data"]).manifest["counts"]["n_train_users"]
+    return lambda params: bool(params) and _drew_all(space, params, info.get("fixed", {}), n_train)
 
 
 def study_state(study_dir: Path) -> StudyState | None:
@@ -941,8 +955,9 @@ def study_state(study_dir: Path) -> StudyState | None:
                 storage = optuna.storages.RDBStorage(f"sqlite:///{Path(tmp) / 'study.db'}")
                 study = optuna.load_study(study_name="vaecf", storage=storage)
                 got = study.get_trials(deepcopy=False)
+                whole = _whole_draw(study.user_attrs.get("vaecf"))
             except KeyError:  # killed before the study was created in it
-                got = []
+                got, whole = [], bool
             except Exception as e:  # noqa: BLE001 - an unreadable database is a finding
                 raise Broken(f"{db}: {type(e).__name__}: {e}") from None
             finally:
@@ -956,7 +971,7 @@ def study_state(study_dir: Path) -> StudyState | None:
                 t.value,
                 t.user_attrs.get("retry_of"),
                 t.user_attrs.get("interrupted"),
-                bool(t.params),
+                whole(t.params),
             )
             for t in got
         )

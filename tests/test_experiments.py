@@ -315,6 +315,32 @@ def test_tune_resume_does_not_requeue_a_trial_killed_before_its_parameters(tiny,
     assert sum(t.state.name == "COMPLETE" for t in after) == 3 == len(res.rows) - 3
 
 
+def test_tune_resume_does_not_requeue_a_trial_killed_halfway_through_its_draw(tiny, tmp_path):
+    """Found by the tune kill drill in the suite (seed 322716): a kill between two draws left a
+    trial with some of its parameters; --resume queued those, and the "retry" drew the rest
+    afresh. A trial is queued again only when its parameters are a whole draw of the space."""
+    from vaecf.experiments import tune
+
+    def two(trial, n):
+        l2 = trial.suggest_categorical("l2", L2_CHOICES)
+        return {"train": {}, "model": {"l2": l2 * trial.suggest_categorical("x", [1.0, 2.0])}}
+
+    study_dir = tmp_path / "study"
+    tune.tune(tiny, study_dir, "ease", trials=1, seed=1, space=two, log=lambda s: None)
+    study = _study(study_dir)
+    part = study.ask()
+    part.suggest_categorical("l2", L2_CHOICES)  # killed before it drew x
+    whole = study.ask()
+    whole.suggest_categorical("l2", L2_CHOICES)
+    whole.suggest_categorical("x", [1.0, 2.0])
+    tune.tune(tiny, study_dir, "ease", trials=3, resume=True, space=two, log=lambda s: None)
+    after = _study(study_dir).trials
+    retries = {t.user_attrs["retry_of"]: t for t in after if "retry_of" in t.user_attrs}
+    assert set(retries) == {2}  # not 1
+    assert retries[2].params == after[2].params and retries[2].state.name == "COMPLETE"
+    assert sum(t.state.name == "COMPLETE" for t in after) == 3
+
+
 def test_tune_resumes_after_sigkill(tiny, tmp_path):
     """SIGKILL a real `vaecf tune` in its third trial; --resume keeps the finished trials once,
     marks the killed one failed, continues its run directory and completes the study."""

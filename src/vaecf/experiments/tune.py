@@ -195,12 +195,21 @@ def _counts(trials) -> int:
     return sum(t.state in done and "interrupted" not in t.user_attrs for t in trials)
 
 
-def _recover(study, storage, log) -> None:
+def _drew_all(space: SpaceFn, params: dict, fixed: dict, n_train_users: int) -> bool:
+    """Whether `params` are a whole draw of the search space (it replays on them alone)."""
+    try:
+        settings_of(space, params, n_train_users, configfile.RunSettings(), 0, fixed)
+    except (ValueError, KeyError):  # FixedTrial: a parameter the trial had not drawn yet
+        return False
+    return True
+
+
+def _recover(study, storage, log, complete: Callable[[dict], bool]) -> None:
     """Mark trials a killed process left RUNNING as failed (interrupted), and queue every
     interrupted trial's parameters once more (its run directory is continued). A trial killed
-    before it had drawn any parameter has nothing to repeat: it is not queued again (a queued
-    trial without parameters would draw new ones under the old one's name); a new trial takes
-    its place."""
+    before it had drawn all its parameters (`complete(params)` false) has nothing to repeat:
+    it is not queued again (a queued trial would draw the missing ones afresh under the old
+    one's name); a new trial takes its place."""
     from optuna.trial import TrialState
 
     trials = study.get_trials(deepcopy=False)
@@ -216,6 +225,7 @@ def _recover(study, storage, log) -> None:
             t.state == TrialState.FAIL
             and "interrupted" in t.user_attrs
             and t.params
+            and complete(t.params)
             and t.number not in retried
         ):
             study.enqueue_trial(t.params, user_attrs={"retry_of": t.number})
@@ -324,8 +334,9 @@ def tune(
             if fixed and fixed != saved.get("fixed", {}):
                 raise RunError(f"{study_dir} was started with other --fix values; drop --fix")
         fixed = saved.get("fixed", {})
-        check_fixed(space, fixed, ds.manifest["counts"]["n_train_users"])
-        _recover(study, storage, log)
+        n_train = ds.manifest["counts"]["n_train_users"]
+        check_fixed(space, fixed, n_train)
+        _recover(study, storage, log, lambda p: _drew_all(space, p, fixed, n_train))
         deadline = time.monotonic() + timeout if timeout else None
         objective = _Objective(
             study_dir, ds, model, space, base, saved["seed"], deadline, fixed, log
