@@ -2,11 +2,12 @@
 was lost. The test suite runs a small share of the same drills (tests/test_drills.py,
 tests/test_fuzz_parsers.py); the drill kit is tests/drillkit.py and tests/fuzzkit.py.
 
-- kill: `vaecf prepare` / `train` / `score` / `tune` / `compare` SIGKILLed at random moments (1-2
-  per trial), then rerun (`--resume` for train and tune); the output must be the old or the
-  complete new state after each kill, and the rerun must reach the uninterrupted result (train:
-  best.pt/last.pt weights bit for bit; tune: no finished trial lost or repeated, every value
-  what retraining its parameters gives). `vaecf serve` SIGKILLed during start-up, while
+- kill: `vaecf prepare` / `train` / `score` / `tune` / `compare` / `export` SIGKILLed at random
+  moments (1-2 per trial), then rerun (`--resume` for train and tune); the output must be the old
+  or the complete new state after each kill, and the rerun must reach the uninterrupted result
+  (train: best.pt/last.pt weights bit for bit; tune: no finished trial lost or repeated, every
+  value what retraining its parameters gives; export: the ONNX file byte for byte, and it loads,
+  passes onnx.checker and runs in onnxruntime). `vaecf serve` SIGKILLed during start-up, while
   answering and during a reload: both run directories unchanged, a restart answers the same.
 - disk full: the same verbs writing into a tmpfs left with 0..N bytes free (root only).
 - one writer: two commands into one directory at once, or the first SIGKILLed: one is refused
@@ -37,7 +38,7 @@ sys.path[:0] = [str(ROOT / "src"), str(ROOT / "tests")]
 import drillkit as dk  # noqa: E402
 import fuzzkit as fk  # noqa: E402
 
-KILL_VERBS = ("prepare", "train", "score", "tune", "compare", "serve")
+KILL_VERBS = ("prepare", "train", "score", "tune", "compare", "serve", "export")
 CLI_DATASET = {  # parser -> the `vaecf prepare` verb that reads it
     "csv": "csv",
     "tsv": "csv",
@@ -148,6 +149,7 @@ def main() -> int:
             "tune": dk.TuneDrill(),
             "compare": dk.CompareDrill(),
             "serve": dk.ServeDrill(),
+            "export": dk.ExportDrill(),  # last: the other verbs keep their seeds
         }
         for name, d in drills.items():
             if name in only or (name == "prepare" and "lock" in only):

@@ -833,6 +833,101 @@ def _table_state(path: Path):
     return hashlib.sha256(df.write_csv().encode()).hexdigest()
 
 
+# -- export --------------------------------------------------------------------------------------
+class ExportDrill(ReplaceDrill):
+    """`vaecf export RUN --format onnx --out model.onnx` (checked with onnxruntime): even trials
+    replace an older export (of another run, so old and new differ), odd ones write where
+    nothing was; after a kill the file is the old one, the complete new one, or absent where
+    there was none, never a torn one; rerunning gives the result. States compare the file's
+    bytes (sha256): export is deterministic for a given run, which setup checks (two exports,
+    the same bytes), and a file only counts once it parses, passes onnx.checker and onnxruntime
+    runs it (`onnx_state`). A kill leaves its temp file (`.model.onnx.*.tmp`) beside the output,
+    as score's leaves its own: the rerun writes under a fresh name and does not sweep them."""
+
+    name = "export"
+
+    def __init__(self, n_items: int = 2000, hidden: int = 200, latent: int = 32):
+        self.n_items, self.hidden, self.latent = n_items, hidden, latent
+
+    def setup(self, root: Path, runner, out_parent: Path | None = None) -> None:
+        from vaecf.serve.fixtures import fresh_run
+
+        self.root = Path(root)
+        cfg = {"hidden_dims": [self.hidden], "latent_dim": self.latent}
+        # two runs of the same shape (different weights): the old export is the other run's
+        self.run_old, self.run_new = (
+            fresh_run(self.root / "runs" / name, self.n_items, "multvae", cfg, seed=seed)
+            for name, seed in (("old", 1), ("new", 2))
+        )
+        self.out = Path(out_parent or self.root / "out") / "model.onnx"
+        ref = self.root / "ref"
+        self.ref_old, self.ref_new = ref / "old.onnx", ref / "new.onnx"
+        for run_dir, dest in ((self.run_old, self.ref_old), (self.run_new, self.ref_new)):
+            r = run(runner, self._argv(run_dir, dest))
+            if r.rc:
+                raise RuntimeError(str(r))
+        self.duration = _timed(runner, self._argv(self.run_new, self.out), self.out)
+        again = ref / "again.onnx"  # bytes compare only if exporting is deterministic
+        r = run(runner, self._argv(self.run_new, again))
+        if r.rc:
+            raise RuntimeError(str(r))
+        if again.read_bytes() != self.ref_new.read_bytes():
+            raise RuntimeError("two exports of one run differ: compare outputs, not bytes")
+        self.state_old, self.state_new = onnx_state(self.ref_old), onnx_state(self.ref_new)
+        if self.state_old == self.state_new:
+            raise RuntimeError("the old and new exports are the same file")
+
+    def _argv(self, run_dir: Path, out: Path) -> list:
+        return ["export", run_dir, "--format", "onnx", "--out", out]
+
+    def reset(self, trial: int) -> None:
+        self.out.parent.mkdir(parents=True, exist_ok=True)
+        for p in self.out.parent.iterdir():
+            shutil.rmtree(p) if p.is_dir() else p.unlink()
+        if trial % 2 == 0:
+            shutil.copyfile(self.ref_old, self.out)
+
+    def command(self, trial: int) -> list:
+        return self._argv(self.run_new, self.out)
+
+    def state(self):
+        return onnx_state(self.out)
+
+    def diagnose(self) -> str:
+        st = _safe_state(self)
+        return f"{self.out}: {st[1] or st[0]} (new: {self.state_new}, old: {self.state_old})"
+
+
+def onnx_state(path: Path):
+    """(the run it exports, sha256 of the file) of an ONNX export; None if absent; Broken if it
+    does not load, fails onnx.checker, lacks export's metadata (added in a second write), or
+    onnxruntime cannot run it on a fixed input (finite scores of shape (2, n_items))."""
+    import numpy as np
+    import onnx
+    import onnxruntime as ort
+
+    if not path.exists():
+        return None
+    data = path.read_bytes()
+    try:
+        m = onnx.load_from_string(data)
+        onnx.checker.check_model(m)
+        meta = {p.key: p.value for p in m.metadata_props}
+        if "n_items" not in meta or "vaecf_run" not in meta:
+            raise ValueError(f"no vaecf metadata (a graph caught before it was added): {meta}")
+        n = int(meta["n_items"])
+        x = np.zeros((2, n), np.float32)
+        x[0, :3] = 1.0
+        x[1, n // 2 :: 7] = 1.0
+        sess = ort.InferenceSession(data, providers=["CPUExecutionProvider"])
+        (y,) = sess.run(["scores"], {"history": x})
+        if y.shape != (2, n) or not np.isfinite(y).all():
+            raise ValueError(f"scores of shape {y.shape}, finite: {np.isfinite(y).all()}")
+    except Exception as e:  # noqa: BLE001 - a torn file under the final name
+        raise Broken(f"{path}: {type(e).__name__}: {e}") from None
+    return meta["vaecf_run"], hashlib.sha256(data).hexdigest()
+
+
 # -- files that must parse -----------------------------------------------------------------------
 PNG_END = b"\x00\x00\x00\x00IEND\xaeB`\x82"
 

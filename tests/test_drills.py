@@ -1,6 +1,6 @@
 """Crash drills (a share of benchmarks/drills.py): `vaecf prepare`, `train`, `score`, `tune`,
-`compare` and `serve` SIGKILLed at random points, then rerun (`--resume` for train and tune;
-serve: started again), and prepare and train on a nearly full tmpfs.
+`compare`, `serve` and `export` SIGKILLed at random points, then rerun (`--resume` for train and
+tune; serve: started again), and prepare and train on a nearly full tmpfs.
 
 Each drill prints its seed; rerun one with VAECF_DRILL_SEED=N. The counts here are small (the
 benchmark runs >= 100 kill points per verb); the drill kit lives in drillkit.py.
@@ -15,6 +15,7 @@ import pytest
 from drillkit import (
     Broken,
     CompareDrill,
+    ExportDrill,
     ForkRunner,
     PrepareDrill,
     ScoreDrill,
@@ -30,7 +31,9 @@ from drillkit import (
 
 SEED = int(os.environ.get("VAECF_DRILL_SEED") or random.SystemRandom().randrange(10**6))
 # 1-2 kill points each
-KILL_TRIALS = {"prepare": 14, "train": 10, "score": 8, "tune": 3, "compare": 3, "serve": 5}
+KILL_TRIALS = {
+    "prepare": 14, "train": 10, "score": 8, "tune": 3, "compare": 3, "serve": 5, "export": 8,
+}  # fmt: skip
 DISK_TRIALS = 5
 
 
@@ -77,6 +80,48 @@ def test_killed_score_leaves_old_or_new_and_rerun_completes(runner, tmp_path):
     d.setup(tmp_path, runner)
     t = kill_drill(d, runner, KILL_TRIALS["score"], SEED + 4)
     _assert_clean(t, SEED + 4)
+
+
+@pytest.fixture(scope="module")
+def export_drill(runner, tmp_path_factory):
+    pytest.importorskip("onnx")
+    pytest.importorskip("onnxruntime")
+    d = ExportDrill()
+    d.setup(tmp_path_factory.mktemp("export"), runner)  # checks that export is deterministic
+    return d
+
+
+def test_killed_export_leaves_old_or_new_and_rerun_completes(runner, export_drill):
+    d = export_drill
+    t = kill_drill(d, runner, KILL_TRIALS["export"], SEED + 8)
+    _assert_clean(t, SEED + 8)
+    # what the kills may leave beside it: temp files of the export only (a rerun writes under a
+    # fresh temp name and leaves them, as score does its own)
+    names = [p.name for p in d.out.parent.iterdir()]
+    assert "model.onnx" in names
+    assert all(n == "model.onnx" or (n.startswith(".model.onnx.") and n.endswith(".tmp"))
+               for n in names), names  # fmt: skip
+
+
+def test_export_drill_notices_a_torn_file_and_reruns_past_torn_temps(runner, export_drill):
+    """A torn ONNX file under the final name is a failure (onnx_state raises Broken); a torn
+    temp file beside the output (a kill's remains) neither counts nor stops the rerun."""
+    from drillkit import run
+
+    d = export_drill
+    d.reset(1)
+    data = d.ref_new.read_bytes()
+    d.out.write_bytes(data[: len(data) // 2])  # what a kill inside a plain write would leave
+    assert not d.allowed_after_kill(0)(_state_or_broken(d))
+    assert not d.allowed_after_kill(1)(_state_or_broken(d))
+    d.reset(0)
+    torn = d.out.parent / ".model.onnx.abcd1234.tmp"
+    torn.write_bytes(data[:1000])
+    assert d.state() == d.state_old
+    r = run(runner, d.command(0))
+    assert r.rc == 0, str(r)
+    assert d.state() == d.state_new
+    assert torn.read_bytes() == data[:1000]  # not swept: another export's file, perhaps live
 
 
 @pytest.fixture(scope="module")
