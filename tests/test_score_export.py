@@ -150,3 +150,9 @@ def test_score_maps_string_ids_like_the_recommender(run, tmp_path):
     assert got.get_column("item_id").to_list() == [i for r in want for i in r.item_ids]
     assert got.get_column("uid").to_list() == [1] * 4 + [2] * 4 + [3] * 4
     assert not {501, 502} & set(got.filter(pl.col("uid") == 1).get_column("item_id").to_list())
+    floats = pl.DataFrame({"uid": [1, 1, 2], "movie": [501.0, 502.5, 503.0]})
+    floats.write_parquet(tmp_path / "f.parquet")
+    score_file(rec, tmp_path / "f.parquet", "uid", "movie", tmp_path / "f_out.parquet", k=4)
+    got = pl.read_parquet(tmp_path / "f_out.parquet")
+    want = rec.recommend_batch([[501], [503]], 4)  # 502.5 names no item
+    assert got.get_column("item_id").to_list() == [i for r in want for i in r.item_ids]

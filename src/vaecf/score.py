@@ -64,6 +64,8 @@ def _cast_ids(col: pl.Expr, given: pl.DataType, vocab: pl.DataType) -> pl.Expr:
         return col
     if vocab.is_integer() and given == pl.String:
         col = col.str.strip_chars()
+    if vocab.is_integer() and given.is_float():  # 7.0 is item 7; 7.5 is no item (not 7)
+        col = pl.when(col == col.round(0)).then(col)
     return col.cast(vocab, strict=False)
 
 
