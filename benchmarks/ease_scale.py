@@ -10,24 +10,12 @@ item count. Prints the CPU, the thread count, the dtype and the phases' seconds.
 from __future__ import annotations
 
 import argparse
-import platform
 import time
 
 import torch
 
 from vaecf import models
-from vaecf.bench import ML20M, synthetic_csr
-
-
-def cpu_name() -> str:
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
+from vaecf.bench import ML20M, cpu_name, synthetic_csr
 
 
 def main() -> int:

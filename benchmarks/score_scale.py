@@ -26,13 +26,8 @@ import polars as pl
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 
-from vaecf.bench import ML20M, synthetic_csr  # noqa: E402
+from vaecf.bench import ML20M, cpu_name, synthetic_csr  # noqa: E402
 from vaecf.serve.fixtures import fresh_run  # noqa: E402
-
-
-def cpu_name() -> str:
-    out = subprocess.run(["lscpu"], capture_output=True, text=True).stdout
-    return next((x.split(":", 1)[1].strip() for x in out.splitlines() if "Model name" in x), "?")
 
 
 def main() -> None:

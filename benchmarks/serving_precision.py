@@ -19,9 +19,7 @@ agreement, their scores are close together).
 from __future__ import annotations
 
 import argparse
-import platform
 import statistics
-import subprocess
 import sys
 from pathlib import Path
 
@@ -32,26 +30,20 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 
 from vaecf import models  # noqa: E402
-from vaecf.bench import bench_infer  # noqa: E402
+from vaecf.bench import bench_infer, cpu_name, synthetic_csr  # noqa: E402
 from vaecf.data.matrix import CSR  # noqa: E402
 from vaecf.data.prepare import PreparedDataset  # noqa: E402
 from vaecf.evaluate import evaluate_model  # noqa: E402
 from vaecf.models.serving import serving_copy  # noqa: E402
+from vaecf.precision import native_bf16  # noqa: E402
 from vaecf.rundir import load_config, load_model  # noqa: E402
 
 PRECISIONS = ("fp32", "bf16", "int8")
 
 
-def cpu_name() -> str:
-    try:
-        out = subprocess.run(["lscpu"], capture_output=True, text=True).stdout
-        name = next(
-            line.split(":", 1)[1].strip() for line in out.splitlines() if "Model name" in line
-        )
-        flags = "native bf16" if "avx512_bf16" in out or "amx_bf16" in out else "no native bf16"
-        return f"{name}, {torch.get_num_threads()} threads, {flags}"
-    except (OSError, StopIteration):
-        return platform.processor()
+def cpu_line() -> str:
+    bf16 = "native bf16" if native_bf16(torch.device("cpu")) else "no native bf16"
+    return f"{cpu_name()}, {torch.get_num_threads()} threads, {bf16}"
 
 
 def latency(precisions, rounds: int, seconds: float) -> dict:
@@ -116,7 +108,7 @@ def main() -> None:
     ap.add_argument("--seconds", type=float, default=2.0)
     ap.add_argument("--users", type=int, default=300, help="random histories, untrained model")
     a = ap.parse_args()
-    print(f"CPU: {cpu_name()}; torch {torch.__version__}")
+    print(f"CPU: {cpu_line()}; torch {torch.__version__}")
 
     lat = latency(PRECISIONS, a.rounds, a.seconds)
     print(f"\nBatch-1 latency, ML-20M-sized Mult-VAE, median of {a.rounds} rounds x {a.seconds} s:")
@@ -130,8 +122,6 @@ def main() -> None:
     for run in a.run:
         for name, p, agr, ndcg, r20 in run_rows(run, PRECISIONS):
             print(f"{name:>24} {p:>9} {agr:12.4f} {ndcg:9.4f} {r20:9.4f}")
-    from vaecf.bench import synthetic_csr
-
     fold_in = CSR.from_scipy(
         synthetic_csr(a.users, 20108, a.users * 50, seed=3), torch.device("cpu")
     )

@@ -212,6 +212,30 @@ def run(runner, argv: Sequence, env: dict | None = None) -> Result:
     return Result([str(a) for a in argv], rc, _read(p.stdout), _read(p.stderr))
 
 
+def run_ok(runner, argv: Sequence, env: dict | None = None) -> Result:
+    """`run`, for a drill's own set-up: a command that fails there is a RuntimeError."""
+    r = run(runner, argv, env)
+    if r.rc:
+        raise RuntimeError(str(r))
+    return r
+
+
+def prepare_synthetic(runner, root: Path, n_users: int, n_items: int, seed: int, heldout: int):
+    """A drill's input: synthetic interactions (4 groups) in ROOT/inputs/train.csv, prepared by
+    `vaecf prepare csv` into ROOT/data; returns (the data directory, the interactions)."""
+    from vaecf.data.synthetic import generate
+
+    (root / "inputs").mkdir(parents=True, exist_ok=True)
+    csv, data = root / "inputs" / "train.csv", root / "data"
+    df = generate(n_users=n_users, n_items=n_items, n_groups=4, seed=seed)
+    df.write_csv(csv)
+    run_ok(runner, [
+        "prepare", "csv", "--path", csv, "--user-col", "user_id", "--item-col", "item_id",
+        "--heldout-users", heldout, "--out", data,
+    ])  # fmt: skip
+    return data, df
+
+
 def kill_after(runner, argv: Sequence, delay: float) -> Result:
     """Start `vaecf ARGV`, SIGKILL it `delay` seconds later (unless it finished), wait for it."""
     p = runner.start(argv)
@@ -573,14 +597,10 @@ class PrepareDrill(ReplaceDrill):
         self.out = Path(out_parent or self.root / "prepared") / "ds"
         ref = self.root / "reference"
         self.ref_a, self.ref_b = ref / "a", ref / "b"
-        for r in (run(runner, self._argv(self.ref_a, 60, 1)), None):
-            if r is not None and r.rc:
-                raise RuntimeError(str(r))
+        run_ok(runner, self._argv(self.ref_a, 60, 1))
         t0 = time.perf_counter()
-        r = run(runner, self._argv(self.ref_b, 80, 2))
+        run_ok(runner, self._argv(self.ref_b, 80, 2))
         self.duration = time.perf_counter() - t0
-        if r.rc:
-            raise RuntimeError(str(r))
         self.state_old, self.state_new = prepared_state(self.ref_a), prepared_state(self.ref_b)
 
     def _argv(self, out: Path, heldout: int, seed: int) -> list:
@@ -657,36 +677,19 @@ class TrainDrill(Drill):
         self.epochs, self.n_users, self.n_items = epochs, n_users, n_items
 
     def setup(self, root: Path, runner, out_parent: Path | None = None) -> None:
-        from vaecf.data.synthetic import generate
-
         self.root = Path(root)
-        (self.root / "inputs").mkdir(parents=True, exist_ok=True)
-        csv = self.root / "inputs" / "train.csv"
-        generate(n_users=self.n_users, n_items=self.n_items, n_groups=4, seed=5).write_csv(csv)
-        self.data = self.root / "data"
-        r = run(runner, [
-            "prepare", "csv", "--path", csv, "--user-col", "user_id", "--item-col", "item_id",
-            "--heldout-users", 50, "--out", self.data,
-        ])  # fmt: skip
-        if r.rc:
-            raise RuntimeError(str(r))
+        self.data = prepare_synthetic(runner, self.root, self.n_users, self.n_items, 5, 50)[0]
         self.out = Path(out_parent or self.root / "runs") / "run"
         self.ref, self.ref_short = self.root / "reference" / "run", self.root / "reference" / "r1"
         t0 = time.perf_counter()
-        r = run(runner, self._argv(self.ref, self.epochs))
+        run_ok(runner, self._argv(self.ref, self.epochs))
         self.duration = time.perf_counter() - t0
-        if r.rc:
-            raise RuntimeError(str(r))
-        r = run(runner, self._argv(self.ref_short, 1))
-        if r.rc:
-            raise RuntimeError(str(r))
+        run_ok(runner, self._argv(self.ref_short, 1))
         # odd trials extend the finished 1-epoch run: their reference is that extension run
         # without interruption (not a fresh run: settings resolved at the first run may differ)
         self.ref_ext = self.root / "reference" / "r1-extended"
         shutil.copytree(self.ref_short, self.ref_ext)
-        r = run(runner, self._argv(self.ref_ext, self.epochs, resume=True))
-        if r.rc:
-            raise RuntimeError(str(r))
+        run_ok(runner, self._argv(self.ref_ext, self.epochs, resume=True))
         self.final_state = run_state(self.ref)
         self.short_state = run_state(self.ref_short)
         self.extended_state = run_state(self.ref_ext)
@@ -768,25 +771,15 @@ class ScoreDrill(ReplaceDrill):
     def setup(self, root: Path, runner, out_parent: Path | None = None) -> None:
         import polars as pl
 
-        from vaecf.data.synthetic import generate
-
         self.root = Path(root)
-        (self.root / "inputs").mkdir(parents=True, exist_ok=True)
-        csv = self.root / "inputs" / "train.csv"
-        df = generate(n_users=600, n_items=150, n_groups=4, seed=8)
-        df.write_csv(csv)
+        data, df = prepare_synthetic(runner, self.root, 600, 150, 8, 50)
         self.history = self.root / "inputs" / "history.csv"
         df.filter(pl.col("user_id") < 400).write_csv(self.history)
-        data, self.run_dir = self.root / "data", self.root / "run"
-        for argv in (
-            ["prepare", "csv", "--path", csv, "--user-col", "user_id", "--item-col", "item_id",
-             "--heldout-users", 50, "--out", data],
-            ["train", "--data", data, "--out", self.run_dir, "--epochs", 1, "--precision",
-             "fp32", "--device", "cpu", "--quiet"],
-        ):  # fmt: skip
-            r = run(runner, argv)
-            if r.rc:
-                raise RuntimeError(str(r))
+        self.run_dir = self.root / "run"
+        run_ok(runner, [
+            "train", "--data", data, "--out", self.run_dir, "--epochs", 1, "--precision", "fp32",
+            "--device", "cpu", "--quiet",
+        ])  # fmt: skip
         self.out = Path(out_parent or self.root / "out") / "recs.parquet"
         self.ref_old, self.ref_new = (
             self.root / "ref" / "old.parquet",
@@ -794,10 +787,8 @@ class ScoreDrill(ReplaceDrill):
         )
         for ref, k in ((self.ref_old, 5), (self.ref_new, 20)):
             t0 = time.perf_counter()
-            r = run(runner, self._argv(ref, k))
+            run_ok(runner, self._argv(ref, k))
             self.duration = time.perf_counter() - t0
-            if r.rc:
-                raise RuntimeError(str(r))
         self.state_old, self.state_new = _table_state(self.ref_old), _table_state(self.ref_new)
 
     def _argv(self, out: Path, k: int) -> list:
@@ -863,14 +854,10 @@ class ExportDrill(ReplaceDrill):
         ref = self.root / "ref"
         self.ref_old, self.ref_new = ref / "old.onnx", ref / "new.onnx"
         for run_dir, dest in ((self.run_old, self.ref_old), (self.run_new, self.ref_new)):
-            r = run(runner, self._argv(run_dir, dest))
-            if r.rc:
-                raise RuntimeError(str(r))
+            run_ok(runner, self._argv(run_dir, dest))
         self.duration = _timed(runner, self._argv(self.run_new, self.out), self.out)
         again = ref / "again.onnx"  # bytes compare only if exporting is deterministic
-        r = run(runner, self._argv(self.run_new, again))
-        if r.rc:
-            raise RuntimeError(str(r))
+        run_ok(runner, self._argv(self.run_new, again))
         if again.read_bytes() != self.ref_new.read_bytes():
             raise RuntimeError("two exports of one run differ: compare outputs, not bytes")
         self.state_old, self.state_new = onnx_state(self.ref_old), onnx_state(self.ref_new)
@@ -968,10 +955,8 @@ def _timed(runner, argv: list, out: Path) -> float:
     one taken while the machine is busy would put most kill moments after the command's end."""
     _clear(out)
     t0 = time.perf_counter()
-    r = run(runner, argv)
+    run_ok(runner, argv)
     took = time.perf_counter() - t0
-    if r.rc:
-        raise RuntimeError(str(r))
     _clear(out)
     return took
 
@@ -1123,19 +1108,8 @@ class TuneDrill(Drill):
         self.retrained: dict[str, tuple] = {}  # params JSON -> (validation value, test)
 
     def setup(self, root: Path, runner, out_parent: Path | None = None) -> None:
-        from vaecf.data.synthetic import generate
-
         self.root, self.runner = Path(root), runner
-        (self.root / "inputs").mkdir(parents=True, exist_ok=True)
-        csv = self.root / "inputs" / "train.csv"
-        generate(n_users=self.n_users, n_items=self.n_items, n_groups=4, seed=5).write_csv(csv)
-        self.data = self.root / "data"
-        r = run(runner, [
-            "prepare", "csv", "--path", csv, "--user-col", "user_id", "--item-col", "item_id",
-            "--heldout-users", 40, "--out", self.data,
-        ])  # fmt: skip
-        if r.rc:
-            raise RuntimeError(str(r))
+        self.data = prepare_synthetic(runner, self.root, self.n_users, self.n_items, 5, 40)[0]
         self.base = self.root / "inputs" / "base.toml"
         self.base.write_text('[train]\ncheckpoint_every = 0\nprecision = "fp32"\n')
         self.out = Path(out_parent or self.root / "studies") / "study"
@@ -1144,10 +1118,10 @@ class TuneDrill(Drill):
         ref.mkdir(parents=True, exist_ok=True)
         self.ref_old, self.ref_new = ref / "old", ref / "new"
         _clear(self.out)
-        self._ok(self._argv(self.n_trials - 1))
+        run_ok(self.runner, self._argv(self.n_trials - 1))
         shutil.move(self.out, self.ref_old)
         t0 = time.perf_counter()
-        self._ok(self._argv(self.n_trials))
+        run_ok(self.runner, self._argv(self.n_trials))
         self.duration = time.perf_counter() - t0
         shutil.move(self.out, self.ref_new)
         self.duration = min(self.duration, _timed(runner, self._argv(self.n_trials), self.out))
@@ -1158,11 +1132,6 @@ class TuneDrill(Drill):
             why = self._values_match(st)
             if why:
                 raise RuntimeError(f"tune is not reproducible by `vaecf train`: {why}")
-
-    def _ok(self, argv: list) -> None:
-        r = run(self.runner, argv)
-        if r.rc:
-            raise RuntimeError(str(r))
 
     def _argv(self, trials: int, resume: bool = False) -> list:
         return [
@@ -1271,7 +1240,7 @@ class TuneDrill(Drill):
             toml, out = self.root / "retrain" / f"{n}.toml", self.root / "retrain" / f"{n}"
             configfile.write(toml, "multvae", train_d, model_d, data=str(self.data))
             _clear(out)
-            self._ok(["train", "--config", toml, "--out", out, "--quiet"])
+            run_ok(self.runner, ["train", "--config", toml, "--out", out, "--quiet"])
             res = json.loads((out / "results.json").read_text())
             test = json.dumps(res["test"], sort_keys=True)
             self.retrained[params] = (res["validation"][METRIC], test)
@@ -1334,10 +1303,8 @@ class CompareDrill(ReplaceDrill):
         _clear(self.out)
         for dest, seeds in ((self.ref_old, "1"), (self.ref_new, "1,2")):
             t0 = time.perf_counter()
-            r = run(runner, self._argv(seeds))
+            run_ok(runner, self._argv(seeds))
             self.duration = time.perf_counter() - t0
-            if r.rc:
-                raise RuntimeError(str(r))
             shutil.move(self.out, dest)  # run where the drill's output lives: paths inside match
         self.duration = min(self.duration, _timed(runner, self._argv("1,2"), self.out))
         self.state_old, self.state_new = compare_state(self.ref_old), compare_state(self.ref_new)
@@ -1456,25 +1423,17 @@ class ServeDrill:
     name = "serve"
 
     def setup(self, root: Path, runner) -> None:
-        from vaecf.data.synthetic import generate
 
         self.root, self.runner = Path(root), runner
-        (self.root / "inputs").mkdir(parents=True, exist_ok=True)
-        csv = self.root / "inputs" / "train.csv"
-        generate(n_users=400, n_items=100, n_groups=4, seed=8).write_csv(csv)
-        data = self.root / "data"
+        data = prepare_synthetic(runner, self.root, 400, 100, 8, 40)[0]
         self.run_a, self.run_b = self.root / "runs" / "a", self.root / "runs" / "b"
         for argv in (
-            ["prepare", "csv", "--path", csv, "--user-col", "user_id", "--item-col", "item_id",
-             "--heldout-users", 40, "--out", data],
             ["train", "--data", data, "--out", self.run_a, "--epochs", 2, "--batch-size", 64,
              "--precision", "fp32", "--device", "cpu", "--quiet"],
             ["train", "--data", data, "--out", self.run_b, "--model", "ease", "--device", "cpu",
              "--quiet"],
         ):  # fmt: skip
-            r = run(runner, argv)
-            if r.rc:
-                raise RuntimeError(str(r))
+            run_ok(runner, argv)
         from vaecf.data.vocab import Vocabulary
 
         items = Vocabulary.load(self.run_a / "items.parquet").id_of(range(3))

@@ -15,6 +15,17 @@ from vaecf.serve.reload import ModelHolder
 from vaecf.serve.settings import ServeSettings
 
 
+def fuzz_target(root, ids: list, max_body_bytes: int) -> ServeSettings:
+    """What the fuzz tests serve: a tiny untrained Mult-VAE over raw ids `ids` in ROOT/run, with
+    small limits (history 20, k 30, batch 4) so that generated requests hit them."""
+    from vaecf.serve.fixtures import fresh_run
+
+    run = fresh_run(root / "run", len(ids), "multvae", {"hidden_dims": [8], "latent_dim": 4}, ids)
+    return ServeSettings(
+        run=str(run), max_history=20, max_k=30, max_batch=4, max_body_bytes=max_body_bytes
+    )
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -10,11 +10,9 @@ import pytest
 hypothesis = pytest.importorskip("hypothesis")
 from hypothesis import HealthCheck, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
-from serve_helpers import client, running  # noqa: E402
+from serve_helpers import client, fuzz_target, running  # noqa: E402
 
-from vaecf.serve.fixtures import fresh_run  # noqa: E402
 from vaecf.serve.schemas import BatchResponse, RecommendResponse  # noqa: E402
-from vaecf.serve.settings import ServeSettings  # noqa: E402
 
 IDS = list(range(100, 140))
 
@@ -56,14 +54,7 @@ batch_bodies = st.one_of(
 
 @pytest.fixture(scope="module")
 def http(tmp_path_factory):
-    run = fresh_run(
-        tmp_path_factory.mktemp("fuzz") / "run",
-        len(IDS),
-        "multvae",
-        {"hidden_dims": [8], "latent_dim": 4},
-        IDS,
-    )
-    s = ServeSettings(run=str(run), max_history=20, max_k=30, max_batch=4, max_body_bytes=2000)
+    s = fuzz_target(tmp_path_factory.mktemp("fuzz"), IDS, max_body_bytes=2000)
     with running(s) as (url, _), client(url) as c:
         yield c
 

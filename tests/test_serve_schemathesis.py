@@ -8,24 +8,14 @@ import pytest
 
 schemathesis = pytest.importorskip("schemathesis")
 from hypothesis import HealthCheck, given, settings  # noqa: E402
-from serve_helpers import running  # noqa: E402
-
-from vaecf.serve.fixtures import fresh_run  # noqa: E402
-from vaecf.serve.settings import ServeSettings  # noqa: E402
+from serve_helpers import fuzz_target, running  # noqa: E402
 
 IDS = list(range(100, 140))
 
 
 @pytest.fixture(scope="module")
 def api(tmp_path_factory):
-    run = fresh_run(
-        tmp_path_factory.mktemp("schemathesis") / "run",
-        len(IDS),
-        "multvae",
-        {"hidden_dims": [8], "latent_dim": 4},
-        IDS,
-    )
-    s = ServeSettings(run=str(run), max_history=20, max_k=30, max_batch=4, max_body_bytes=4000)
+    s = fuzz_target(tmp_path_factory.mktemp("schemathesis"), IDS, max_body_bytes=4000)
     with running(s) as (base, _):
         yield schemathesis.openapi.from_url(f"{base}/openapi.json")
 

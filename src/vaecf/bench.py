@@ -8,6 +8,7 @@ fold-in with the seen-item mask and top-100, for batch 1 and large batches.
 
 from __future__ import annotations
 
+import platform
 import statistics
 import time
 from dataclasses import dataclass
@@ -27,6 +28,19 @@ from vaecf.models.serving import serving_copy
 from vaecf.runtime import tune_cpu_allocator
 
 ML20M = {"users": 136_677, "items": 20_108, "nnz": 10_000_000}  # the paper's ML-20M training set
+
+
+def cpu_name() -> str:
+    """The CPU's model name (/proc/cpuinfo), for benchmark tables: figures from different CPUs
+    never compare."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
 
 
 def synthetic_csr(users: int, items: int, nnz: int, seed: int = 0) -> sp.csr_matrix:

@@ -7,8 +7,9 @@ import contextlib
 import torch
 
 from vaecf.errors import ConfigError
+from vaecf.settings import TRAIN_PRECISIONS
 
-PRECISIONS = ("fp32", "tf32", "bf16", "fp16")
+PRECISIONS = TRAIN_PRECISIONS
 
 
 def resolve_device(device: str | None) -> torch.device:

@@ -105,7 +105,8 @@ def score_file(
     if out.suffix.lower() not in (".parquet", ".csv"):
         raise DataError(f"--out {out}: give a .parquet or .csv file name")
     lf = scan_interactions(path, user_col, item_col)
-    user_dtype = lf.collect_schema()[user_col]
+    schema = lf.collect_schema()  # a CSV's is inferred from its rows: resolve it once
+    user_dtype = schema[user_col]
     counts = lf.group_by(user_col).agg(pl.len().alias("n")).sort(user_col).collect()
     chunks = user_chunks(counts, user_col, chunk_rows)
     del counts
@@ -114,7 +115,7 @@ def score_file(
     n_users = n_rows = 0
     try:
         vocab = pl.LazyFrame({item_col: rec.items.ids, IDX: range(len(rec.items))})
-        as_vocab = _cast_ids(pl.col(item_col), lf.collect_schema()[item_col], rec.items.ids.dtype)
+        as_vocab = _cast_ids(pl.col(item_col), schema[item_col], rec.items.ids.dtype)
         for c, (lo, hi, _) in enumerate(chunks):
             hist = (  # each user's known items as sorted distinct indices; unknown ids dropped
                 lf.filter(pl.col(user_col).is_between(lo, hi, closed="both"))

@@ -47,6 +47,7 @@ def validate_fields(obj) -> None:
             )
 
 
-# what a trained model can be served and scored in (vaecf.models.serving): the training
-# precisions, and int8 item layers
-SERVING_PRECISIONS = ("fp32", "tf32", "bf16", "fp16", "int8")
+# what a model trains in (vaecf.precision), and what a trained one can be served and scored in
+# (vaecf.models.serving): the same, and int8 item layers
+TRAIN_PRECISIONS = ("fp32", "tf32", "bf16", "fp16")
+SERVING_PRECISIONS = (*TRAIN_PRECISIONS, "int8")

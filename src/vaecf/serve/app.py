@@ -242,7 +242,6 @@ def create_app(holder: ModelHolder, settings: ServeSettings) -> FastAPI:
     @app.post(
         "/v1/recommend",
         response_model=RecommendResponse,
-        response_model_exclude_unset=True,
         responses=documented(401, 413, 422, 503),
         tags=["recommend"],
     )
@@ -257,7 +256,6 @@ def create_app(holder: ModelHolder, settings: ServeSettings) -> FastAPI:
     @app.post(
         "/v1/recommend/batch",
         response_model=BatchResponse,
-        response_model_exclude_unset=True,
         responses=documented(401, 413, 422, 503),
         tags=["recommend"],
     )
