@@ -23,7 +23,8 @@ from vaecf.evaluate import evaluate_model
 from vaecf.models.multvae import auto_batch_size, scaled_anneal_steps
 from vaecf.trainer import resolve_config
 
-NAMES = list(models.MODELS)
+# every model fitted on its own (auto and blend are selections of these: tests/test_auto.py)
+NAMES = [n for n, m in models.MODELS.items() if m.family != "selection"]
 
 
 @pytest.fixture(scope="module")
@@ -44,6 +45,7 @@ def model_cfg(name: str):
     small = {"multvae": {"hidden_dims": [32], "latent_dim": 8}, "multdae": {"latent_dim": 8}}
     small["recvae"] = {"hidden_dim": 32, "latent_dim": 8, "n_layers": 3}
     small["ease"] = {"l2_grid": [1.0, 30.0, 1000.0]}
+    small["edlae"] = {"l2_grid": [1.0, 30.0, 1000.0], "dropout_grid": [0.0, 0.33]}
     return models.config_from_dict(name, small.get(name))
 
 
@@ -131,6 +133,69 @@ def test_ease_grid_is_recorded_and_best_chosen(runs):
     assert row["l2"] == best["l2"]
     results = json.loads((runs["ease"] / "results.json").read_text())
     assert results["validation"]["ndcg@100"] == pytest.approx(best["validation"]["ndcg@100"])
+
+
+def _edlae_numpy(x: np.ndarray, lam: float, p: float) -> np.ndarray:
+    """EDLAE's full-rank closed form in float64, as Steck (NeurIPS 2020) writes it."""
+    g = x.T @ x
+    big_lambda = lam * np.eye(len(g)) + p / (1 - p) * np.diag(np.diag(g))
+    pm = np.linalg.inv(g + big_lambda)
+    return np.eye(len(g)) - pm @ np.diag(1 / np.diag(pm))
+
+
+@pytest.mark.parametrize("dtype,tol", [("float64", 5e-8), ("float32", 2e-4)])  # B kept in fp32
+def test_edlae_matches_numpy_and_p0_is_ease(dtype, tol):
+    rng = np.random.default_rng(1)
+    x = (rng.random((80, 30)) < 0.25).astype(np.float64)
+    for p in (0.25, 0.5):
+        model = models.build("edlae", 30, {"l2": 5.0, "dropout": p, "solve_dtype": dtype})
+        record = model.fit(sp.csr_matrix(x))
+        assert record["dropout"] == p and float(model.dropout) == p
+        assert np.abs(model.weight.double().numpy() - _edlae_numpy(x, 5.0, p)).max() < tol
+    # p > 0 shrinks the weights against EASE's (the emphasized ridge is larger)
+    assert np.abs(_edlae_numpy(x, 5.0, 0.5)).sum() < np.abs(_edlae_numpy(x, 5.0, 0.0)).sum()
+    e0 = models.build("edlae", 30, {"l2": 5.0, "dropout": 0.0, "solve_dtype": dtype})
+    ease = models.build("ease", 30, {"l2": 5.0, "solve_dtype": dtype})
+    e0.fit(sp.csr_matrix(x))
+    ease.fit(sp.csr_matrix(x))
+    assert torch.equal(e0.weight, ease.weight)
+
+
+def test_edlae_search_holds_ease_and_records_every_pair(ds, tmp_path):
+    """Both on the same full grid: p = 0 is on EDLAE's, so it validates at least as well."""
+    grid = {"l2_grid": [3.0, 30.0, 300.0], "search": "grid"}
+    ease_cfg = models.config_from_dict("ease", grid)
+    ease = vaecf.train(ds, cfg_for("ease"), tmp_path / "e", ease_cfg, model="ease")
+    edlae_cfg = models.config_from_dict("edlae", {**grid, "dropout_grid": [0.0, 0.2, 0.5]})
+    edlae = vaecf.train(ds, cfg_for("edlae"), tmp_path / "d", edlae_cfg, model="edlae")
+    assert edlae.validation_metrics["ndcg@100"] >= ease.validation_metrics["ndcg@100"] - 1e-9
+    row = json.loads((edlae.run_dir / "metrics.jsonl").read_text().splitlines()[0])
+    pairs = {(g["l2"], g["dropout"]) for g in row["grid"]}
+    assert pairs == {(lam, p) for lam in (3.0, 30.0, 300.0) for p in (0.0, 0.2, 0.5)}
+    best = max(row["grid"], key=lambda g: g["validation"]["ndcg@100"])
+    assert (row["l2"], row["dropout"]) == (best["l2"], best["dropout"])
+
+
+def test_fast_search_refines_the_coarse_best_on_every_item(ds, tmp_path):
+    cfg = {"l2_grid": [1.0, 10.0, 100.0, 1000.0], "dropout_grid": [0.0, 0.33], "coarse_items": 60}
+    cfg = models.config_from_dict("edlae", cfg)
+    run = vaecf.train(ds, cfg_for("edlae"), tmp_path / "f", cfg, model="edlae")
+    row = json.loads((run.run_dir / "metrics.jsonl").read_text().splitlines()[0])
+    coarse = [g for g in row["grid"] if g["stage"] == "coarse"]
+    full = [g for g in row["grid"] if g["stage"] == "full"]
+    assert len(coarse) == 8 and {g["n_items"] for g in coarse} == {60}
+    value = {(g["l2"], g["dropout"]): g["validation"]["ndcg@100"] for g in coarse}
+    l2, p = max(value, key=value.get)
+    lower, upper = value.get((l2 / 10, p), 2.0), value.get((l2 * 10, p), 2.0)  # edge: outward
+    step = 10**0.25
+    assert [(g["l2"], g["dropout"]) for g in full] == [
+        (l2, p),
+        (pytest.approx(l2 / step if lower >= upper else l2 * step), p),
+    ]
+    assert {g["n_items"] for g in full} == {ds.n_items}
+    best = max(full, key=lambda g: g["validation"]["ndcg@100"])
+    assert row["l2"] == best["l2"]
+    assert run.validation_metrics["ndcg@100"] == pytest.approx(best["validation"]["ndcg@100"])
 
 
 def test_ease_refuses_what_does_not_fit(monkeypatch):

@@ -37,6 +37,8 @@ _EXPORTS = {
     "RecVAEConfig": "vaecf.models",
     "EASE": "vaecf.models",
     "EASEConfig": "vaecf.models",
+    "EDLAE": "vaecf.models",
+    "EDLAEConfig": "vaecf.models",
     "Popular": "vaecf.models",
     "Model": "vaecf.models",
     "MODELS": "vaecf.models",

@@ -14,6 +14,7 @@ from typing import Literal
 
 from vaecf.data.prepare import PrepareSettings
 from vaecf.errors import ConfigError
+from vaecf.models.base import ANNEAL_SETTINGS, GRADIENT_SETTINGS
 from vaecf.models.multvae import ModelConfig
 from vaecf.settings import setting, validate_fields
 
@@ -87,15 +88,18 @@ class TrainConfig:
         return asdict(self)
 
 
-# Training settings that only gradient models read, and those only the annealed VAE reads.
-GRADIENT_SETTINGS = ("epochs", "batch_size", "lr", "data_on", "eval_every", "checkpoint_every")
-ANNEAL_SETTINGS = ("total_anneal_steps", "anneal_cap")
-
-
 def from_dict(cls, d: dict):
     """Build a config dataclass from a dict, ignoring unknown keys (forward compatibility)."""
     names = {f.name for f in fields(cls)}
     return cls(**{k: v for k, v in d.items() if k in names})
 
 
-__all__ = ["ModelConfig", "PrepareSettings", "TrainConfig", "from_dict", "setting"]
+__all__ = [
+    "ANNEAL_SETTINGS",
+    "GRADIENT_SETTINGS",
+    "ModelConfig",
+    "PrepareSettings",
+    "TrainConfig",
+    "from_dict",
+    "setting",
+]

@@ -97,8 +97,15 @@ def read(path: str | os.PathLike) -> RunSettings:
 
 
 def _clean(d: dict) -> dict:
-    """Drop unset (None) values, which TOML cannot hold and which mean 'default' anyway."""
-    return {k: v for k, v in d.items() if v is not None and k not in NOT_IN_FILE}
+    """Drop unset (None) values, which TOML cannot hold and which mean 'default' anyway (also
+    inside nested settings: a blend's parts)."""
+
+    def clean(v):
+        if isinstance(v, dict):
+            return {k: clean(x) for k, x in v.items() if x is not None}
+        return [clean(x) for x in v] if isinstance(v, list) else v
+
+    return {k: clean(v) for k, v in d.items() if v is not None and k not in NOT_IN_FILE}
 
 
 def dumps(

@@ -27,8 +27,10 @@ from vaecf._io import current_umask
 from vaecf.data.matrix import SparseBatch
 from vaecf.errors import ConfigError
 from vaecf.models.base import Model
-from vaecf.models.ease import EASE, Popular
+from vaecf.models.blend import Blend, standardise
+from vaecf.models.ease import EASE
 from vaecf.models.multvae import MultAE
+from vaecf.models.popular import Popular
 from vaecf.models.recvae import RecVAE, swish
 
 MAX_BYTES = 2_000_000_000  # protobuf's limit on one ONNX file
@@ -43,12 +45,17 @@ class DenseScores(nn.Module):
 
     def __init__(self, model: Model):
         super().__init__()
-        if not isinstance(model, (MultAE, RecVAE, EASE, Popular)):
+        if not isinstance(model, (MultAE, RecVAE, EASE, Popular, Blend)):
             raise ConfigError(f"no ONNX export for model {type(model).__name__}")
         self.model = model.eval()
+        if isinstance(model, Blend):
+            self.parts = nn.ModuleList(DenseScores(p) for p in model.parts)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         m = self.model
+        if isinstance(m, Blend):
+            first, second = (standardise(p(x)) for p in self.parts)
+            return m.config.weight * first + (1.0 - m.config.weight) * second
         if isinstance(m, Popular):
             return x[:, :1] * 0.0 + m.counts  # (B, n_items): the counts for every row
         if isinstance(m, EASE):

@@ -94,10 +94,9 @@ def _leftover(path: Path) -> bool:
 
 def model_name_of(model_config) -> str:
     """Registry name of a config dataclass instance."""
-    if isinstance(model_config, models.ModelConfig):
-        return model_config.model
+    named = getattr(model_config, "model", None)  # a config shared by several models names one
     for name, cls in models.MODELS.items():
-        if type(model_config) is cls.Config:
+        if type(model_config) is cls.Config and named in (None, name):
             return name
     raise ConfigError(f"{type(model_config).__name__} is no model's config")
 
@@ -105,9 +104,9 @@ def model_name_of(model_config) -> str:
 def resolve_config(cfg: TrainConfig, model_cls: type[Model], n_train_users: int) -> TrainConfig:
     """Refuse settings the model does not read; fill the unset ones from the model and data."""
     cfg.validate()
-    unused = [n for n in GRADIENT_SETTINGS if model_cls.closed_form]
-    if model_cls.name != "multvae":
-        unused += ANNEAL_SETTINGS
+    unused = [
+        n for n in (*GRADIENT_SETTINGS, *ANNEAL_SETTINGS) if n not in model_cls.train_settings
+    ]
     given = [
         n
         for n in unused
@@ -171,6 +170,22 @@ def train(
     that must not see it (vaecf tune scores the chosen run alone)."""
     ds = data if isinstance(data, PreparedDataset) else PreparedDataset(data)
     out = Path(out)
+    if model == "auto" or isinstance(model_config, models.AutoConfig):
+        from vaecf.auto import train_auto
+
+        config = config or TrainConfig()
+        config.validate()
+        with writer_lock(out, "vaecf train"):
+            return train_auto(
+                ds,
+                config,
+                out,
+                model_config or models.AutoConfig(),
+                test,
+                log=tqdm.write if config.progress else (lambda s: None),
+            )
+    if model is not None and not models.get(model).trainable:
+        raise ConfigError(f"--model {model} is made by --model auto, not trained on its own")
     if int(os.environ.get("RANK", "0")) != 0:  # under torchrun rank 0 holds the lock
         return _train(ds, config, out, model_config, resume, model, on_epoch, test)
     with writer_lock(out, "vaecf train"):
@@ -363,6 +378,7 @@ class ClosedFormFit(_Run):
         record = self.model.fit(
             self.ds.split("train"),
             validate=lambda m: self.validate(),
+            validation=(self.ds.split("validation_tr"), self.ds.split("validation_te")),
             select_metric=self.cfg.select_metric,
             log=tqdm.write if show else None,
         )

@@ -75,6 +75,8 @@ def cmd_bench(a) -> int:
 
 
 def register(sub) -> None:
+    from vaecf import models
+
     pd = sub.add_parser(
         "demo",
         help="generate the built-in dataset, train, show results",
@@ -107,7 +109,7 @@ def register(sub) -> None:
     bt.add_argument("--nnz", type=int, default=10_000_000, help="interactions (default 10M)")
     bt.add_argument(
         "--model",
-        choices=["multvae", "multdae", "recvae"],
+        choices=[n for n, m in models.MODELS.items() if not m.closed_form],
         default="multvae",
         help="gradient model to time (default multvae)",
     )

@@ -95,6 +95,21 @@ def cmd_train(a) -> int:
     return 0
 
 
+# -- models -------------------------------------------------------------------------------------
+def cmd_models(a) -> int:
+    from vaecf import models
+
+    table = models.describe()
+    if a.json:
+        print_json(table)
+        return 0
+    for m in table:
+        print(f"{m['name']:<9} {m['family']:<12} {m['summary']}")
+        for st in m["settings"]:
+            print(f"{'':<9} --{st['name'].replace('_', '-')} (default {st['default']!r})")
+    return 0
+
+
 # -- evaluate -----------------------------------------------------------------------------------
 def cmd_evaluate(a) -> int:
     from vaecf.data.matrix import CSR
@@ -177,7 +192,7 @@ def register(sub) -> None:
 
     pt = sub.add_parser(
         "train",
-        help="train or fit a model (Mult-VAE, Mult-DAE, RecVAE, EASE, popularity)",
+        help="train or fit a model (" + ", ".join(m.title for m in models.MODELS.values()) + ")",
         description="Train a model on a prepared dataset; gradient models validate every "
         "epoch, keep the best model by validation NDCG@100 and are resumable; EASE picks its "
         "lambda on validation. The test split is scored once, with the selected model. Unset "
@@ -191,14 +206,17 @@ def register(sub) -> None:
     )
     pt.add_argument("--data", help="prepared dataset directory (required unless --config sets it)")
     pt.add_argument("--out", required=True, help="run directory to create (or resume)")
+    trainable = [n for n, m in models.MODELS.items() if m.trainable]
     pt.add_argument(
         "--model",
-        choices=list(models.MODELS),
-        help="multvae (default), multdae, recvae, ease, popular",
+        choices=trainable,
+        help=f"{', '.join(trainable)} (default multvae); `vaecf models` describes them",
     )
     add_settings(pt.add_argument_group("training"), TrainConfig, skip=("progress",))
     seen: dict = {}
     for name, cls in models.MODELS.items():
+        if not cls.trainable:
+            continue
         title = cls.title or name
         add_settings(
             pt.add_argument_group(f"{title} (--model {name})"),
@@ -222,6 +240,15 @@ def register(sub) -> None:
         "OUT/tensorboard (needs: pip install 'vaecf[tensorboard]')",
     )
     pt.set_defaults(fn=cmd_train)
+
+    pm = sub.add_parser(
+        "models",
+        help="list the models: name, family, what each is, its settings",
+        description="Every model `--model NAME` accepts, with its family (autoencoder, "
+        "linear, baseline, selection), one line on what it is and its settings with defaults.",
+    )
+    pm.add_argument("--json", action="store_true", help="print a JSON list")
+    pm.set_defaults(fn=cmd_models)
 
     pe = sub.add_parser("evaluate", help="score a run's best model on a held-out split")
     pe.add_argument("run", help="run directory written by `vaecf train`")

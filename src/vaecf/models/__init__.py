@@ -2,20 +2,31 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict, fields
+from dataclasses import MISSING, asdict, fields
 
 from vaecf.errors import RunError
 from vaecf.models.base import Model, Phase
-from vaecf.models.ease import EASE, EASEConfig, Popular, PopularConfig
+from vaecf.models.blend import Auto, AutoConfig, Blend, BlendConfig
+from vaecf.models.ease import EASE, EDLAE, EASEConfig, EDLAEConfig
 from vaecf.models.multvae import ModelConfig, MultDAE, MultVAE, build_model
+from vaecf.models.popular import Popular, PopularConfig
 from vaecf.models.recvae import RecVAE, RecVAEConfig
 
-MODELS: dict[str, type[Model]] = {m.name: m for m in (MultVAE, MultDAE, RecVAE, EASE, Popular)}
+# The registry: adding a model is its module and one entry here.
+MODELS: dict[str, type[Model]] = {
+    m.name: m for m in (MultVAE, MultDAE, RecVAE, EASE, EDLAE, Popular, Auto, Blend)
+}
 
 __all__ = [
+    "Auto",
+    "AutoConfig",
+    "Blend",
+    "BlendConfig",
     "EASE",
+    "EDLAE",
     "MODELS",
     "EASEConfig",
+    "EDLAEConfig",
     "Model",
     "ModelConfig",
     "MultDAE",
@@ -29,6 +40,7 @@ __all__ = [
     "build_model",
     "config_from_dict",
     "config_to_dict",
+    "describe",
     "get",
 ]
 
@@ -44,9 +56,9 @@ def config_from_dict(name: str, d: dict | None = None):
     """The model's config dataclass from a dict (unknown keys are an error)."""
     cls = get(name).Config
     d = dict(d or {})
-    if cls is ModelConfig:
-        d["model"] = name
     known = {f.name for f in fields(cls)}
+    if "model" in known:  # a config shared by several models names which
+        d["model"] = name
     extra = sorted(set(d) - known)
     if extra:
         raise RunError(
@@ -68,3 +80,29 @@ def build(name: str, n_items: int, config=None) -> Model:
     if config is None or isinstance(config, dict):
         config = config_from_dict(name, config)
     return cls(n_items, config)
+
+
+def describe() -> list[dict]:
+    """Every registered model as declared: name, title, family, one line on what it is, and
+    its settings (name, default, help). `vaecf models` prints it; the README's table is
+    checked against it."""
+    out = []
+    for name, cls in MODELS.items():
+        settings = []
+        for f in fields(cls.Config):
+            if f.name == "model":
+                continue
+            default = f.default if f.default is not MISSING else f.default_factory()
+            settings.append(
+                {"name": f.name, "default": default, "help": f.metadata.get("help", "")}
+            )
+        out.append(
+            {
+                "name": name,
+                "title": cls.title or name,
+                "family": cls.family,
+                "summary": cls.summary,
+                "settings": settings,
+            }
+        )
+    return out

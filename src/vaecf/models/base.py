@@ -32,6 +32,13 @@ from vaecf.data.matrix import SparseBatch
 
 ScoreFn = Callable[[SparseBatch], torch.Tensor]  # batch -> (B, n_items) scores
 
+# Training settings (vaecf.config.TrainConfig) that only gradient models read, and those only
+# a KL-annealed model reads. A model declares what it reads in `train_settings`; the others,
+# given, are refused before a run starts.
+GRADIENT_SETTINGS = ("epochs", "batch_size", "lr", "data_on", "eval_every", "checkpoint_every")
+ANNEAL_SETTINGS = ("total_anneal_steps", "anneal_cap")
+FAMILIES = ("autoencoder", "linear", "baseline", "selection")
+
 
 @dataclass(frozen=True)
 class Phase:
@@ -48,7 +55,12 @@ class Model(nn.Module):
     name: ClassVar[str]  # registry name, `--model NAME`
     Config: ClassVar[type]  # the config dataclass
     title: ClassVar[str] = ""  # for tables: "Mult-VAE"
+    family: ClassVar[str] = "autoencoder"  # one of FAMILIES
+    summary: ClassVar[str] = ""  # one line on what it is (`vaecf models`)
     closed_form: ClassVar[bool] = False
+    trainable: ClassVar[bool] = True  # False: made by another verb (a blend, by --model auto)
+    # the optional training settings it reads (see GRADIENT_SETTINGS); closed-form: none
+    train_settings: ClassVar[tuple[str, ...]] = GRADIENT_SETTINGS
     multinomial: ClassVar[bool] = False
 
     def __init__(self, n_items: int, config: Any = None):
@@ -78,6 +90,20 @@ class Model(nn.Module):
         for t in self.state_dict().values():
             return t.device
         return torch.device("cpu")
+
+    # -- fitting: closed-form models ------------------------------------------------------------
+    def fit(
+        self,
+        train: Any,
+        validate: Callable[[Model], dict] | None = None,
+        select_metric: str = "ndcg@100",
+        log: Callable[[str], None] | None = None,
+        validation: tuple[Any, Any] | None = None,
+    ) -> dict:
+        """Closed-form models: fit on the training matrix (scipy CSR, users x items). Choices
+        the model makes itself are scored with `validate(model) -> validation metrics`, or on
+        `validation` (fold-in, target) CSR matrices directly; returns what to record."""
+        raise NotImplementedError
 
     # -- fitting: gradient models ---------------------------------------------------------------
     def param_groups(self) -> dict[str, list[nn.Parameter]]:

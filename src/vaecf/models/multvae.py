@@ -22,7 +22,7 @@ from torch import nn
 from vaecf import precision as prec
 from vaecf.data.matrix import SparseBatch
 from vaecf.errors import ConfigError
-from vaecf.models.base import Model, Phase, ScoreFn
+from vaecf.models.base import ANNEAL_SETTINGS, GRADIENT_SETTINGS, Model, Phase, ScoreFn
 from vaecf.models.fused import linear_multinomial_nll
 from vaecf.settings import setting
 
@@ -307,11 +307,14 @@ class Scorer:
 class MultVAE(MultAE):
     name = "multvae"
     title = "Mult-VAE"
+    summary = "variational autoencoder with a multinomial likelihood (Liang et al., WWW 2018)"
+    train_settings = (*GRADIENT_SETTINGS, *ANNEAL_SETTINGS)
 
 
 class MultDAE(MultAE):
     name = "multdae"
     title = "Mult-DAE"
+    summary = "denoising autoencoder with a multinomial likelihood (Liang et al., WWW 2018)"
 
 
 def build_model(n_items: int, config: ModelConfig) -> MultAE:

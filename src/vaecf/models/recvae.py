@@ -110,6 +110,10 @@ class Encoder(nn.Module):
 class RecVAE(Model):
     name = "recvae"
     title = "RecVAE"
+    summary = (
+        "Mult-VAE with a composite prior, a deeper encoder and alternating updates "
+        "(Shenbin et al., WSDM 2020)"
+    )
     Config = RecVAEConfig
     multinomial = True
 

@@ -1,0 +1,50 @@
+"""The popularity baseline: every user gets the items' training counts, the floor of every
+comparison (and the ranking a new user with no known history falls back to)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import scipy.sparse as sp
+import torch
+
+from vaecf.data.matrix import SparseBatch
+from vaecf.errors import RunError
+from vaecf.models.base import Model
+
+
+@dataclass
+class PopularConfig:
+    pass
+
+
+class Popular(Model):
+    name = "popular"
+    title = "popularity"
+    family = "baseline"
+    summary = "every user gets the items ranked by their training counts"
+    Config = PopularConfig
+    closed_form = True
+
+    def __init__(self, n_items: int, config: PopularConfig | None = None):
+        super().__init__(n_items, config)
+        self.register_buffer("counts", torch.zeros(n_items))
+
+    def scores(self, batch: SparseBatch) -> torch.Tensor:
+        return self.counts.expand(batch.batch_size, -1).clone()
+
+    def item_vectors(self) -> torch.Tensor:
+        raise RunError("the popularity model has no notion of similar items; use another model")
+
+    def fit(
+        self,
+        train: sp.csr_matrix,
+        validate=None,
+        select_metric="ndcg@100",
+        log=None,
+        validation=None,
+    ) -> dict:
+        counts = np.asarray(train.getnnz(axis=0), dtype=np.float32)
+        self.counts = torch.from_numpy(counts).to(self.counts.device)
+        return {}

@@ -1,0 +1,114 @@
+"""`--model auto`: the candidates are fitted without the test split, the best on validation is
+kept (a blend of the best linear and best autoencoder included) and its run directory works
+under the model contract; a blend scores as its formula says."""
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+import vaecf
+from vaecf import models
+from vaecf.data import synthetic
+from vaecf.data.matrix import CSR
+from vaecf.errors import RunError
+from vaecf.evaluate import evaluate_model
+from vaecf.models.blend import standardise
+
+
+@pytest.fixture(scope="module")
+def ds(tmp_path_factory):
+    root = tmp_path_factory.mktemp("auto")
+    df = synthetic.generate(n_users=600, n_items=120, n_groups=4, mean_items=16, seed=8)
+    return vaecf.prepare_frame(df, root / "prep", vaecf.PrepareSettings(heldout_users=70, seed=8))
+
+
+def quiet(**kw):
+    return vaecf.TrainConfig(device="cpu", precision="fp32", progress=False, seed=3, **kw)
+
+
+def test_auto_picks_the_planted_winner_without_the_test_split(ds, tmp_path):
+    auto = models.AutoConfig(candidates=["popular", "ease"], blend=False)
+    res = vaecf.train(ds, quiet(), tmp_path / "a", auto)
+    results = json.loads((res.run_dir / "results.json").read_text())
+    cands = {c["model"]: c for c in results["auto"]["candidates"]}
+    # planted taste groups: the item-item model must beat popularity, and auto keeps it
+    assert cands["ease"]["validation"]["ndcg@100"] > cands["popular"]["validation"]["ndcg@100"]
+    assert results["model"] == "ease" and results["auto"]["winner"] == "ease"
+    assert results["validation"] == cands["ease"]["validation"]
+    for name in cands:  # selection never scored the test split
+        cand = json.loads((tmp_path / "a" / "candidates" / name / "results.json").read_text())
+        assert cand["test"] is None
+    # the run directory is the winner's, under the contract
+    rec = vaecf.Recommender.load(res.run_dir)
+    assert isinstance(rec.model, models.EASE)
+    fold_in, target = (CSR.from_scipy(ds.split(f"test_{p}")) for p in ("tr", "te"))
+    assert evaluate_model(rec.model, fold_in, target)["ndcg@100"] == pytest.approx(
+        results["test"]["ndcg@100"], abs=1e-9
+    )
+    again = vaecf.train(ds, quiet(), tmp_path / "a", auto)  # finished: read back, not refitted
+    assert again.test_metrics == results["test"]
+
+
+def test_auto_blends_and_skips_what_does_not_fit(ds, tmp_path, monkeypatch):
+    from vaecf.models import ease
+
+    auto = models.AutoConfig(candidates=["edlae", "multdae", "ease"])
+    cfg = quiet(epochs=4, batch_size=100)
+    monkeypatch.setattr(ease, "available_bytes", lambda device: 10**4)  # no n_items^2 fits
+    with pytest.raises(RunError, match="no candidate could be fitted"):
+        vaecf.train(ds, cfg, tmp_path / "none", models.AutoConfig(candidates=["edlae"]))
+    monkeypatch.undo()
+    res = vaecf.train(ds, cfg, tmp_path / "b", auto)
+    results = json.loads((res.run_dir / "results.json").read_text())
+    cands = {c["model"]: c for c in results["auto"]["candidates"]}
+    assert set(cands) == {"edlae", "multdae", "ease", "blend"}
+    blend = cands["blend"]
+    assert blend["parts"][1] == "multdae" and blend["parts"][0] in ("edlae", "ease")
+    assert len(blend["weights_tried"]) == 9
+    best = max(cands.values(), key=lambda c: c["validation"]["ndcg@100"])
+    assert results["validation"] == best["validation"]
+    assert vaecf.Recommender.load(res.run_dir).recommend(["1"], k=5).item_ids
+
+
+def test_auto_budget_skips_candidates_not_started(ds, tmp_path):
+    with pytest.raises(RunError, match="budget"):
+        vaecf.train(ds, quiet(), tmp_path / "c", models.AutoConfig(["ease"], budget=1e-9))
+
+
+def test_blend_scores_its_formula(ds):
+    torch.manual_seed(0)
+    parts = [models.build("ease", ds.n_items, {"l2": 10.0}), models.build("multdae", ds.n_items)]
+    parts[0].fit(ds.split("train"))
+    cfg = models.config_from_dict(
+        "blend",
+        {"parts": ["ease", "multdae"], "configs": [{"l2": 10.0}, {}], "weight": 0.3},
+    )
+    blend = models.build("blend", ds.n_items, cfg).eval()
+    for sub, p in zip(blend.parts, parts):
+        sub.load_state_dict(p.eval().state_dict())
+    batch = CSR.from_scipy(ds.split("test_tr")).batch(torch.arange(6))
+    with torch.no_grad():
+        a, b = (p.scores(batch).double().numpy() for p in parts)
+        got = blend.scores(batch).double().numpy()
+    z = [(s - s.mean(1, keepdims=True)) / s.std(1, ddof=1, keepdims=True) for s in (a, b)]
+    assert np.allclose(got, 0.3 * z[0] + 0.7 * z[1], atol=1e-4)
+    s = standardise(torch.randn(3, 50) * 7 + 2)
+    assert torch.allclose(s.mean(1), torch.zeros(3), atol=1e-5)
+    with pytest.raises(vaecf.VaecfError, match="made by --model auto"):
+        vaecf.train(ds, quiet(), "/nonexistent/x", model="blend")
+
+
+def test_readme_model_table_matches_the_declarations():
+    from pathlib import Path
+
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    rows = {}
+    for line in readme.splitlines():
+        if line.startswith("| `") and line.count("|") >= 5:
+            cells = [c.strip() for c in line.strip("|").split("|")]
+            name = cells[0].split("`")[1]
+            if name in models.MODELS or cells[1] in ("autoencoder", "linear", "baseline"):
+                rows[name] = cells[1]
+    assert rows == {m["name"]: m["family"] for m in models.describe()}
