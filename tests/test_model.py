@@ -177,3 +177,26 @@ def test_scorer_equals_the_models_eval_forward(kind, dtype):
         got = scorer(batch)
     assert got.shape == (9, 50) and got.dtype == dtype
     torch.testing.assert_close(got, want)
+
+
+def test_fused_output_layer_with_an_offset_matches_autograd():
+    """The hybrid's extra logits: loss and every gradient, the offset's included."""
+    from vaecf.models.fused import linear_multinomial_nll
+    from vaecf.models.multvae import multinomial_nll
+
+    torch.manual_seed(1)
+    n_items = 2500
+    h = torch.randn(40, 16, requires_grad=True)
+    lin = torch.nn.Linear(16, n_items)
+    alpha = torch.tensor(3.0, requires_grad=True)
+    base = torch.randn(40, n_items)
+    m = sp.random(40, n_items, density=0.01, format="csr", random_state=2, dtype=np.float32)
+    m.data[:] = 1
+    batch = CSR.from_scipy(m).batch(torch.arange(40))
+    fused = linear_multinomial_nll(h, lin.weight, lin.bias, batch, alpha * base)
+    g_fused = torch.autograd.grad(fused, [h, lin.weight, alpha])
+    plain = multinomial_nll(lin(h) + alpha * base, batch) * 40
+    g_plain = torch.autograd.grad(plain, [h, lin.weight, alpha])
+    torch.testing.assert_close(fused, plain, rtol=1e-5, atol=1e-4)
+    for a, b in zip(g_fused, g_plain):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4)

@@ -44,6 +44,7 @@ def cfg_for(name: str, **kw) -> vaecf.TrainConfig:
 def model_cfg(name: str):
     small = {"multvae": {"hidden_dims": [32], "latent_dim": 8}, "multdae": {"latent_dim": 8}}
     small["recvae"] = {"hidden_dim": 32, "latent_dim": 8, "n_layers": 3}
+    small["recvae-edlae"] = {**small["recvae"], "linear_l2": 30.0, "linear_dropout": 0.2}
     small["ease"] = {"l2_grid": [1.0, 30.0, 1000.0]}
     small["edlae"] = {"l2_grid": [1.0, 30.0, 1000.0], "dropout_grid": [0.0, 0.33]}
     return models.config_from_dict(name, small.get(name))
@@ -196,6 +197,22 @@ def test_fast_search_refines_the_coarse_best_on_every_item(ds, tmp_path):
     best = max(full, key=lambda g: g["validation"]["ndcg@100"])
     assert row["l2"] == best["l2"]
     assert run.validation_metrics["ndcg@100"] == pytest.approx(best["validation"]["ndcg@100"])
+
+
+def test_hybrid_starts_where_edlae_ends(ds):
+    """Before its first epoch the hybrid's scores are alpha x B with EDLAE's B: the same
+    ranking as EDLAE itself."""
+    hybrid = models.build("recvae-edlae", ds.n_items, model_cfg("recvae-edlae"))
+    val = (ds.split("validation_tr"), ds.split("validation_te"))
+    record = hybrid.prepare(ds.split("train"), val)
+    assert (record["linear_l2"], record["linear_dropout"]) == (30.0, 0.2)
+    edlae = models.build("edlae", ds.n_items, {"l2": 30.0, "dropout": 0.2})
+    edlae.fit(ds.split("train"))
+    assert torch.equal(hybrid.shallow, edlae.weight)
+    batch = CSR.from_scipy(ds.split("test_tr")).batch(torch.arange(20))
+    with torch.no_grad():
+        got, want = hybrid.eval().scores(batch), edlae.scores(batch)
+    torch.testing.assert_close(got, record["alpha"] * want, rtol=1e-5, atol=1e-5)
 
 
 def test_ease_refuses_what_does_not_fit(monkeypatch):

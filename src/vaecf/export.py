@@ -29,6 +29,7 @@ from vaecf.errors import ConfigError
 from vaecf.models.base import Model
 from vaecf.models.blend import Blend, standardise
 from vaecf.models.ease import EASE
+from vaecf.models.hybrid import RecVAEEDLAE
 from vaecf.models.multvae import MultAE
 from vaecf.models.popular import Popular
 from vaecf.models.recvae import RecVAE, swish
@@ -60,14 +61,10 @@ class DenseScores(nn.Module):
             return x[:, :1] * 0.0 + m.counts  # (B, n_items): the counts for every row
         if isinstance(m, EASE):
             return x @ m.weight
+        if isinstance(m, RecVAEEDLAE):  # its RecVAE part below, plus the frozen linear path
+            return self._recvae(x) + m.alpha * (x @ m.shallow)
         if isinstance(m, RecVAE):
-            enc = m.encoder
-            h = enc.norms[0](swish(_l2_rows(x) @ enc.in_weight + enc.in_bias))
-            skip = h
-            for layer, norm in zip(enc.layers, enc.norms[1:]):
-                h = norm(swish(layer(h) + skip))
-                skip = skip + h
-            return m.decoder(enc.out(h)[:, : enc.latent_dim])
+            return self._recvae(x)
         h = _l2_rows(x) @ m.in_weight + m.in_bias  # MultAE, as its encode()
         if m.encoder or not m.variational:
             h = torch.tanh(h)
@@ -78,6 +75,16 @@ class DenseScores(nn.Module):
         if m.variational:
             h = h[:, : m.config.latent_dim]
         return m.decode(h)
+
+    def _recvae(self, x: torch.Tensor) -> torch.Tensor:
+        m = self.model
+        enc = m.encoder
+        h = enc.norms[0](swish(_l2_rows(x) @ enc.in_weight + enc.in_bias))
+        skip = h
+        for layer, norm in zip(enc.layers, enc.norms[1:]):
+            h = norm(swish(layer(h) + skip))
+            skip = skip + h
+        return m.decoder(enc.out(h)[:, : enc.latent_dim])
 
 
 def export_onnx(

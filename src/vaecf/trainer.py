@@ -542,6 +542,13 @@ class Trainer(_Run):
         self._write_config()
         if self.epoch >= cfg.epochs and self._finished():
             return self._result()
+        if self.epoch == 0:  # a new run: the model's data-dependent parts, if it has any
+            val = (self.ds.split("validation_tr"), self.ds.split("validation_te"))
+            prepared = self.model.prepare(self.ds.split("train"), val)
+            if prepared and cfg.progress and self.ctx.is_main:
+                tqdm.write(
+                    f"{self.model.title}: " + ", ".join(f"{k} {v:g}" for k, v in prepared.items())
+                )
         if self.epoch < cfg.epochs and self.ctx.is_main:  # extending a finished run: its
             (self.out / rundir.RESULTS).unlink(missing_ok=True)  # results are no longer the run's
         if self.ctx.enabled:

@@ -136,7 +136,7 @@ def _train_all(csv_path, out, entries, seeds, prepare, epochs, device, log) -> l
                 state = "resumed" if rundir.is_run(run) else "training"
                 log(f"seed {seed}  {e.label}: {state} ({run})")
                 tdict = {**e.settings.train, "seed": seed, "progress": False}
-                if epochs is not None and not cls.closed_form:
+                if epochs is not None and "epochs" in cls.train_settings:
                     tdict["epochs"] = epochs
                 if device is not None:
                     tdict["device"] = device

@@ -8,13 +8,14 @@ from vaecf.errors import RunError
 from vaecf.models.base import Model, Phase
 from vaecf.models.blend import Auto, AutoConfig, Blend, BlendConfig
 from vaecf.models.ease import EASE, EDLAE, EASEConfig, EDLAEConfig
+from vaecf.models.hybrid import HybridConfig, RecVAEEDLAE
 from vaecf.models.multvae import ModelConfig, MultDAE, MultVAE, build_model
 from vaecf.models.popular import Popular, PopularConfig
 from vaecf.models.recvae import RecVAE, RecVAEConfig
 
 # The registry: adding a model is its module and one entry here.
 MODELS: dict[str, type[Model]] = {
-    m.name: m for m in (MultVAE, MultDAE, RecVAE, EASE, EDLAE, Popular, Auto, Blend)
+    m.name: m for m in (MultVAE, MultDAE, RecVAE, RecVAEEDLAE, EASE, EDLAE, Popular, Auto, Blend)
 }
 
 __all__ = [
@@ -27,6 +28,8 @@ __all__ = [
     "MODELS",
     "EASEConfig",
     "EDLAEConfig",
+    "HybridConfig",
+    "RecVAEEDLAE",
     "Model",
     "ModelConfig",
     "MultDAE",

@@ -106,6 +106,12 @@ class Model(nn.Module):
         raise NotImplementedError
 
     # -- fitting: gradient models ---------------------------------------------------------------
+    def prepare(self, train: Any, validation: tuple[Any, Any]) -> dict:
+        """Called once before the first epoch of a new run with the training matrix and the
+        validation (fold-in, target) CSR matrices, for data-dependent parts (a frozen linear
+        path); returns what to record. Resumed runs restore them from the checkpoint."""
+        return {}
+
     def param_groups(self) -> dict[str, list[nn.Parameter]]:
         """Parameters by optimizer (one Adam each); default one group."""
         return {"all": [p for p in self.parameters() if p.requires_grad]}

@@ -34,12 +34,14 @@ class LinearMultinomialNLL(torch.autograd.Function):
     """sum_u [ n_u * logsumexp(h_u W^T + b) - sum_i x_ui (h_u W^T + b)_i ]; backward once."""
 
     @staticmethod
-    def forward(ctx, h, weight, bias, indices, row_ids, values, n_u):
+    def forward(ctx, h, weight, bias, indices, row_ids, values, n_u, offset=None):
         dtype = _compute_dtype(h)
         acc = _acc(dtype)
         with torch.autocast(h.device.type, enabled=False):
             hc, wc = h.to(dtype), weight.to(dtype)
             logits = torch.addmm(bias.to(dtype), hc, wc.t())  # (B, n_items)
+            if offset is not None:  # logits of another path, added before the softmax
+                logits.add_(offset.to(dtype))
             b, n = logits.shape
             picked = logits[row_ids, indices].to(acc) * values.to(acc)  # before the overwrite
             s = torch.zeros(b, dtype=acc, device=h.device).index_add_(0, row_ids, picked)
@@ -62,6 +64,7 @@ class LinearMultinomialNLL(torch.autograd.Function):
             nll = (n_u.to(acc) * lse - s).sum()
         ctx.save_for_backward(hc, wc, logits, n_u, indices, row_ids, values)
         ctx.dtypes = (h.dtype, weight.dtype, bias.dtype)
+        ctx.offset_dtype = offset.dtype if offset is not None else None
         return nll
 
     @staticmethod
@@ -76,11 +79,15 @@ class LinearMultinomialNLL(torch.autograd.Function):
             grad_h = (g @ wc).to(h_dt) if ctx.needs_input_grad[0] else None
             grad_w = (g.t() @ hc).to(w_dt) if ctx.needs_input_grad[1] else None
             grad_b = g.sum(0, dtype=acc).to(b_dt) if ctx.needs_input_grad[2] else None
-        return grad_h, grad_w, grad_b, None, None, None, None
+            grad_o = (
+                g.to(ctx.offset_dtype) if ctx.needs_input_grad[7] else None
+            )  # d loss / d offset = d / d logits
+        return grad_h, grad_w, grad_b, None, None, None, None, grad_o
 
 
-def linear_multinomial_nll(h, weight, bias, batch) -> torch.Tensor:
-    """Summed multinomial NLL of logits h @ weight.T + bias against the batch's non-zeros."""
+def linear_multinomial_nll(h, weight, bias, batch, offset=None) -> torch.Tensor:
+    """Summed multinomial NLL of logits h @ weight.T + bias (+ `offset`, (B, n_items)) against
+    the batch's non-zeros."""
     return LinearMultinomialNLL.apply(
-        h, weight, bias, batch.indices, batch.row_ids, batch.values, batch.row_sums()
+        h, weight, bias, batch.indices, batch.row_ids, batch.values, batch.row_sums(), offset
     )

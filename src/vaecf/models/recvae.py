@@ -170,6 +170,10 @@ class RecVAE(Model):
                 for old, new in zip(self.prior_encoder.parameters(), self.encoder.parameters()):
                     old.copy_(new)
 
+    def nll(self, z, w, b, batch: SparseBatch, phase: Phase | None) -> torch.Tensor:
+        """Summed multinomial NLL of the decoder's logits (fused with the output layer)."""
+        return linear_multinomial_nll(z, w, b, batch)
+
     def log_prior(self, batch: SparseBatch, z: torch.Tensor) -> torch.Tensor:
         """(B, latent) log density of z under the composite prior, per dimension."""
         with torch.no_grad():
@@ -203,7 +207,7 @@ class RecVAE(Model):
         w, b = self.decoder.weight, self.decoder.bias
         if phase is not None and phase.name == "encoder":
             w, b = w.detach(), b.detach()  # the decoder does not move: skip its gradient
-        nll = linear_multinomial_nll(z, w, b, batch)
+        nll = self.nll(z, w, b, batch, phase)
         parts = {"nll_sum": nll.detach()}
         total = nll
         if not decoder_phase:

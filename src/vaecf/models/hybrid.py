@@ -1,0 +1,113 @@
+"""RecVAE with a frozen EDLAE path: an autoencoder that starts where the linear models end.
+
+The logits of a history x are RecVAE's decoder output plus `alpha * (x B)`, where B is EDLAE's
+item-item matrix (models/ease.py) fitted in closed form on the training users before the first
+epoch (lambda and p searched on validation as `--model edlae` does, or given) and then frozen,
+and alpha is one trained scalar. The VAE thus learns what the linear model misses, under its
+own multinomial likelihood, composite prior and alternating schedule.
+
+This is the cheap variant of VASP (Vančura & Kordík, ICANN 2021: sigmoid(VAE) x sigmoid(x B),
+B trained jointly, focal loss) that keeps Mult-VAE's softmax training; it is not published: its
+accuracy is measured in benchmarks/README.md. B costs n_items^2 floats (checked against memory
+like EASE), so this model is for catalogues where EASE fits.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import scipy.sparse as sp
+import torch
+from torch import nn
+
+from vaecf.data.matrix import CSR, SparseBatch
+from vaecf.models.base import Phase
+from vaecf.models.ease import EDLAE, _metrics_of, _sparse_rows
+from vaecf.models.fused import linear_multinomial_nll
+from vaecf.models.recvae import RecVAE, RecVAEConfig
+from vaecf.settings import setting
+
+ALPHA_GRID = [2.0**k for k in range(13)]  # 1 ... 4096
+
+
+@dataclass
+class HybridConfig(RecVAEConfig):
+    linear_l2: float | None = setting(
+        None, "EDLAE path: lambda; unset: searched on validation as --model edlae does"
+    )
+    linear_dropout: float | None = setting(
+        None, "EDLAE path: dropout rate p; unset: searched on validation"
+    )
+    alpha: float | None = setting(
+        None,
+        "initial weight of the EDLAE path's scores (then trained); unset: the likeliest on "
+        "the training users",
+    )
+
+
+class RecVAEEDLAE(RecVAE):
+    name = "recvae-edlae"
+    title = "RecVAE+EDLAE"
+    summary = "RecVAE whose logits add a frozen EDLAE path, alpha (x B), fitted before training"
+    Config = HybridConfig
+
+    def __init__(self, n_items: int, config: HybridConfig | None = None):
+        super().__init__(n_items, config)
+        self.register_buffer("shallow", torch.zeros(n_items, n_items))  # EDLAE's B
+        self.alpha = nn.Parameter(torch.tensor(float(self.config.alpha or 1.0)))
+
+    def prepare(self, train: sp.csr_matrix, validation) -> dict:
+        """Fit the EDLAE path on the training users (before the first epoch)."""
+        c = self.config
+        linear = EDLAE(self.n_items, EDLAE.Config(l2=c.linear_l2, dropout=c.linear_dropout))
+        linear = linear.to(self.shallow.device)
+        val = tuple(CSR.from_scipy(m, self.shallow.device) for m in validation)
+        record = linear.fit(
+            train, validate=lambda m: _metrics_of(m.weight, *val), validation=validation
+        )
+        with torch.no_grad():
+            self.shallow.copy_(linear.weight)
+            # start where the linear model ends: a zero decoder, and alpha the scale at which
+            # softmax(alpha x B) best fits the training users (x B is in regression units)
+            self.decoder.weight.zero_()
+            self.decoder.bias.zero_()
+            a = self.config.alpha
+            self.alpha.fill_(a if a is not None else self._likeliest_alpha(train))
+        return {
+            "linear_l2": record["l2"],
+            "linear_dropout": record["dropout"],
+            "alpha": float(self.alpha),
+        }
+
+    @torch.no_grad()
+    def _likeliest_alpha(self, train: sp.csr_matrix, n_users: int = 2000) -> float:
+        """The alpha of ALPHA_GRID with the highest multinomial log-likelihood of
+        softmax(alpha x B) on (up to `n_users` of) the training users."""
+        x = CSR.from_scipy(train.tocsr()[:n_users], self.shallow.device)
+        batch = x.batch(torch.arange(x.n_rows, device=self.shallow.device))
+        s = _sparse_rows(self.shallow, batch)  # (B, n_items)
+        picked = s[batch.row_ids, batch.indices] * batch.values
+        best = None
+        for a in ALPHA_GRID:
+            lse = torch.logsumexp(a * s, dim=1)
+            ll = float((a * picked).sum() - (batch.row_sums() * lse).sum())
+            if best is None or ll > best[0]:
+                best = (ll, a)
+        return best[1]
+
+    def param_groups(self) -> dict[str, list[nn.Parameter]]:
+        groups = super().param_groups()
+        groups["decoder"].append(self.alpha)
+        return groups
+
+    def _offset(self, batch: SparseBatch, alpha: torch.Tensor) -> torch.Tensor:
+        return alpha * _sparse_rows(self.shallow, batch)  # (B, n_items)
+
+    def scores(self, batch: SparseBatch) -> torch.Tensor:
+        return super().scores(batch) + self._offset(batch, self.alpha).to(self.alpha.dtype)
+
+    def nll(self, z, w, b, batch: SparseBatch, phase: Phase | None) -> torch.Tensor:
+        alpha = self.alpha
+        if phase is not None and phase.name == "encoder":
+            alpha = alpha.detach()
+        return linear_multinomial_nll(z, w, b, batch, self._offset(batch, alpha))
