@@ -56,44 +56,15 @@ def main() -> None:
     for name in a.datasets.split(","):
         if name == "ml-latest-small":
             path = SHARED / "ml-latest-small" / "ratings.csv"
-            args = [
-                "--user-col",
-                "userId",
-                "--item-col",
-                "movieId",
-                "--rating-col",
-                "rating",
-                "--min-rating",
-                "4",
-                "--heldout-users",
-                "50",
-            ]
+            args = "--user-col userId --item-col movieId --rating-col rating --min-rating 4"
+            args += " --heldout-users 50"
         elif name == "filmtrust":
             path = filmtrust_csv(a.out)
-            args = [
-                "--user-col",
-                "user",
-                "--item-col",
-                "item",
-                "--rating-col",
-                "rating",
-                "--min-rating",
-                "3",
-                "--heldout-users",
-                "150",
-            ]
+            args = "--user-col userId --item-col movieId --rating-col rating --min-rating 3"
+            args += " --heldout-users 150"
         elif name == "demo":
             path = demo_csv(a.out)
-            args = [
-                "--user-col",
-                "user_id",
-                "--item-col",
-                "item_id",
-                "--heldout-users",
-                "1200",
-                "--epochs",
-                "20",
-            ]
+            args = "--user-col user_id --item-col item_id --heldout-users 1200 --epochs 20"
         else:
             sys.exit(f"unknown dataset {name}")
         cmd = [
@@ -103,7 +74,7 @@ def main() -> None:
             "compare",
             "--data",
             str(path),
-            *args,
+            *args.split(),
             "--models",
             a.models,
             "--seeds",

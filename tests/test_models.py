@@ -126,10 +126,12 @@ def test_ease_matches_numpy():
     assert np.allclose(model.scores(batch).numpy(), x[:9] @ b, atol=1e-4)
 
 
-def test_ease_grid_is_recorded_and_best_chosen(runs):
+def test_ease_grid_is_recorded_and_best_chosen(runs, ds):
     row = json.loads((runs["ease"] / "metrics.jsonl").read_text().splitlines()[0])
     grid = row["grid"]
     assert [g["l2"] for g in grid] == [1.0, 30.0, 1000.0]
+    c = ds.manifest["counts"]  # the Gram holds the held-out users' fold-in rows too
+    assert row["gram_rows"] == c["n_train_users"] + c["n_validation_users"] + c["n_test_users"]
     best = max(grid, key=lambda g: g["validation"]["ndcg@100"])
     assert row["l2"] == best["l2"]
     results = json.loads((runs["ease"] / "results.json").read_text())
@@ -160,6 +162,19 @@ def test_edlae_matches_numpy_and_p0_is_ease(dtype, tol):
     e0.fit(sp.csr_matrix(x))
     ease.fit(sp.csr_matrix(x))
     assert torch.equal(e0.weight, ease.weight)
+
+
+@pytest.mark.parametrize("use", [True, False])
+def test_fold_in_rows_join_the_gram_only_when_asked(use):
+    rng = np.random.default_rng(3)
+    x = (rng.random((70, 20)) < 0.25).astype(np.float64)
+    extra = (rng.random((15, 20)) < 0.25).astype(np.float64)
+    model = models.build("edlae", 20, {"l2": 4.0, "dropout": 0.3, "fold_in_rows": use})
+    model.config.solve_dtype = "float64"
+    record = model.fit(sp.csr_matrix(x), fold_in=sp.csr_matrix(extra))
+    want = _edlae_numpy(np.vstack([x, extra]) if use else x, 4.0, 0.3)
+    assert np.abs(model.weight.double().numpy() - want).max() < 5e-8
+    assert record["gram_rows"] == (85 if use else 70)
 
 
 def test_edlae_search_holds_ease_and_records_every_pair(ds, tmp_path):

@@ -17,6 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import scipy.sparse as sp
 import torch
 from tqdm.auto import tqdm
 
@@ -379,6 +380,7 @@ class ClosedFormFit(_Run):
             self.ds.split("train"),
             validate=lambda m: self.validate(),
             validation=(self.ds.split("validation_tr"), self.ds.split("validation_te")),
+            fold_in=sp.vstack([self.ds.split("validation_tr"), self.ds.split("test_tr")]).tocsr(),
             select_metric=self.cfg.select_metric,
             log=tqdm.write if show else None,
         )

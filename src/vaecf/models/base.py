@@ -99,10 +99,13 @@ class Model(nn.Module):
         select_metric: str = "ndcg@100",
         log: Callable[[str], None] | None = None,
         validation: tuple[Any, Any] | None = None,
+        fold_in: Any = None,
     ) -> dict:
         """Closed-form models: fit on the training matrix (scipy CSR, users x items). Choices
         the model makes itself are scored with `validate(model) -> validation metrics`, or on
-        `validation` (fold-in, target) CSR matrices directly; returns what to record."""
+        `validation` (fold-in, target) CSR matrices directly. `fold_in`: the held-out users'
+        fold-in rows (never their targets), which a model may add to what it fits on; returns
+        what to record."""
         raise NotImplementedError
 
     # -- fitting: gradient models ---------------------------------------------------------------

@@ -74,7 +74,7 @@ class Blend(Model):
         """The first part's (the linear model's, in an auto blend)."""
         return self.parts[0].item_vectors()
 
-    def fit(self, train, validate=None, select_metric="ndcg@100", log=None, validation=None):
+    def fit(self, train, validate=None, select_metric="ndcg@100", log=None, **_) -> dict:
         raise ConfigError("a blend is made by --model auto, not trained on its own")
 
 

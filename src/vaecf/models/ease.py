@@ -57,6 +57,11 @@ class EASEConfig:
     coarse_items: int = setting(
         3000, "items of the fast search's coarse stage (at or below it, fast is grid)"
     )
+    fold_in_rows: bool = setting(
+        True,
+        "add the held-out users' fold-in rows (never their targets) to X^T X: they are known "
+        "inputs at scoring time; false: the training users' rows only",
+    )
     solve_dtype: Literal["float32", "float64"] = setting(
         "float32", "dtype of the solve (float32 is ample for lambda >= 1)"
     )
@@ -225,6 +230,7 @@ class EASE(Model):
         select_metric: str = "ndcg@100",
         log: Callable[[str], None] | None = None,
         validation: tuple[sp.csr_matrix, sp.csr_matrix] | None = None,
+        fold_in: sp.csr_matrix | None = None,
     ) -> dict:
         """Fit B on the training matrix; with lambda (or p) unset, search them on validation
         (`validation` (fold-in, target) for the coarse stage, `validate(model)` for the full
@@ -239,7 +245,10 @@ class EASE(Model):
             raise ConfigError(f"{self.name} needs validation data to choose lambda; give --l2")
         check_memory(self.n_items, dtype, device, 3 if single else 4)  # gram, inverse, B, best
         t0 = time.perf_counter()
-        x = train.tocsr().astype(np.float64 if dtype == torch.float64 else np.float32)
+        x = train.tocsr()
+        if cfg.fold_in_rows and fold_in is not None and fold_in.nnz:
+            x = sp.vstack([x, fold_in.tocsr()]).tocsr()
+        x = x.astype(np.float64 if dtype == torch.float64 else np.float32)
         gram = torch.from_numpy((x.T @ x).toarray()).to(device)  # (n_items, n_items)
         t_gram = time.perf_counter() - t0
         tried: list[dict] = []
@@ -300,6 +309,7 @@ class EASE(Model):
             **({"dropout": p} if isinstance(cfg, EDLAEConfig) else {}),
             "grid": tried if not single else None,
             "search": None if single else cfg.search,
+            "gram_rows": x.shape[0],
             "gram_seconds": round(t_gram, 3),
             "seconds": round(time.perf_counter() - t0, 3),
             "solve_dtype": str(dtype).removeprefix("torch."),

@@ -44,6 +44,7 @@ class Popular(Model):
         select_metric="ndcg@100",
         log=None,
         validation=None,
+        fold_in=None,
     ) -> dict:
         counts = np.asarray(train.getnnz(axis=0), dtype=np.float32)
         self.counts = torch.from_numpy(counts).to(self.counts.device)
