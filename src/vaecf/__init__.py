@@ -37,8 +37,6 @@ _EXPORTS = {
     "RecVAEConfig": "vaecf.models",
     "EASE": "vaecf.models",
     "EASEConfig": "vaecf.models",
-    "EDLAE": "vaecf.models",
-    "EDLAEConfig": "vaecf.models",
     "Popular": "vaecf.models",
     "Model": "vaecf.models",
     "MODELS": "vaecf.models",
@@ -54,9 +52,15 @@ __all__ = ["__version__", *_EXPORTS, *_ALIASES]
 
 def __getattr__(name: str):
     target = _ALIASES.get(name, name)
-    if target not in _EXPORTS:
+    if target in _EXPORTS:
+        value = getattr(importlib.import_module(_EXPORTS[target]), target)
+    elif name[:1].isupper() and not name.startswith("_"):  # a model class or its config:
+        models = importlib.import_module("vaecf.models")  # whatever vaecf.models exports
+        if name not in models.__all__:
+            raise AttributeError(f"module 'vaecf' has no attribute {name!r}")
+        value = getattr(models, name)
+    else:
         raise AttributeError(f"module 'vaecf' has no attribute {name!r}")
-    value = getattr(importlib.import_module(_EXPORTS[target]), target)
     globals()[name] = value
     return value
 

@@ -152,7 +152,7 @@ def register(sub) -> None:
     pt.add_argument(
         "--model",
         default="multvae",
-        choices=list(models.MODELS),
+        choices=[n for n, m in models.MODELS.items() if m.family != "selection"],
         help="default multvae; popular has nothing to tune",
     )
     pt.add_argument(
