@@ -76,7 +76,7 @@ class RecVAEEDLAE(RecVAE):
         return {
             "linear_l2": record["l2"],
             "linear_dropout": record["dropout"],
-            "alpha": float(self.alpha),
+            "alpha": float(self.alpha.detach()),
         }
 
     @torch.no_grad()
