@@ -19,6 +19,8 @@ Interrupted, it continues: compare reuses finished runs in DIR.
 from __future__ import annotations
 
 import argparse
+import json
+import statistics
 import subprocess
 import sys
 from pathlib import Path
@@ -51,7 +53,11 @@ def main() -> None:
     ap.add_argument("--datasets", default="ml-latest-small,filmtrust,demo")
     ap.add_argument("--models", default="ease,edlae,auto,recvae,multvae,popular")
     ap.add_argument("--seeds", default="98765,1,2,3,4")
+    ap.add_argument("--table", action="store_true", help="only print the table of finished runs")
     a = ap.parse_args()
+    if a.table:
+        print(table(a.out, a.datasets.split(",")))
+        return
     a.out.mkdir(parents=True, exist_ok=True)
     for name in a.datasets.split(","):
         if name == "ml-latest-small":
@@ -85,6 +91,35 @@ def main() -> None:
         ]
         print(f"== {name}: {' '.join(cmd)}", flush=True)
         subprocess.run(cmd, check=True)
+    print(table(a.out, a.datasets.split(",")))
+
+
+def table(out: Path, datasets: list[str], metric: str = "ndcg@100") -> str:
+    """One markdown table: each model's test `metric` per dataset, mean ± sd over the splits,
+    and its paired difference to the first model with the paired t-test's p-value."""
+    from scipy import stats
+
+    runs = {d: json.loads((out / d / "compare.json").read_text()) for d in datasets}
+    labels = list(dict.fromkeys(lab for r in runs.values() for lab in r["labels"]))
+    head = "| model | " + " | ".join(f"{d} {metric} | diff (p)" for d in datasets) + " |"
+    lines = [head, "|---|" + "---:|---:|" * len(datasets)]
+    for lab in labels:
+        cells = []
+        for d in datasets:
+            per = runs[d]["per_split"]
+            if lab not in per:
+                cells += ["", ""]
+                continue
+            v, ref = per[lab][metric], per[runs[d]["labels"][0]][metric]
+            cells.append(f"{statistics.mean(v):.4f} ± {statistics.stdev(v):.4f}")
+            diff = [a - b for a, b in zip(v, ref)]
+            if lab == runs[d]["labels"][0]:
+                cells.append("")
+            else:
+                p = stats.ttest_rel(v, ref).pvalue
+                cells.append(f"{statistics.mean(diff):+.4f} ({p:.2f})")
+        lines.append(f"| {lab} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
 
 
 if __name__ == "__main__":
