@@ -273,11 +273,11 @@ class EASE(Model):
             keep = torch.topk(gram.diagonal(), cfg.coarse_items).indices.sort().values
             sub = gram.index_select(0, keep).index_select(1, keep)
             cols = keep.cpu().numpy()
-            fold_in, target = (CSR.from_scipy(m.tocsr()[:, cols], device) for m in validation)
+            sub_val = [CSR.from_scipy(m.tocsr()[:, cols], device) for m in validation]
             curve: dict[tuple[float, float], float] = {}
             for l2, p in full:
                 t1 = time.perf_counter()
-                m = _metrics_of(linear_weights(sub, l2, p).float(), fold_in, target)
+                m = _metrics_of(linear_weights(sub, l2, p).float(), *sub_val)
                 row = {"stage": "coarse", "n_items": len(cols), "l2": l2, "dropout": p}
                 note({**row, "seconds": round(time.perf_counter() - t1, 3), "validation": m})
                 curve[(l2, p)] = m[select_metric]
