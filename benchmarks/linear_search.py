@@ -3,11 +3,14 @@ EDLAE fitted through `vaecf train` on one synthetic dataset (default: 17,000 ite
 users, as the paper-library set of the accuracy issue), each search on the same split.
 
     python benchmarks/linear_search.py [--items 17000 --users 5000] [--grid] [--seed 0]
+    python benchmarks/linear_search.py --solve-only 5000    # the CPU solvers side by side
 
 Rows: EASE fast (the default), EDLAE fast (the default), and with --grid EASE over the full
 9-value grid (9 full solves; ~8 minutes at 17,000 items on 2 cores). Columns: whole fit
 seconds (Gram, search, final weights; not the test pass), full-catalogue solves, the choice,
-validation and test NDCG@100.
+validation and test NDCG@100. `--solve-only N`: one (N, N) regularised Gram inverted by
+vaecf's CPU solver (scipy LAPACK) and by torch's cholesky + cholesky_inverse, in one process,
+best of 3, float32 and float64.
 """
 
 from __future__ import annotations
@@ -27,6 +30,29 @@ from vaecf.bench import cpu_name
 from vaecf.data import synthetic
 
 
+def solve_only(n: int) -> None:
+    from vaecf.models.ease import _spd_inverse
+
+    x = (torch.rand(max(n // 2, 100), n, generator=torch.Generator().manual_seed(0)) < 0.02).float()
+    gram = x.T @ x
+    gram.diagonal().add_(100.0)
+    print(f"{n:,} items; CPU: {cpu_name()}, {torch.get_num_threads()} threads")
+    print("| dtype | scipy LAPACK s | torch s | ratio |\n|---|---:|---:|---:|")
+    for dtype in (torch.float32, torch.float64):
+        a = gram.to(dtype)
+        ours = min(_timed(lambda a=a: _spd_inverse(a.clone(), 100.0)) for _ in range(3))
+        theirs = min(
+            _timed(lambda a=a: torch.cholesky_inverse(torch.linalg.cholesky(a))) for _ in range(3)
+        )
+        print(f"| {str(dtype)[6:]} | {ours:.2f} | {theirs:.2f} | {theirs / ours:.2f}x |")
+
+
+def _timed(fn) -> float:
+    t0 = time.perf_counter()
+    fn()
+    return time.perf_counter() - t0
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--items", type=int, default=17_000)
@@ -34,8 +60,12 @@ def main() -> None:
     ap.add_argument("--heldout", type=int, default=500, help="validation and test users each")
     ap.add_argument("--grid", action="store_true", help="also EASE over the full grid")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--solve-only", type=int, metavar="N", help="time only the solvers at N items")
     a = ap.parse_args()
     torch.set_num_threads(os.cpu_count() or 1)
+    if a.solve_only:
+        solve_only(a.solve_only)
+        return
     root = Path(tempfile.mkdtemp(prefix="linear_search."))
     t0 = time.perf_counter()
     df = synthetic.generate(

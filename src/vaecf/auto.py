@@ -12,15 +12,13 @@ every candidate's validation metrics and seconds.
 from __future__ import annotations
 
 import time
-from dataclasses import fields, replace
+from dataclasses import replace
 from pathlib import Path
-
-import torch
 
 from vaecf import models, rundir
 from vaecf import precision as prec
 from vaecf._io import atomic_file, write_json
-from vaecf.config import TrainConfig
+from vaecf.config import ANNEAL_SETTINGS, GRADIENT_SETTINGS, TrainConfig
 from vaecf.data.matrix import CSR
 from vaecf.data.prepare import PreparedDataset
 from vaecf.errors import ConfigError, RunError
@@ -32,11 +30,9 @@ BLEND_WEIGHTS = [0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9]
 
 def candidate_config(cfg: TrainConfig, name: str) -> TrainConfig:
     """The run's training settings, less those the candidate does not read (reset)."""
-    cls, default = models.get(name), TrainConfig()
-    reads = cls.train_settings
-    optional = set(models.base.GRADIENT_SETTINGS) | set(models.base.ANNEAL_SETTINGS)
-    reset = {f.name: getattr(default, f.name) for f in fields(TrainConfig)}
-    return replace(cfg, **{n: reset[n] for n in optional if n not in reads})
+    reads, default = models.get(name).train_settings, TrainConfig()
+    optional = (*GRADIENT_SETTINGS, *ANNEAL_SETTINGS)
+    return replace(cfg, **{n: getattr(default, n) for n in optional if n not in reads})
 
 
 def train_auto(
@@ -161,30 +157,14 @@ def _materialise(ds, cfg, out, winner, record, fitted, test, t_start):
         model, name = what.cpu(), "blend"
         model_cfg = models.config_to_dict(model.config)
         train_cfg, source_metrics = candidate_config(cfg, "blend").to_dict(), b""
-    c = ds.manifest["counts"]
-    rundir.write_config(
-        out,
-        name,
-        model_cfg,
-        train_cfg,
-        {
-            "path": str(ds.path.resolve()),
-            "fingerprint": ds.fingerprint,
-            "n_items": ds.n_items,
-            "n_train_users": c["n_train_users"],
-        },
-        ds.manifest.get("vaecf_version"),
-    )
-    rundir.copy_items(out, ds.path / "items.parquet")
-    rundir.copy_item_names(out, ds.item_names_file())
+    rundir.start_run(out, name, model_cfg, train_cfg, ds)
     rundir.save_model(out, model, epoch=1, metrics=val)
     with atomic_file(out / rundir.METRICS, "wb") as f:
         f.write(source_metrics)
     test_metrics = None
     if test:
         fold_in, target = (CSR.from_scipy(ds.split(f"test_{p}")) for p in ("tr", "te"))
-        with torch.no_grad():
-            test_metrics = evaluate_model(model, fold_in, target, batch_size=cfg.eval_batch_size)
+        test_metrics = evaluate_model(model, fold_in, target, batch_size=cfg.eval_batch_size)
     results = {
         "model": name,
         "best_epoch": 1,

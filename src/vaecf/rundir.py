@@ -90,6 +90,21 @@ def write_config(
     return cfg
 
 
+def start_run(run_dir: Path, model_name: str, model_config: dict, train: dict, ds) -> None:
+    """A run's config.json (and .toml) for dataset `ds` (a PreparedDataset), and the dataset's
+    vocabulary and item names copied in."""
+    c = ds.manifest["counts"]
+    data = {
+        "path": str(ds.path.resolve()),
+        "fingerprint": ds.fingerprint,
+        "n_items": ds.n_items,
+        "n_train_users": c["n_train_users"],
+    }
+    write_config(run_dir, model_name, model_config, train, data, ds.manifest.get("vaecf_version"))
+    copy_items(run_dir, ds.path / "items.parquet")
+    copy_item_names(run_dir, ds.item_names_file())
+
+
 def copy_items(run_dir: Path, items_parquet: Path) -> None:
     tmp = run_dir / f".{ITEMS}.tmp"
     shutil.copyfile(items_parquet, tmp)

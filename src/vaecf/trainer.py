@@ -287,22 +287,13 @@ class _Run:
         if not self.ctx.is_main:
             return
         self.out.mkdir(parents=True, exist_ok=True)
-        c = self.ds.manifest["counts"]
-        rundir.write_config(
+        rundir.start_run(
             self.out,
             self.model_name,
             models.config_to_dict(self.model_cfg),
             self.cfg.to_dict(),
-            {
-                "path": str(self.ds.path.resolve()),
-                "fingerprint": self.ds.fingerprint,
-                "n_items": self.ds.n_items,
-                "n_train_users": c["n_train_users"],
-            },
-            self.ds.manifest.get("vaecf_version"),
+            self.ds,
         )
-        rundir.copy_items(self.out, self.ds.path / "items.parquet")
-        rundir.copy_item_names(self.out, self.ds.item_names_file())
 
     def validate(self) -> dict:
         return self._evaluate(*self.val)

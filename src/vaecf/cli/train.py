@@ -192,7 +192,9 @@ def register(sub) -> None:
 
     pt = sub.add_parser(
         "train",
-        help="train or fit a model (" + ", ".join(m.title for m in models.MODELS.values()) + ")",
+        help="train or fit a model ("
+        + ", ".join(m.title for m in models.MODELS.values() if m.trainable)
+        + ")",
         description="Train a model on a prepared dataset; gradient models validate every "
         "epoch, keep the best model by validation NDCG@100 and are resumable; EASE picks its "
         "lambda on validation. The test split is scored once, with the selected model. Unset "

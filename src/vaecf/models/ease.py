@@ -136,8 +136,8 @@ def check_memory(n_items: int, dtype: torch.dtype, device: torch.device, copies:
 
 def _spd_inverse(a: torch.Tensor, l2: float) -> torch.Tensor:
     """The inverse of the symmetric positive definite `a`, by Cholesky. On the CPU through
-    scipy's LAPACK (OpenBLAS: 1.7x faster than torch's MKL potrf + potri on an AMD EPYC at
-    5,000 items, in one run), overwriting `a`; elsewhere torch's."""
+    scipy's LAPACK (OpenBLAS), overwriting `a`: faster than torch's MKL potrf + potri on an AMD
+    EPYC (`benchmarks/linear_search.py --solve-only`); elsewhere torch's."""
     bad = RunError(f"X^T X + {l2} I is not positive definite here; use a larger --l2")
     if a.device.type != "cpu":
         chol, info = torch.linalg.cholesky_ex(a)
