@@ -68,9 +68,36 @@ def test_auto_blends_and_skips_what_does_not_fit(ds, tmp_path, monkeypatch):
     blend = cands["blend"]
     assert blend["parts"][1] == "multdae" and blend["parts"][0] in ("edlae", "ease")
     assert len(blend["weights_tried"]) == 9
-    best = max(cands.values(), key=lambda c: c["validation"]["ndcg@100"])
-    assert results["validation"] == best["validation"]
+    sel = results["auto"]["selection"]
+    assert sel["incumbent"] in ("edlae", "ease") and sel["margin_z"] == 1.645
+    best = max(cands, key=lambda n: cands[n]["validation"]["ndcg@100"])
+    if best == sel["incumbent"] or sel["gain"] <= 1.645 * sel["se"]:
+        expected = sel["incumbent"]
+    else:
+        expected = best
+    assert results["validation"] == cands[expected]["validation"]
     assert vaecf.Recommender.load(res.run_dir).recommend(["1"], k=5).item_ids
+
+
+def test_choose_asks_a_challenger_for_a_paired_lead():
+    from vaecf.auto import choose
+
+    rng = np.random.default_rng(0)
+    base = rng.uniform(0, 1, 400)
+    noisy = base + rng.normal(0.002, 0.05, 400)  # a small lead that is noise at n = 400
+    clear = base + rng.normal(0.03, 0.05, 400)  # a lead of ~12 standard errors
+    assert choose({"edlae": base, "recvae": noisy}, "edlae", 1.645)[0] == "edlae"
+    assert choose({"edlae": base, "recvae": noisy}, "edlae", 0.0)[0] == "recvae"
+    winner, sel = choose({"edlae": base, "recvae": noisy, "blend": clear}, "edlae", 1.645)
+    assert winner == "blend" and sel["challenger"] == "blend"
+    diff = clear - base
+    assert sel["gain"] == pytest.approx(diff.mean())
+    assert sel["se"] == pytest.approx(diff.std(ddof=1) / np.sqrt(400))
+    # a linear incumbent that is itself the best stays; without one, the best on validation
+    assert choose({"edlae": clear, "recvae": base}, "edlae", 1.645)[0] == "edlae"
+    assert choose({"multvae": base, "recvae": noisy}, None, 1.645)[0] == "recvae"
+    with pytest.raises(vaecf.VaecfError, match="margin-z"):
+        models.AutoConfig(margin_z=-1)
 
 
 def test_auto_budget_skips_candidates_not_started(ds, tmp_path):

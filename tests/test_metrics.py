@@ -6,12 +6,12 @@ import scipy.sparse as sp
 import torch
 
 from vaecf.data.matrix import CSR
-from vaecf.evaluate import evaluate_scores
+from vaecf.evaluate import evaluate_scores, per_user_metric
 from vaecf.metrics import ndcg_at_k, parse_metric, recall_at_k
 
 
-def brute_force(scores: np.ndarray, fold_in: np.ndarray, target: np.ndarray, k: int):
-    """Per-user (recall, ndcg) for users with a target, by sorting full score rows."""
+def brute_force_per_user(scores, fold_in, target, k):
+    """Per-user (recall, ndcg) arrays for users with a target, by sorting full score rows."""
     rec, ndcg = [], []
     for s, f, t in zip(scores, fold_in, target):
         if t.sum() == 0:
@@ -22,7 +22,13 @@ def brute_force(scores: np.ndarray, fold_in: np.ndarray, target: np.ndarray, k: 
         rec.append(rel.sum() / min(k, t.sum()))
         disc = 1.0 / np.log2(np.arange(2, k + 2))
         ndcg.append((rel * disc[: rel.size]).sum() / disc[: min(k, int(t.sum()))].sum())
-    return np.mean(rec), np.mean(ndcg), len(rec)
+    return np.array(rec), np.array(ndcg)
+
+
+def brute_force(scores: np.ndarray, fold_in: np.ndarray, target: np.ndarray, k: int):
+    """Mean (recall, ndcg) and the number of users with a target."""
+    rec, ndcg = brute_force_per_user(scores, fold_in, target, k)
+    return rec.mean(), ndcg.mean(), rec.size
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2])
@@ -53,6 +59,12 @@ def test_metrics_match_brute_force(seed):
         assert got["n_users"] == n and got["n_skipped"] == n_users - n > 0
         assert got[f"recall@{k}"] == pytest.approx(rec, abs=1e-9)
         assert got[f"ndcg@{k}"] == pytest.approx(ndcg, abs=1e-9)
+        # per user (for paired comparisons): the same users, in row order
+        per_rec, per_ndcg = brute_force_per_user(scores.astype(np.float32), fold_in, target, k)
+        for name, want in (("recall", per_rec), ("ndcg", per_ndcg)):
+            order = iter(torch.arange(n_users).split(32))
+            per = per_user_metric(score_fn, fi, te, f"{name}@{k}", batch_size=32).numpy()
+            np.testing.assert_allclose(per, want, atol=1e-9)
 
 
 def test_known_answers():

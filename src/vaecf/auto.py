@@ -15,6 +15,8 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
+import numpy as np
+
 from vaecf import models, rundir
 from vaecf import precision as prec
 from vaecf._io import atomic_file, write_json
@@ -22,7 +24,7 @@ from vaecf.config import ANNEAL_SETTINGS, GRADIENT_SETTINGS, TrainConfig
 from vaecf.data.matrix import CSR
 from vaecf.data.prepare import PreparedDataset
 from vaecf.errors import ConfigError, RunError
-from vaecf.evaluate import evaluate_model
+from vaecf.evaluate import evaluate_model, model_scores, per_user_metric
 from vaecf.models.blend import AutoConfig
 
 BLEND_WEIGHTS = [0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9]
@@ -82,13 +84,58 @@ def train_auto(
             "auto: no candidate could be fitted: "
             + "; ".join(f"{r['model']}: {r['skipped']}" for r in record)
         )
-    best = max(fitted, key=lambda n: fitted[n].validation_metrics[metric])
-    winner = ("single", best, fitted[best].validation_metrics)
+    device = prec.resolve_device(cfg.device)
+    val = tuple(CSR.from_scipy(ds.split(f"validation_{p}"), device) for p in ("tr", "te"))
+    per_user = {}  # candidate -> its validation metric per user, for the paired comparison
+    for name, res in fitted.items():
+        model, _ = rundir.load_model(res.run_dir, device)
+        per_user[name] = _per_user(model.eval(), val, metric, cfg)
+    options = {n: ("single", n, fitted[n].validation_metrics) for n in fitted}
     if auto.blend:
-        blend = _best_blend(ds, cfg, record, fitted, metric, log)
-        if blend is not None and blend[2][metric] > winner[2][metric]:
-            winner = blend
-    return _materialise(ds, cfg, out, winner, record, fitted, test, t_start)
+        blend = _best_blend(ds, cfg, record, fitted, metric, val, per_user, log)
+        if blend is not None:
+            options["blend"] = blend
+    winner, selection = choose(per_user, _best_of("linear", record, fitted, metric), auto.margin_z)
+    log(f"auto: {selection['rule']}")
+    return _materialise(ds, cfg, out, options[winner], record, fitted, test, t_start, selection)
+
+
+def _per_user(model, val, metric, cfg):
+    return per_user_metric(model_scores(model), *val, metric, cfg.eval_batch_size).numpy()
+
+
+def choose(per_user: dict, incumbent: str | None, margin_z: float) -> tuple[str, dict]:
+    """The winner among the candidates' per-user validation values (same users, same order).
+
+    The incumbent (the best linear candidate: closed form, nothing stochastic, the field's
+    strong baseline) is kept unless the best other candidate's mean gain over it, user by user,
+    exceeds `margin_z` standard errors of that gain. With tens or hundreds of validation users
+    a lead of a few thousandths is noise that does not carry to test; this asks for evidence.
+    Without a linear candidate the incumbent is the best on validation."""
+    means = {n: float(v.mean()) for n, v in per_user.items()}
+    best = max(means, key=means.get)
+    if incumbent is None or best == incumbent:
+        winner = best
+        rule = f"{best} is the best on validation"
+        return winner, {"rule": rule, "incumbent": incumbent, "margin_z": margin_z}
+    diff = per_user[best] - per_user[incumbent]
+    gain = float(diff.mean())
+    se = float(diff.std(ddof=1) / np.sqrt(diff.size)) if diff.size > 1 else float("inf")
+    won = gain > margin_z * se
+    winner = best if won else incumbent
+    rule = (
+        f"{best} leads {incumbent} by {gain:+.4f} on validation (paired standard error "
+        f"{se:.4f}, {diff.size} users): {winner} kept"
+        + ("" if won else f" (a lead must exceed {margin_z:g} standard errors)")
+    )
+    return winner, {
+        "rule": rule,
+        "incumbent": incumbent,
+        "challenger": best,
+        "gain": gain,
+        "se": se,
+        "margin_z": margin_z,
+    }
 
 
 def _best_of(family: str, record: list, fitted: dict, metric: str) -> str | None:
@@ -96,7 +143,7 @@ def _best_of(family: str, record: list, fitted: dict, metric: str) -> str | None
     return max(names, key=lambda n: fitted[n].validation_metrics[metric], default=None)
 
 
-def _best_blend(ds, cfg, record, fitted, metric, log):
+def _best_blend(ds, cfg, record, fitted, metric, val, per_user, log):
     linear = _best_of("linear", record, fitted, metric)
     auto_enc = _best_of("autoencoder", record, fitted, metric)
     if linear is None or auto_enc is None:
@@ -115,7 +162,6 @@ def _best_blend(ds, cfg, record, fitted, metric, log):
     blend = models.build("blend", ds.n_items, blend_cfg).to(device)
     for sub, (m, _) in zip(blend.parts, parts):
         sub.load_state_dict(m.state_dict())
-    val = tuple(CSR.from_scipy(ds.split(f"validation_{p}"), device) for p in ("tr", "te"))
     tried, best = [], None
     for w in BLEND_WEIGHTS:
         blend.config.weight = w
@@ -124,6 +170,7 @@ def _best_blend(ds, cfg, record, fitted, metric, log):
         if best is None or m[metric] > best[1][metric]:
             best = (w, m)
     blend.config.weight = best[0]
+    per_user["blend"] = _per_user(blend.eval(), val, metric, cfg)
     record.append(
         {
             "model": "blend",
@@ -142,7 +189,7 @@ def _best_blend(ds, cfg, record, fitted, metric, log):
     return ("blend", blend, best[1])
 
 
-def _materialise(ds, cfg, out, winner, record, fitted, test, t_start):
+def _materialise(ds, cfg, out, winner, record, fitted, test, t_start, selection):
     """Write the winner into `out` as a run of its own and score the test split once."""
     from vaecf.trainer import RunResult
 
@@ -175,6 +222,7 @@ def _materialise(ds, cfg, out, winner, record, fitted, test, t_start):
         "auto": {
             "winner": name if kind == "single" else f"blend({','.join(model.config.parts)})",
             "select_metric": cfg.select_metric,
+            "selection": selection,
             "candidates": record,
             "seconds": round(time.perf_counter() - t_start, 3),
         },

@@ -17,27 +17,14 @@ DEFAULT_METRICS = ("recall@20", "recall@50", "ndcg@100")
 ScoreFn = Callable[[SparseBatch], torch.Tensor]  # batch -> (B, n_items) scores
 
 
-@torch.no_grad()
-def metric_sums(
-    score_fn: ScoreFn,
-    fold_in: CSR,
-    target: CSR,
-    metrics: Sequence[str] = DEFAULT_METRICS,
-    batch_size: int = 2000,
-    rows: torch.Tensor | None = None,
-) -> torch.Tensor:
-    """(len(metrics) + 2,) float64: the per-metric sums over `rows` (default all) of users with
-    a non-empty target, then the number of such users and the number of rows. Sums, so that
-    data-parallel ranks can all-reduce them."""
+def _batch_metrics(score_fn, fold_in, target, metrics, batch_size, rows):
+    """Yield (rows of the batch, their target sizes, {metric: per-user values})."""
     if fold_in.shape != target.shape:
         raise ConfigError(f"fold-in {fold_in.shape} and target {target.shape} differ in shape")
     n_items = fold_in.shape[1]
-    device = fold_in.device
-    rows = torch.arange(fold_in.n_rows, device=device) if rows is None else rows.to(device)
     k_max = min(max(parse_metric(m)[1] for m in metrics), n_items)
     tkeys = target.keys()
     n_target_all = target.row_nnz()
-    sums = torch.zeros(len(metrics) + 2, dtype=torch.float64, device=device)
     for part in rows.split(batch_size):
         batch = fold_in.batch(part)
         scores = score_fn(batch).float()
@@ -50,11 +37,44 @@ def metric_sums(
         else:
             hits = torch.zeros_like(keys, dtype=torch.bool)
         n_target = n_target_all[part]
-        values = ranking_metrics(hits, n_target, metrics)
+        yield part, n_target, ranking_metrics(hits, n_target, metrics)
+
+
+@torch.no_grad()
+def metric_sums(
+    score_fn: ScoreFn,
+    fold_in: CSR,
+    target: CSR,
+    metrics: Sequence[str] = DEFAULT_METRICS,
+    batch_size: int = 2000,
+    rows: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """(len(metrics) + 2,) float64: the per-metric sums over `rows` (default all) of users with
+    a non-empty target, then the number of such users and the number of rows. Sums, so that
+    data-parallel ranks can all-reduce them."""
+    device = fold_in.device
+    rows = torch.arange(fold_in.n_rows, device=device) if rows is None else rows.to(device)
+    sums = torch.zeros(len(metrics) + 2, dtype=torch.float64, device=device)
+    for _, n_target, values in _batch_metrics(score_fn, fold_in, target, metrics, batch_size, rows):
         sums[: len(metrics)] += torch.stack([values[m].sum() for m in metrics])
         sums[-2] += (n_target > 0).sum()
     sums[-1] = rows.numel()
     return sums
+
+
+@torch.no_grad()
+def per_user_metric(
+    score_fn: ScoreFn, fold_in: CSR, target: CSR, metric: str, batch_size: int = 2000
+) -> torch.Tensor:
+    """(n_users,) float64 on the CPU: `metric` of each user with a non-empty target, in row
+    order (the values whose mean `evaluate_scores` reports), for paired comparisons."""
+    rows = torch.arange(fold_in.n_rows, device=fold_in.device)
+    out = []
+    for _, n_target, values in _batch_metrics(
+        score_fn, fold_in, target, (metric,), batch_size, rows
+    ):
+        out.append(values[metric][n_target > 0].double().cpu())
+    return torch.cat(out) if out else torch.zeros(0, dtype=torch.float64)
 
 
 def summarize(sums: torch.Tensor, metrics: Sequence[str] = DEFAULT_METRICS) -> dict:

@@ -92,12 +92,20 @@ class AutoConfig:
     blend: bool = setting(
         True, "also try a validation-weighted blend of the best linear and best autoencoder"
     )
+    margin_z: float = setting(
+        1.645,
+        "another candidate displaces the best linear one only when its per-user validation "
+        "gain over it exceeds z standard errors (1.645: one-sided 95 percent); 0: the plain "
+        "best on validation",
+    )
 
     def __post_init__(self) -> None:
         if not self.candidates:
             raise ConfigError("--candidates names no model")
         if self.budget is not None and self.budget <= 0:
             raise ConfigError("--budget must be a positive number of seconds")
+        if not self.margin_z >= 0:
+            raise ConfigError("--margin-z must be >= 0 (standard errors of the paired gain)")
 
 
 class Auto(Model):
