@@ -81,7 +81,18 @@ def test_bf16_serving_agrees_with_fp32(block_run):
     assert next(bf16.model.parameters()).dtype == torch.bfloat16
     for g in range(4):
         h = [f"g{g}-{j}" for j in range(5)]
-        assert set(bf16.recommend(h, k=5).item_ids) == set(fp32.recommend(h, k=5).item_ids)
+        assert_near_top(bf16.recommend(h, k=5), fp32.recommend(h, k=15), k=5)
+
+
+def assert_near_top(small, ref, k: int, rel: float = 0.02) -> None:
+    """Each item a reduced-precision copy ranks in its top k is one the fp32 model also puts
+    there, or one whose fp32 score is within `rel` of fp32's k-th best: kernels that round
+    differently may swap near-ties (at the cut-off too), never a clearly worse item in."""
+    fp32 = dict(zip(ref.item_ids, ref.scores))
+    kth = ref.scores[k - 1]
+    for item in small.item_ids:
+        assert item in fp32, f"{item} is not among fp32's top {len(ref.item_ids)}"
+        assert fp32[item] >= kth - rel * abs(kth), (item, fp32[item], kth)
 
 
 @pytest.mark.parametrize("precision", ["bf16", "int8"])
@@ -90,7 +101,6 @@ def test_serving_copies_agree_with_fp32(block_run, precision):
     small = vaecf.Recommender.load(block_run, precision=precision)
     for g in range(4):
         h = [f"g{g}-{j}" for j in range(5)]
-        assert set(small.recommend(h, k=5).item_ids) == set(fp32.recommend(h, k=5).item_ids)
-        # the same neighbours; their order may differ where int8 rounding meets near-ties
-        near = small.similar_items(h[0], k=3).item_ids
-        assert set(near) == set(fp32.similar_items(h[0], k=3).item_ids)
+        assert_near_top(small.recommend(h, k=5), fp32.recommend(h, k=15), k=5)
+        # the same neighbours up to near-ties (int8 rounding may swap 0.11236 and 0.11217)
+        assert_near_top(small.similar_items(h[0], k=3), fp32.similar_items(h[0], k=13), k=3)
