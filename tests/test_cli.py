@@ -412,6 +412,8 @@ PREPARE_ERRORS = {
         "junk.parquet", b"\x00\x01not parquet\xff" * 50, [], ["cannot read", "as parquet"],
     ),
     "too_few_users": ("ok.csv", "good", ["--heldout-users", 300], ["--heldout-users", "lower"]),
+    "columns_with_header": ("ok.csv", "good", ["--columns", "user,item"], ["add --no-header"]),
+    "two_char_sep": ("ok.csv", "good", ["--sep", "::"], ["not a field separator", "whitespace"]),
 }  # fmt: skip
 
 

@@ -594,3 +594,32 @@ def test_tensorboard_scalars(tiny, tmp_path):
     want = [(r["epoch"], r["validation"]["ndcg@100"]) for r in rundir.read_metrics(tmp_path / "tb")]
     assert [s for s, _ in got] == [s for s, _ in want]
     assert [v for _, v in got] == pytest.approx([v for _, v in want], rel=1e-6)
+
+
+def test_compare_on_a_prepared_directory_and_a_headerless_file(tmp_path, capsys):
+    df = synthetic.generate(n_users=300, n_items=80, n_groups=4, mean_items=12, seed=6)
+    raw = tmp_path / "raw.txt"  # no header, fields split by runs of blanks, CRLF endings
+    raw.write_bytes(
+        b"".join(f"{u}  {i}\t1\r\n".encode() for u, i in df.select("user_id", "item_id").rows())
+    )
+    common = ["--models", "ease,popular", "--seeds", "1,2", "--device", "cpu"]
+    args = ["--no-header", "--columns", "user,item,rating", "--sep", "whitespace"]
+    assert cli("compare", "--data", raw, *args, "--heldout-users", 30, "--out", tmp_path / "a",
+               *common) == 0  # fmt: skip
+    prepared = tmp_path / "a" / "data" / "seed-1"
+    assert cli("compare", "--data", prepared, "--out", tmp_path / "b", *common) == 0
+    err = capsys.readouterr().err
+    assert "is a prepared dataset: every seed uses its one split" in err
+    s = json.loads((tmp_path / "b" / "compare.json").read_text())
+    assert s["splits"] == ["seed 1", "seed 2"] and s["labels"] == ["ease", "popular"]
+    for seed in (1, 2):  # the same split each time: the seeds vary the training only
+        cfg = rundir.load_config(tmp_path / "b" / "runs" / "ease" / f"seed-{seed}")
+        assert Path(cfg["data"]["path"]) == prepared
+    # the same split as the first compare's seed 1: the same deterministic EASE, the same test
+    a_res = rundir.load_results(tmp_path / "a" / "runs" / "ease" / "seed-1")
+    b_res = rundir.load_results(tmp_path / "b" / "runs" / "ease" / "seed-2")
+    assert a_res["test"] == pytest.approx(b_res["test"])
+    # a prepared directory holds its own split
+    assert cli("compare", "--data", prepared, "--heldout-users", 30, "--out", tmp_path / "c",
+               *common) == 2  # fmt: skip
+    assert "holds its own split; drop --heldout-users" in capsys.readouterr().err

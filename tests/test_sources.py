@@ -153,3 +153,85 @@ def test_blank_user_id_is_rejected(tmp_path, blank):
     path = _write(tmp_path / "r.csv", f"u,i\n1,10\n{blank},11\n2,12\n")
     with pytest.raises(DataError, match="data row 2"):
         read_table(path, "u", "i")
+
+
+# -- files without a header, whitespace separators, any line ending -----------------------------
+ROWS = [(1, 10, 3.0), (1, 11, 0.5), (2, 10, 4.0), (3, 12, 2.5)]
+EXPECTED = pl.DataFrame(
+    {USER: [r[0] for r in ROWS], ITEM: [r[1] for r in ROWS], RATING: [r[2] for r in ROWS]}
+)
+COLS = ["user", "item", "rating"]
+
+
+def _text_file(tmp_path, name, text: str) -> Path:
+    p = tmp_path / name
+    p.write_bytes(text.encode())
+    return p
+
+
+@pytest.mark.parametrize("eol", ["\n", "\r\n", "\r"])
+@pytest.mark.parametrize("header", [True, False])
+def test_every_line_ending_with_and_without_header(tmp_path, eol, header):
+    lines = (["user,item,rating"] if header else []) + [f"{u},{i},{r}" for u, i, r in ROWS]
+    p = _text_file(tmp_path, "r.csv", eol.join(lines) + eol)
+    cols = None if header else COLS
+    got = read_table(p, "user", "item", "rating", header=header, columns=cols)
+    assert got.equals(EXPECTED)
+
+
+def test_mixed_line_endings_and_whitespace_runs(tmp_path):
+    # FilmTrust's shape: single spaces and CRLF, here mixed with tabs, runs, LF, bare CR, blanks
+    text = "1 10 3\r\n1\t11   0.5\n\n  2 10\t 4 \r3 12 2.5\r\n\r\n"
+    p = _text_file(tmp_path, "ratings.txt", text)
+    got = read_table(p, "user", "item", "rating", sep="whitespace", header=False, columns=COLS)
+    assert got.equals(EXPECTED)
+    with_header = _text_file(tmp_path, "h.txt", "user  item rating\n" + text)
+    assert read_table(with_header, "user", "item", "rating", sep="whitespace").equals(EXPECTED)
+
+
+def test_headerless_errors_say_what_to_do(tmp_path):
+    p = _text_file(tmp_path, "r.txt", "1 10 3\n1 11\n")
+    with pytest.raises(DataError, match=r"line 2: 2 field\(s\) where 3 \(user, item, rating\)"):
+        read_table(p, "user", "item", "rating", sep="whitespace", header=False, columns=COLS)
+    with pytest.raises(DataError, match="--no-header needs --columns"):
+        read_table(p, "user", "item", header=False)
+    with pytest.raises(DataError, match="add --no-header"):
+        read_table(p, "user", "item", columns=COLS)
+    with pytest.raises(DataError, match="distinct, non-empty"):
+        read_table(p, "user", "item", header=False, columns=["user", "user"])
+    c = _text_file(tmp_path, "r.csv", "1,10\n2,11\n")
+    with pytest.raises(DataError, match=r"line 1: 2 field\(s\), but --columns names 3"):
+        read_table(c, "user", "item", header=False, columns=COLS)
+    c3 = _text_file(tmp_path, "r3.csv", "1,10,3\n2,11\n")
+    with pytest.raises(DataError, match="data row 2: 'rating' is missing"):
+        read_table(c3, "user", "item", "rating", header=False, columns=COLS)
+    for bad in ("::", "ab", '"'):
+        with pytest.raises(DataError, match="not a field separator"):
+            read_table(c, "user", "item", sep=bad)
+    pq = tmp_path / "r.parquet"
+    EXPECTED.write_parquet(pq)
+    with pytest.raises(DataError, match="Parquet names its columns"):
+        read_table(pq, USER, ITEM, header=False, columns=COLS)
+
+
+def test_one_character_separators(tmp_path):
+    for sep, name in ((";", ";"), ("|", "|"), (" ", "space"), ("\t", "tab")):
+        text = "".join(f"{u}{sep}{i}{sep}{r}\n" for u, i, r in ROWS)
+        p = _text_file(tmp_path, "r.txt", text)
+        got = read_table(p, "user", "item", "rating", sep=name, header=False, columns=COLS)
+        assert got.equals(EXPECTED), sep
+
+
+def test_filmtrust_raw_file_prepares_in_one_call(tmp_path):
+    from vaecf.data.prepare import PrepareSettings, prepare_csv
+
+    raw = Path(__file__).resolve().parents[2] / "shared" / "data" / "filmtrust" / "ratings.txt"
+    if not raw.is_file():
+        pytest.skip("the shared FilmTrust file is not here")
+    settings = PrepareSettings(min_rating=3, heldout_users=150)
+    ds = prepare_csv(raw, tmp_path / "ft", sep="whitespace", header=False, columns=COLS,
+                     settings=settings)  # fmt: skip
+    c = ds.manifest["counts"]
+    # 35,497 rows (mixed CRLF/LF); user, item and rating found by their --columns names
+    assert (c["n_rows"], c["n_users"], c["n_items"]) == (35497, 1119, 1478)
+    assert ds.manifest["source"]["header_columns"] == COLS

@@ -8,6 +8,31 @@ from vaecf.cli.common import print_json
 
 
 # -- prepare ------------------------------------------------------------------------------------
+def add_columns_options(p) -> None:
+    """How a raw interactions file's columns are found (prepare csv, compare --data)."""
+    p.add_argument("--user-col", help="name of the user id column (default with --columns: user)")
+    p.add_argument("--item-col", help="name of the item id column (default with --columns: item)")
+    p.add_argument(
+        "--rating-col",
+        help="name of the rating column, needed by --min-rating (default with --columns: "
+        "rating, if named)",
+    )
+    p.add_argument(
+        "--sep",
+        help="field separator: one character (default ',', or tab for .tsv; '\\t' or tab, "
+        "space), or 'whitespace' for runs of spaces and tabs",
+    )
+    p.add_argument(
+        "--no-header",
+        action="store_true",
+        help="the file has no header row: name its columns in order with --columns",
+    )
+    p.add_argument(
+        "--columns",
+        help="with --no-header: the columns' names in order, e.g. user,item,rating,timestamp",
+    )
+
+
 def cmd_prepare(a) -> int:
     from vaecf.data.prepare import PrepareSettings, prepare_csv
 
@@ -30,6 +55,8 @@ def cmd_prepare(a) -> int:
         item_names=a.item_names,
         name_col=a.name_col,
         name_id_col=a.name_id_col,
+        header=not a.no_header,
+        columns=a.columns,
     )
     if a.json:
         print_json({"path": str(ds.path), **ds.manifest})
@@ -263,22 +290,19 @@ def register(sub) -> None:
     psub = pp.add_subparsers(dest="source", required=True, metavar="SOURCE")
     pc = psub.add_parser(
         "csv",
-        help="any CSV/TSV/Parquet file with a header row",
-        description="Prepare a CSV/TSV/Parquet file of (user, item[, rating]) "
-        "rows with the paper's protocol: positives, dedup, min-count filter, "
-        "N validation + N test held-out users, 80/20 fold-in.",
+        help="any delimited text file (with or without a header row) or Parquet file",
+        description="Prepare a CSV/TSV/whitespace-delimited/Parquet file of (user, item[, "
+        "rating]) rows with the paper's protocol: positives, dedup, min-count filter, "
+        "N validation + N test held-out users, 80/20 fold-in. Any line ending (LF, CRLF, CR).",
     )
     pc.add_argument("--path", required=True, help="the interactions file (.csv, .tsv, .parquet)")
-    pc.add_argument("--user-col", required=True, help="name of the user id column")
-    pc.add_argument("--item-col", required=True, help="name of the item id column")
-    pc.add_argument("--rating-col", help="name of the rating column (needed by --min-rating)")
+    add_columns_options(pc)
     pc.add_argument(
         "--min-rating",
         type=float,
         help="keep rows with rating >= X as positives "
         "(the paper's 'rating > 3.5' on MovieLens is 4); default: every row",
     )
-    pc.add_argument("--sep", help="field separator (default: ',' or tab for .tsv); '\\t' = tab")
     pc.add_argument(
         "--min-user-items",
         type=int,

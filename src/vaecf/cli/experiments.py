@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 from vaecf.cli.common import metrics_table, print_json
+from vaecf.cli.data import add_columns_options
 
 
 # -- tune ---------------------------------------------------------------------------------------
@@ -71,21 +72,37 @@ def cmd_compare(a) -> int:
     if a.data and a.runs:
         raise ConfigError("pass either --data (train every model) or run directories, not both")
     if a.data:
-        if not (a.models and a.user_col and a.item_col and a.heldout_users):
-            raise ConfigError(
-                "--data needs --models, --user-col, --item-col and --heldout-users "
-                "(as `vaecf prepare csv`)"
-            )
-        entries = compare.parse_models(a.models)
         prepare = {
             "user_col": a.user_col,
             "item_col": a.item_col,
             "rating_col": a.rating_col,
             "sep": a.sep,
+            "header": not a.no_header,
+            "columns": a.columns,
             "min_rating": a.min_rating,
             "min_user_items": a.min_user_items,
             "heldout_users": a.heldout_users,
         }
+        if a.min_user_items is None:
+            del prepare["min_user_items"]  # PrepareSettings' default (5, as the paper)
+        if Path(a.data).is_dir():  # a prepared dataset: its split and settings are its own
+            given = [k for k, v in prepare.items() if v is not None and k != "header"]
+            given += ["no_header"] if a.no_header else []
+            if given:
+                raise ConfigError(
+                    f"--data {a.data} is a prepared dataset, which holds its own split; drop "
+                    + ", ".join("--" + k.replace("_", "-") for k in given)
+                    + " (or pass the raw file to prepare one split per seed)"
+                )
+            prepare = {}
+        elif not (a.models and a.heldout_users):
+            raise ConfigError(
+                "--data needs --models and --heldout-users, and the columns as `vaecf prepare "
+                "csv` takes them (--user-col/--item-col, or --no-header --columns)"
+            )
+        if not a.models:
+            raise ConfigError("--data needs --models (registry names or LABEL=FILE.toml)")
+        entries = compare.parse_models(a.models)
         records = compare.train_all(
             a.data,
             a.out,
@@ -197,20 +214,21 @@ def register(sub) -> None:
     )
     pc.add_argument("runs", nargs="*", help="finished run directories (RUN or LABEL=RUN)")
     pc.add_argument("--out", required=True, help="directory for the runs, tables and chart")
-    pc.add_argument("--data", help="raw interactions file (.csv, .tsv, .parquet)")
+    pc.add_argument(
+        "--data",
+        help="raw interactions file (.csv, .tsv, .txt, .parquet; prepared once per seed), or a "
+        "prepared dataset directory (its one split for every seed)",
+    )
     pc.add_argument(
         "--models",
         help="comma-separated: registry names (multvae,recvae,ease,popular) or LABEL=FILE.toml "
         "(a best.toml or config.toml, e.g. tuned=STUDY/best.toml); the first is the reference",
     )
     pc.add_argument("--seeds", default="98765,1,2,3,4", help="split seeds (default 98765,1,2,3,4)")
-    pc.add_argument("--user-col", help="name of the user id column")
-    pc.add_argument("--item-col", help="name of the item id column")
-    pc.add_argument("--rating-col", help="name of the rating column (needed by --min-rating)")
+    add_columns_options(pc)
     pc.add_argument("--min-rating", type=float, help="keep rows with rating >= X as positives")
-    pc.add_argument("--min-user-items", type=int, default=5, help="drop users with fewer (5)")
+    pc.add_argument("--min-user-items", type=int, help="drop users with fewer (default 5)")
     pc.add_argument("--heldout-users", type=int, help="N validation and N test users")
-    pc.add_argument("--sep", help="field separator (default: ',' or tab for .tsv)")
     pc.add_argument("--epochs", type=int, help="override the epochs of the gradient models")
     pc.add_argument("--device", help="auto (default), cpu, cuda, cuda:N")
     pc.add_argument("--no-plot", action="store_true", help="no compare.png")

@@ -34,7 +34,16 @@ from vaecf._io import (
     writer_lock,
 )
 from vaecf.data import splits
-from vaecf.data.sources import ITEM, NAME, RATING, USER, read_names_table, read_table
+from vaecf.data.sources import (
+    ITEM,
+    NAME,
+    RATING,
+    USER,
+    check_columns,
+    read_names_table,
+    read_table,
+    resolve_columns,
+)
 from vaecf.data.vocab import Vocabulary, load_item_names
 from vaecf.errors import DataError
 
@@ -114,6 +123,8 @@ def sha256_file(path: str | os.PathLike, chunk: int = 1 << 22) -> str:
 def fingerprint(settings: PrepareSettings, source: dict) -> str:
     keys = ("sha256", "columns", "sep")
     src = {k: source.get(k) for k in keys}
+    if source.get("header_columns"):  # absent from older fingerprints: they stay valid
+        src["header_columns"] = source["header_columns"]
     if source.get("parser"):  # a registry dataset: its parser is part of what was read
         src["parser"] = source["parser"]
     elif source.get("item_names"):  # a user's names file (a registry dataset's is not hashed in)
@@ -498,8 +509,8 @@ def _reuse(out: Path, fp: str, overwrite: bool) -> PreparedDataset | None:
 def prepare_csv(
     path: str | os.PathLike,
     out: str | os.PathLike,
-    user_col: str,
-    item_col: str,
+    user_col: str | None = None,
+    item_col: str | None = None,
     rating_col: str | None = None,
     sep: str | None = None,
     settings: PrepareSettings | None = None,
@@ -507,14 +518,23 @@ def prepare_csv(
     item_names: str | os.PathLike | None = None,
     name_col: str | None = None,
     name_id_col: str | None = None,
+    header: bool = True,
+    columns: list[str] | str | None = None,
 ) -> PreparedDataset:
     """Prepare a CSV/TSV/Parquet file of interactions (cached by fingerprint at `out`).
+
+    A text file's header row names its columns; for a file without one, `header=False` and
+    `columns` names them in order (then `user_col`/`item_col`/`rating_col` default to the
+    columns named user, item and rating). `sep`: one character, or 'whitespace' for runs of
+    spaces and tabs (FilmTrust's `ratings.txt`, MovieLens-100K's `u.data`).
 
     `item_names`: a CSV/TSV/Parquet file naming items: `name_col` holds the name, `name_id_col`
     (default: `item_col`) the item id; read with `sep` when given, else by its own suffix.
     """
     settings = settings or PrepareSettings()
     settings.validate()
+    columns = check_columns(header, columns, Path(path).suffix.lower() in {".parquet", ".pq"})
+    user_col, item_col, rating_col = resolve_columns(user_col, item_col, rating_col, columns)
     if settings.min_rating is not None and rating_col is None:
         raise DataError("--min-rating needs --rating-col to say which column holds ratings")
     path, out = Path(path), Path(out)
@@ -528,6 +548,8 @@ def prepare_csv(
         "columns": {"user": user_col, "item": item_col, "rating": rating_col},
         "sep": sep,
     }
+    if columns is not None:
+        source["header_columns"] = columns  # a file without a header row, named by --columns
     if item_names is not None:
         if not name_col:
             raise DataError("--item-names needs --name-col to say which column holds the names")
@@ -549,7 +571,7 @@ def prepare_csv(
         names = None
         if item_names is not None:  # read first: a bad names file fails before the long part
             names = read_names_table(item_names, name_id_col or item_col, name_col, sep)
-        df = read_table(path, user_col, item_col, rating_col, sep)
+        df = read_table(path, user_col, item_col, rating_col, sep, header, columns)
         return prepare_frame(df, out, settings, source, names)
 
 

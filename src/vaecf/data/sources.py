@@ -17,10 +17,103 @@ USER, ITEM, RATING = "user_id", "item_id", "rating"
 NAME = "name"  # an item's display name (item names files; read_lastfm(names=True))
 
 
+WHITESPACE = "whitespace"  # --sep whitespace: fields split on runs of spaces and tabs
+_SEP_NAMES = {"\\t": "\t", "tab": "\t", "space": " ", "ws": WHITESPACE}
+
+
 def _sep_for(path: Path, sep: str | None) -> str:
     if sep is not None:
-        return {"\\t": "\t", "tab": "\t"}.get(sep, sep)
+        sep = _SEP_NAMES.get(sep, sep)
+        if sep != WHITESPACE and (len(sep) != 1 or sep in '\r\n"'):
+            raise DataError(
+                f"--sep {sep!r} is not a field separator: give one character (',', ';', '|', "
+                "'\\t' or tab, space), or 'whitespace' for runs of spaces and tabs"
+            )
+        return sep
     return "\t" if path.suffix.lower() in {".tsv", ".tab"} else ","
+
+
+def _text_source(path: Path, sniff: int = 1 << 20):
+    """`path`, or its text with every line ending made LF (an in-memory copy) when the file
+    ends lines with a bare CR (old Mac files, or CR mixed with LF), which CSV readers take
+    for one long line. CRLF and LF are read as they are."""
+    import io
+    import re
+
+    with open(path, "rb") as f:
+        head = f.read(sniff)
+    if not re.search(rb"\r(?!\n)", head[:-1] if len(head) == sniff else head):
+        return path
+    return io.BytesIO(re.sub(rb"\r\n?", b"\n", path.read_bytes()))
+
+
+def check_columns(header: bool, columns, is_parquet: bool = False) -> list[str] | None:
+    """The names given to a header-less file's columns (None for a file with a header row)."""
+    if columns is not None and isinstance(columns, str):
+        columns = [c.strip() for c in columns.split(",")]
+    if header:
+        if columns:
+            raise DataError(
+                "--columns names the columns of a file without a header row; add --no-header "
+                "(or drop --columns and use the file's own header names)"
+            )
+        return None
+    if is_parquet:
+        raise DataError("--no-header applies to CSV/TSV text files; Parquet names its columns")
+    if not columns:
+        raise DataError(
+            "--no-header needs --columns to name the file's columns in order, "
+            "e.g. --columns user,item,rating"
+        )
+    columns = list(columns)
+    if any(not c for c in columns) or len(set(columns)) != len(columns):
+        raise DataError(f"--columns {','.join(columns)!r}: give distinct, non-empty names")
+    return columns
+
+
+def resolve_columns(user_col, item_col, rating_col, columns) -> tuple[str, str, str | None]:
+    """--user-col/--item-col/--rating-col, defaulting to the --columns named user, item and
+    rating when a header-less file's columns are named that way."""
+    named = set(columns or ())
+    user_col = user_col or ("user" if "user" in named else None)
+    item_col = item_col or ("item" if "item" in named else None)
+    if rating_col is None and "rating" in named:
+        rating_col = "rating"
+    if not user_col or not item_col:
+        raise DataError(
+            "say which columns hold users and items: --user-col and --item-col "
+            "(or --no-header --columns user,item[,rating,...])"
+        )
+    return user_col, item_col, rating_col
+
+
+def _whitespace_frame(src, path: Path, columns: list[str] | None) -> pl.DataFrame:
+    """A text file whose fields are split by runs of spaces/tabs, as String columns (blank
+    lines skipped); the header row names the columns unless `columns` does."""
+    lines = pl.read_csv(
+        src, has_header=False, separator="\x1f", quote_char=None, schema={"line": pl.String}
+    )
+    f = (
+        lines.with_row_index("n", offset=1)
+        .filter(pl.col("line").is_not_null() & (pl.col("line").str.strip_chars() != ""))
+        .select(
+            "n",
+            pl.col("line").str.strip_chars().str.replace_all(r"[ \t\r]+", " ").str.split(" "),
+        )
+    )
+    if columns is None:
+        if f.height == 0:
+            raise DataError(f"{path} holds no header row; pass a file with interactions")
+        columns = list(f.get_column("line")[0])
+        f = f.slice(1)
+    bad = f.filter(pl.col("line").list.len() != len(columns))
+    if bad.height:
+        n, fields = bad.row(0)
+        raise DataError(
+            f"{path}, line {n}: {len(fields)} field(s) where {len(columns)} "
+            f"({', '.join(columns)}) are expected; fix the file or pass the right --sep"
+        )
+    return f.select(pl.col("line").list.get(i).alias(c) for i, c in enumerate(columns))
 
 
 def _int_if_possible(col: pl.Series) -> pl.Series:
@@ -36,29 +129,47 @@ def read_table(
     item_col: str,
     rating_col: str | None = None,
     sep: str | None = None,
+    header: bool = True,
+    columns: list[str] | None = None,
 ) -> pl.DataFrame:
-    """Read a CSV/TSV (header row) or Parquet file of interactions with named columns.
+    """Read a CSV/TSV or Parquet file of interactions with named columns: a text file's header
+    row names them, or `columns` does (`header=False`). `sep` is one character or
+    'whitespace'; LF, CRLF and bare-CR line endings are all read.
 
     Returns columns user_id, item_id and, with `rating_col`, rating (Float64), in file order.
     """
     path = Path(path)
     if not path.is_file():
         raise DataError(f"{path} does not exist or is not a file; pass --path to a CSV/TSV/Parquet")
-    if path.stat().st_size == 0:
-        raise DataError(f"{path} is empty; pass a file with a header row and interactions")
-    wanted = [user_col, item_col] + ([rating_col] if rating_col else [])
     is_parquet = path.suffix.lower() in {".parquet", ".pq"}
+    columns = check_columns(header, columns, is_parquet)
+    if path.stat().st_size == 0:
+        raise DataError(
+            f"{path} is empty; pass a file with {'a header row and ' if header else ''}interactions"
+        )
+    wanted = [user_col, item_col] + ([rating_col] if rating_col else [])
+    sep = None if is_parquet else _sep_for(path, sep)
     try:
         if is_parquet:
             lf = pl.scan_parquet(path)
+        elif sep == WHITESPACE:
+            lf = _whitespace_frame(_text_source(path), path, columns).lazy()
         else:
             lf = pl.scan_csv(
-                path,
-                separator=_sep_for(path, sep),
+                _text_source(path),
+                separator=sep,
+                has_header=header,
                 infer_schema=False,  # everything as strings; typed below with clear errors
                 quote_char='"',
             )
         names = lf.collect_schema().names()
+        if columns is not None and sep != WHITESPACE:
+            if len(names) != len(columns):
+                raise DataError(
+                    f"{path}, line 1: {len(names)} field(s), but --columns names "
+                    f"{len(columns)} ({', '.join(columns)}); is --sep right?"
+                )
+            lf, names = lf.rename(dict(zip(names, columns))), columns
     except (pl.exceptions.PolarsError, OSError) as e:
         raise DataError(
             f"cannot read {path} as {'Parquet' if is_parquet else 'CSV'}: {e}"
@@ -68,21 +179,23 @@ def read_table(
         hint = " (is --sep right?)" if len(names) == 1 and not is_parquet else ""
         raise DataError(
             f"{path}: no column(s) {missing}; the file has columns {names}{hint}. "
-            "Pass the right --user-col/--item-col/--rating-col."
+            "Pass the right --user-col/--item-col/--rating-col"
+            + ("" if columns else " (or --no-header --columns if it has no header row)")
+            + "."
         )
     try:
         df = lf.select(wanted).collect()
     except pl.exceptions.PolarsError as e:
         n = None if is_parquet else _first_non_utf8_line(path)
         where = f", line {n}: not valid UTF-8 text" if n else None
-        if where is None and not is_parquet:
-            where = _csv_bad_line(path, _sep_for(path, sep))
+        if where is None and not is_parquet and sep != WHITESPACE:
+            where = _csv_bad_line(path, sep, None if columns is None else len(columns))
         where = where or f": {str(e).splitlines()[0][:200]}"
         raise DataError(
             f"cannot parse {path}{where}; fix the file or pass the right --sep"
         ) from None
     if df.height == 0:
-        raise DataError(f"{path} has a header but no rows")
+        raise DataError(f"{path} has {'a header but ' if header else ''}no rows")
     out = {}
     for name, col in ((USER, user_col), (ITEM, item_col)):
         s = df.get_column(col)
@@ -109,18 +222,23 @@ def read_table(
             bad = bad | s.is_null()
         if bad.any():
             row = int(bad.arg_true()[0])
+            what = (
+                "missing"
+                if s[row] is None
+                else f"{s[row]!r}, " + ("not a number" if r[row] is None else "not a finite number")
+            )
             raise DataError(
-                f"{path}, data row {row + 1}: {rating_col!r} is {s[row]!r}, "
-                f"{'not a number' if r[row] is None else 'not a finite number'}; "
+                f"{path}, data row {row + 1}: {rating_col!r} is {what}; "
                 "fix the file or drop --rating-col to treat every row as a positive"
             )
         out[RATING] = r.alias(RATING)
     return pl.DataFrame(out)
 
 
-def _csv_bad_line(path: Path, sep: str) -> str | None:
+def _csv_bad_line(path: Path, sep: str, n_fields: int | None = None) -> str | None:
     """', line N: what is wrong' for the first row whose field count differs from the header's
-    (or whose quoting is broken), as Python's csv module reads it; None if none is found."""
+    (or `n_fields`, for a file without one), or whose quoting is broken, as Python's csv module
+    reads it (any line ending); None if none is found."""
     import csv
 
     if len(sep) != 1:
@@ -128,13 +246,11 @@ def _csv_bad_line(path: Path, sep: str) -> str | None:
     with open(path, encoding="utf-8-sig", errors="replace", newline="") as f:
         r = csv.reader(f, delimiter=sep, quotechar='"', strict=True)
         try:
-            header = next(r, [])
+            want = len(next(r, [])) if n_fields is None else n_fields  # the header row
+            what = "the header has" if n_fields is None else "--columns names"
             for row in r:
-                if row and len(row) != len(header):
-                    return (
-                        f", line {r.line_num}: {len(row)} field(s) where the header has "
-                        f"{len(header)}"
-                    )
+                if row and len(row) != want:
+                    return f", line {r.line_num}: {len(row)} field(s) where {what} {want}"
         except csv.Error as e:
             return f", line {r.line_num}: {e}"
     return None
@@ -532,13 +648,14 @@ def read_names_table(
     if not path.is_file():
         raise DataError(f"{path} does not exist or is not a file; pass --item-names to a file")
     is_parquet = path.suffix.lower() in {".parquet", ".pq"}
+    sep = _sep_for(path, sep)
+    if sep == WHITESPACE:  # names hold spaces: the interactions' --sep whitespace is not theirs
+        sep = _sep_for(path, None)
     try:
         if is_parquet:
             lf = pl.scan_parquet(path)
         else:
-            lf = pl.scan_csv(
-                path, separator=_sep_for(path, sep), infer_schema=False, quote_char='"'
-            )
+            lf = pl.scan_csv(_text_source(path), separator=sep, infer_schema=False, quote_char='"')
         cols = lf.collect_schema().names()
     except (pl.exceptions.PolarsError, OSError) as e:
         msg = str(e).splitlines()[0][:200] if str(e) else type(e).__name__
@@ -554,7 +671,7 @@ def read_names_table(
             pl.col(id_col).cast(pl.String).alias(ITEM), pl.col(name_col).cast(pl.String).alias(NAME)
         ).collect()
     except pl.exceptions.PolarsError as e:
-        where = None if is_parquet else _csv_bad_line(path, _sep_for(path, sep))
+        where = None if is_parquet else _csv_bad_line(path, sep)
         where = where or f": {str(e).splitlines()[0][:200]}"
         raise DataError(f"cannot parse {path}{where}; fix the names file") from None
     return df

@@ -20,6 +20,7 @@ import csv
 import math
 import os
 import re
+import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -87,7 +88,7 @@ def parse_seeds(text: str) -> list[int]:
 class Record:
     label: str
     split: str  # shown: "seed S" or the dataset's directory name
-    key: str  # what pairs runs: the prepared dataset's fingerprint
+    key: str  # what pairs runs: the prepared dataset's fingerprint (and seed, on one split)
     run_dir: Path
     test: dict
 
@@ -104,7 +105,10 @@ def train_all(
 ) -> list[Record]:
     """Prepare `csv_path` once per seed (prepare_csv keyword arguments in `prepare`, settings
     as PrepareSettings fields) and train every entry on every split: finished runs are reused,
-    unfinished ones resumed. A lock keeps a second compare off `out`."""
+    unfinished ones resumed. A lock keeps a second compare off `out`.
+
+    `csv_path` may also be a prepared dataset directory: its one split is used for every seed,
+    and the seeds vary the training only (`prepare` must then be empty)."""
     from vaecf.experiments.tune import locked
 
     out, prepare = Path(out), dict(prepare)
@@ -115,13 +119,20 @@ def train_all(
 
 def _train_all(csv_path, out, entries, seeds, prepare, epochs, device, log) -> list[Record]:
     from vaecf.config import TrainConfig
-    from vaecf.data.prepare import PrepareSettings, prepare_csv
+    from vaecf.data.prepare import PrepareSettings, load_prepared, prepare_csv
     from vaecf.trainer import train
 
-    columns = {k: prepare.pop(k, None) for k in ("user_col", "item_col", "rating_col", "sep")}
+    keys = ("user_col", "item_col", "rating_col", "sep", "header", "columns")
+    columns = {k: prepare.pop(k) for k in keys if k in prepare}
+    prepared = load_prepared(csv_path) if Path(csv_path).is_dir() else None
+    if prepared is not None:
+        log(
+            f"{csv_path} is a prepared dataset: every seed uses its one split "
+            "(its held-out users); the seeds vary the training only"
+        )
     records = []
     for seed in seeds:
-        ds = prepare_csv(
+        ds = prepared or prepare_csv(
             csv_path,
             out / "data" / f"seed-{seed}",
             settings=PrepareSettings(**prepare, seed=seed),
@@ -145,7 +156,10 @@ def _train_all(csv_path, out, entries, seeds, prepare, epochs, device, log) -> l
                     train(ds, None, run, None, resume=True, model=e.model)
                 else:
                     train(ds, TrainConfig(**tdict), run, mcfg, resume=True, model=e.model)
-            records.append(_record(run, e.label, f"seed {seed}"))
+            rec = _record(run, e.label, f"seed {seed}")
+            if prepared is not None:  # one split, many training seeds: pair runs by seed
+                rec.key = f"{rec.key}/seed-{seed}"
+            records.append(rec)
     return records
 
 
@@ -228,7 +242,9 @@ def summarize(records: list[Record], metrics: Sequence[str] = METRICS) -> dict:
                 row["diff_mean"] = float(d.mean())
                 row["diff_sd"] = float(d.std(ddof=1)) if len(d) > 1 else None
                 if len(d) > 1:
-                    with np.errstate(all="ignore"):
+                    # identical differences (deterministic models on one split): no p-value
+                    with np.errstate(all="ignore"), warnings.catch_warnings():
+                        warnings.simplefilter("ignore", RuntimeWarning)
                         t, p = stats.ttest_rel(v, np.array(per[ref][m]))
                     row["t"] = None if math.isnan(t) else float(t)
                     row["p"] = None if math.isnan(p) else float(p)
