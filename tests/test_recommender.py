@@ -104,3 +104,61 @@ def test_serving_copies_agree_with_fp32(block_run, precision):
         assert_near_top(small.recommend(h, k=5), fp32.recommend(h, k=15), k=5)
         # the same neighbours up to near-ties (int8 rounding may swap 0.11236 and 0.11217)
         assert_near_top(small.similar_items(h[0], k=3), fp32.similar_items(h[0], k=13), k=3)
+
+
+@pytest.fixture(scope="module")
+def cold_runs(tmp_path_factory):
+    """One run per model family on skewed data (item popularity falls with the item id)."""
+    root = tmp_path_factory.mktemp("cold")
+    df = synthetic.generate(n_users=400, n_items=60, n_groups=3, mean_items=10, seed=4)
+    ds = vaecf.prepare_frame(df, root / "prep", vaecf.PrepareSettings(heldout_users=30, seed=0))
+    cfg = {"device": "cpu", "progress": False}
+    runs = {
+        "multdae": vaecf.train(ds, vaecf.TrainConfig(epochs=1, **cfg), root / "d", model="multdae"),
+        "ease": vaecf.train(ds, vaecf.TrainConfig(**cfg), root / "e", model="ease"),
+    }
+    runs = {m: r.run_dir for m, r in runs.items()}
+    return ds, runs
+
+
+@pytest.mark.parametrize("model", ["multdae", "ease"])
+def test_cold_start_gets_the_popular_items_flagged(cold_runs, model):
+    from vaecf import rundir
+
+    ds, runs = cold_runs
+    rec = vaecf.Recommender.load(runs[model])
+    counts = np.bincount(ds.split("train").indices, minlength=ds.n_items)
+    assert (rundir.load_popularity(runs[model], ds.n_items) == counts).all()
+    share = dict(zip(rec.items.ids.to_list(), counts / counts.sum()))
+    warm = rec.recommend([rec.items.ids[0]], k=5)
+    assert warm.fallback is None and warm.to_dict()["fallback"] is None
+    for history in ([], ["no-such-item", 10**9]):
+        r = rec.recommend(history, k=8)
+        assert r.fallback == "popular" and r.to_dict()["fallback"] == "popular"
+        assert r.unknown == history
+        # the 8 most popular training items (ties in any order), scored by their share
+        np.testing.assert_allclose(r.scores, [share[i] for i in r.item_ids], rtol=1e-6)
+        assert r.scores == sorted(r.scores, reverse=True)
+        assert min(r.scores) >= np.sort(counts / counts.sum())[-8] - 1e-9
+    # filters still apply; in a batch only the cold history falls back
+    top = rec.recommend([], k=3).item_ids
+    denied = rec.recommend([], k=3, deny=top[:1])
+    assert top[0] not in denied.item_ids and denied.fallback == "popular"
+    mixed = rec.recommend_batch([[], [rec.items.ids[0]]], k=3)
+    assert [m.fallback for m in mixed] == ["popular", None]
+
+
+def test_a_run_without_counts_scores_a_cold_history_as_before(cold_runs, tmp_path):
+    import shutil
+
+    from vaecf import rundir
+
+    _, runs = cold_runs
+    old = tmp_path / "old"
+    shutil.copytree(runs["ease"], old)
+    (old / rundir.POPULARITY).unlink()  # a run written before the counts were kept
+    r = vaecf.Recommender.load(old).recommend([], k=3)
+    assert r.fallback is None and len(r.item_ids) == 3
+    (old / rundir.POPULARITY).write_bytes(b"not numpy")
+    with pytest.raises(vaecf.VaecfError, match="popularity.npy is corrupted"):
+        vaecf.Recommender.load(old)

@@ -76,6 +76,22 @@ def same_answer(got: dict, want: dict) -> bool:
 
 
 # -- routes ---------------------------------------------------------------------------------
+def test_a_cold_start_gets_popular_items_flagged(server, rec_a, runs):
+    from vaecf import rundir
+
+    base, _ = server
+    counts = rundir.load_popularity(runs["a"], len(IDS))
+    with client(base) as c:
+        cold = c.post("/v1/recommend", json={"items": [77], "k": 5}).json()
+        warm = c.post("/v1/recommend", json={"items": [1001], "k": 5}).json()
+        batch = c.post("/v1/recommend/batch", json={"histories": [[], [1001]], "k": 5}).json()
+    assert cold["fallback"] == "popular" and cold["unknown"] == [77] and warm["fallback"] is None
+    assert strip_model(cold) == expected(rec_a, [77], k=5)
+    got = [IDS.index(i["item_id"]) for i in cold["items"]]
+    assert sorted(counts[got].tolist(), reverse=True) == sorted(counts)[::-1][:5]
+    assert [r["fallback"] for r in batch["results"]] == ["popular", None]
+
+
 def test_recommend_is_the_recommenders_answer_and_names_the_model(server, rec_a, runs):
     base, _ = server
     with client(base) as c:

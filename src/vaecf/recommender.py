@@ -32,15 +32,17 @@ class Recommendation:
     scores: list[float]  # the model's score of each (probability for multinomial models)
     unknown: list = field(default_factory=list)  # history ids the model has never seen
     titles: list | None = None  # each item's name (None where unnamed); None: the run has none
+    fallback: str | None = None  # "popular": no known item in the history (cold start)
 
     def to_dict(self) -> dict:
-        """{"items": [{"item_id", "score"[, "title"]}], "unknown"}: "title" (null for an item
-        without one) on every item when the run has names, on none otherwise."""
+        """{"items": [{"item_id", "score"[, "title"]}], "unknown", "fallback"}: "title" (null
+        for an item without one) on every item when the run has names, on none otherwise;
+        "fallback" is "popular" for a cold start, else null."""
         items = [{"item_id": i, "score": s} for i, s in zip(self.item_ids, self.scores)]
         if self.titles is not None:
             for item, title in zip(items, self.titles, strict=True):
                 item["title"] = title
-        return {"items": items, "unknown": self.unknown}
+        return {"items": items, "unknown": self.unknown, "fallback": self.fallback}
 
 
 class Recommender:
@@ -51,9 +53,18 @@ class Recommender:
         precision: str = "fp32",
         info=None,
         names: dict | None = None,
+        popularity: np.ndarray | None = None,
     ):
         if len(items) != model.n_items:
             raise ConfigError(f"vocabulary has {len(items)} items, model {model.n_items}")
+        # a history with no known item is ranked by training popularity (share of the
+        # training interactions), whatever the model; None: the model scores it as it is
+        self.popularity = None
+        if popularity is not None:
+            if len(popularity) != model.n_items:
+                raise ConfigError(f"popularity has {len(popularity)} items, model {model.n_items}")
+            p = torch.as_tensor(np.asarray(popularity, dtype=np.float64))
+            self.popularity = (p / max(float(p.sum()), 1.0)).float().to(model.device)
         self.device = model.device
         self.model, self.score_fn = serving_copy(model, precision)
         self.items = items
@@ -74,7 +85,8 @@ class Recommender:
         dev = prec.resolve_device(device)
         model, cfg = rundir.load_model(run_dir, dev, checkpoint_name)
         items = Vocabulary.load(os.path.join(run_dir, rundir.ITEMS))
-        return cls(model, items, precision, cfg, rundir.load_item_names(run_dir))
+        pop = rundir.load_popularity(run_dir, model.n_items)
+        return cls(model, items, precision, cfg, rundir.load_item_names(run_dir), pop)
 
     def titles(self, item_ids: Iterable) -> list | None:
         """The name of each raw id (None where unnamed), or None when the run has no names."""
@@ -124,21 +136,29 @@ class Recommender:
         k: int,
         exclude_history: bool = True,
         mask: torch.Tensor | None = None,
-    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """(indices, scores, n): each history's best min(k, n_items) items as (B, k') arrays,
-        best first, of which the first n[r] of row r are candidates (the rest were excluded or
-        filtered out). Scores of multinomial models are probabilities, softmax over all items
-        taken before anything is excluded: exp(logit - logsumexp(logits))."""
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """(indices, scores, n, cold): each history's best min(k, n_items) items as (B, k')
+        arrays, best first, of which the first n[r] of row r are candidates (the rest were
+        excluded or filtered out). Scores of multinomial models are probabilities, softmax over
+        all items taken before anything is excluded: exp(logit - logsumexp(logits)).
+        cold[r]: row r has no item, so it is ranked by training popularity (scores: each item's
+        share of the training interactions), when the run has the counts."""
         logits = self.score_fn(batch).float()
         lse = torch.logsumexp(logits, dim=1, keepdim=True) if self.model.multinomial else None
+        cold = torch.zeros(batch.batch_size, dtype=torch.bool, device=logits.device)
+        if self.popularity is not None:
+            cold = torch.bincount(batch.row_ids, minlength=batch.batch_size) == 0
+            logits[cold] = self.popularity
         if mask is not None:
             logits.masked_fill_(mask, -torch.inf)
         if exclude_history:
             logits[batch.row_ids, batch.indices] = -torch.inf
         top = logits.topk(min(k, self.model.n_items), dim=1)
         n = torch.isfinite(top.values).sum(dim=1)
-        scores = torch.exp(top.values - lse) if lse is not None else top.values
-        return top.indices.cpu().numpy(), scores.cpu().numpy(), n.cpu().numpy()
+        scores = top.values
+        if lse is not None:
+            scores = torch.where(cold[:, None], scores, torch.exp(scores - lse))
+        return top.indices.cpu().numpy(), scores.cpu().numpy(), n.cpu().numpy(), cold.cpu().numpy()
 
     @torch.no_grad()
     def recommend_batch(
@@ -160,14 +180,16 @@ class Recommender:
         known = [sorted(set(r)) for r in known]
         if not known:
             return []
-        idx, scores, n = self.top_k(self._batch(known), k, exclude_history, mask)
+        idx, scores, n, cold = self.top_k(self._batch(known), k, exclude_history, mask)
         ids = self.items.array[idx]
         out = []
         for r in range(len(known)):
             top = ids[r, : n[r]].tolist()
-            out.append(
-                Recommendation(top, scores[r, : n[r]].tolist(), list(unknown[r]), self.titles(top))
+            rec = Recommendation(
+                top, scores[r, : n[r]].tolist(), list(unknown[r]), self.titles(top)
             )
+            rec.fallback = "popular" if cold[r] else None
+            out.append(rec)
         return out
 
     def recommend(self, history: Iterable, k: int = 10, **filters) -> Recommendation:

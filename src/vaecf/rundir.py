@@ -6,6 +6,8 @@
                     the run repeated from its own directory
     items.parquet   the item vocabulary (raw id of every model column)
     item_names.parquet  item_id, name: the items' names, where the dataset has them (optional)
+    popularity.npy  each item's training-interaction count (int64, vocabulary order): the
+                    ranking a history with no known item falls back to (cold start)
     best.pt         weights of the selected model (the best validation epoch; closed-form: the fit)
     last.pt         everything needed to resume training bit for bit (gradient models)
     metrics.jsonl   one JSON line per epoch (closed-form: one line with the fit's record)
@@ -22,16 +24,18 @@ import os
 import shutil
 from pathlib import Path
 
+import numpy as np
 import torch
 
 from vaecf import checkpoint, configfile
-from vaecf._io import write_json
+from vaecf._io import atomic_file, write_json
 from vaecf.errors import RunError
 
 CONFIG = "config.json"
 CONFIG_TOML = "config.toml"
 ITEMS = "items.parquet"
 ITEM_NAMES = "item_names.parquet"
+POPULARITY = "popularity.npy"
 BEST = "best.pt"
 LAST = "last.pt"
 METRICS = "metrics.jsonl"
@@ -103,6 +107,33 @@ def start_run(run_dir: Path, model_name: str, model_config: dict, train: dict, d
     write_config(run_dir, model_name, model_config, train, data, ds.manifest.get("vaecf_version"))
     copy_items(run_dir, ds.path / "items.parquet")
     copy_item_names(run_dir, ds.item_names_file())
+    save_popularity(run_dir, item_counts(ds.split("train")))
+
+
+def item_counts(train) -> np.ndarray:
+    """(n_items,) int64: how many training users have each item (a scipy CSR)."""
+    return np.bincount(train.indices, minlength=train.shape[1]).astype(np.int64)
+
+
+def save_popularity(run_dir: Path, counts: np.ndarray) -> None:
+    with atomic_file(Path(run_dir) / POPULARITY) as f:
+        np.save(f, np.asarray(counts, dtype=np.int64), allow_pickle=False)
+
+
+def load_popularity(run_dir: str | os.PathLike, n_items: int) -> np.ndarray | None:
+    """The run's training counts per item, or None for a run written before they were kept."""
+    path = Path(run_dir) / POPULARITY
+    if not path.is_file():
+        return None
+    try:
+        counts = np.load(path, allow_pickle=False)
+    except (ValueError, OSError, EOFError) as e:
+        raise RunError(f"{path} is corrupted ({e}); restore the run directory") from None
+    if counts.shape != (n_items,) or counts.dtype != np.int64 or (counts < 0).any():
+        raise RunError(
+            f"{path} does not hold {n_items} non-negative counts; restore the run directory"
+        )
+    return counts
 
 
 def copy_items(run_dir: Path, items_parquet: Path) -> None:

@@ -12,7 +12,8 @@ a rename, so `out` is either the previous file or the complete new one. Peak mem
 of interactions and its recommendations, plus the per-user row counts.
 
 Output rows, sorted by user then rank: the user column (as named in the input), rank (1 = best),
-item_id, score (the Recommender's: probability for multinomial models).
+item_id, score (the Recommender's: probability for multinomial models). A user none of whose
+items the model knows gets the training popularity ranking (counted as "cold_users").
 """
 
 from __future__ import annotations
@@ -98,7 +99,8 @@ def score_file(
     progress: Callable[[int], None] | None = None,
 ) -> dict:
     """Write top-`k` recommendations for every user of `path` to `out` (.parquet or .csv).
-    `progress(n)` is called after every n users scored. Returns {"users", "rows", "chunks"}."""
+    `progress(n)` is called after every n users scored. Returns {"users", "rows", "chunks",
+    "cold_users", "out"}: cold users had no known item and got the popularity ranking."""
     if chunk_rows < 1 or batch_users < 1:
         raise DataError("chunk_rows and batch_users must be at least 1")
     out = Path(out)
@@ -112,7 +114,7 @@ def score_file(
     del counts
     out.parent.mkdir(parents=True, exist_ok=True)
     parts_dir = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".parts", dir=out.parent))
-    n_users = n_rows = 0
+    n_users = n_rows = n_cold = 0
     try:
         vocab = pl.LazyFrame({item_col: rec.items.ids, IDX: range(len(rec.items))})
         as_vocab = _cast_ids(pl.col(item_col), schema[item_col], rec.items.ids.dtype)
@@ -136,7 +138,8 @@ def score_file(
                 batch = rec.batch_of(
                     torch.from_numpy(flat[starts[b] : starts[e]]), torch.from_numpy(lens[b:e])
                 )
-                idx, scores, n = rec.top_k(batch, k, exclude_history=exclude_seen)
+                idx, scores, n, cold = rec.top_k(batch, k, exclude_history=exclude_seen)
+                n_cold += int(cold.sum())
                 valid = np.arange(idx.shape[1])[None, :] < n[:, None]
                 frames.append(
                     pl.DataFrame(
@@ -182,4 +185,10 @@ def score_file(
             raise
     finally:
         shutil.rmtree(parts_dir, ignore_errors=True)
-    return {"users": n_users, "rows": n_rows, "chunks": len(chunks), "out": str(out)}
+    return {
+        "users": n_users,
+        "rows": n_rows,
+        "chunks": len(chunks),
+        "cold_users": n_cold,
+        "out": str(out),
+    }

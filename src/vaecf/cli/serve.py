@@ -88,7 +88,10 @@ def cmd_score(a) -> int:
     if a.json:
         print_json(res)
     else:
-        print(f"{res['users']} users, {res['rows']} rows -> {res['out']}", file=sys.stderr)
+        cold = (
+            f" ({res['cold_users']} with no known item: popular items)" if res["cold_users"] else ""
+        )
+        print(f"{res['users']} users{cold}, {res['rows']} rows -> {res['out']}", file=sys.stderr)
     return 0
 
 

@@ -155,6 +155,12 @@ def cmd_recommend(a) -> int:
         return 0
     if r.unknown:
         print(f"unknown item ids (ignored): {', '.join(map(str, r.unknown))}", file=sys.stderr)
+    if r.fallback == "popular":
+        print(
+            "no item of the history is known to the model: the most popular training items "
+            "(score: share of the training interactions)",
+            file=sys.stderr,
+        )
     _print_ranked(r)
     return 0
 

@@ -40,4 +40,6 @@ def fresh_run(
         out, model, models.config_to_dict(net.config), {"untrained": True}, data, __version__
     )
     rundir.save_model(out, net, epoch=epoch, metrics={})
+    counts = torch.randint(0, 100, (n_items,), generator=torch.Generator().manual_seed(seed))
+    rundir.save_popularity(out, counts.numpy())  # made-up training counts (cold starts)
     return out

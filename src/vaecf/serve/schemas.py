@@ -8,7 +8,7 @@ per app at run time.)
 """
 
 import json
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 import orjson
 from fastapi.exceptions import RequestValidationError
@@ -63,6 +63,10 @@ class ModelVersion(BaseModel):
 class Ranked(BaseModel):
     items: list[ItemScore] = Field(description="best first")
     unknown: list[ItemId] = Field(description="history ids the model does not know (ignored)")
+    fallback: Literal["popular"] | None = Field(
+        description="'popular' when no history item is known (a cold start): the items are "
+        "the training popularity ranking, scored by their share of the training interactions"
+    )
 
 
 class RecommendResponse(Ranked):
