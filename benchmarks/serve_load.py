@@ -11,6 +11,7 @@ machine's cores, so on a small machine the client's own CPU use is part of what 
 
     python benchmarks/serve_load.py                      # 5 s per cell, concurrency 1 16 64
     python benchmarks/serve_load.py --duration 10 --concurrency 1 8 --json
+    python benchmarks/serve_load.py --overload 4 --concurrency 16 64   # 4x capacity, open loop
 """
 
 from __future__ import annotations
@@ -47,13 +48,18 @@ class Server:
     """`vaecf serve RUN` as a subprocess, ready when /readyz answers 200."""
 
     def __init__(
-        self, run: Path, batch_wait_ms: float, max_batch_size: int = 256, precision: str = "fp32"
+        self,
+        run: Path,
+        batch_wait_ms: float,
+        max_batch_size: int = 256,
+        precision: str = "fp32",
+        extra: list[str] | None = None,
     ):
         self.port = free_port()
         self.base = f"http://127.0.0.1:{self.port}"
         cmd = [sys.executable, "-m", "vaecf", "serve", str(run), "--port", str(self.port)]
         cmd += ["--batch-wait-ms", str(batch_wait_ms), "--max-batch-size", str(max_batch_size)]
-        cmd += ["--precision", precision, "--log-level", "warning"]
+        cmd += ["--precision", precision, "--log-level", "warning", *(extra or [])]
         self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL)
 
     def __enter__(self) -> Server:
@@ -194,6 +200,125 @@ async def load(
     return out
 
 
+async def overload(
+    base: str, rate: float, duration: float, n_items: int, seed: int = 0, n_conns: int = 512
+) -> dict:
+    """Open-loop load: requests sent at `rate` per second whatever the answers (a fresh
+    connection from a pool of `n_conns` each), while a separate connection probes /healthz
+    every 20 ms. Served and refused requests and the probes are timed apart."""
+    rng = random.Random(seed)
+    host, port = base.removeprefix("http://").split(":")
+    bodies = [
+        json.dumps({"items": rng.sample(range(n_items), 50), "k": 100}).encode()
+        for _ in range(1000)
+    ]
+    pool: asyncio.Queue[Connection] = asyncio.Queue()
+    for _ in range(n_conns):
+        pool.put_nowait(Connection(host, int(port)))
+    served, refused, health = [], [], []
+    failed = 0
+    t_end = time.perf_counter() + duration
+
+    async def one(i: int) -> None:
+        nonlocal failed
+        conn = await pool.get()
+        t0 = time.perf_counter()
+        try:
+            status, _ = await conn.post("/v1/recommend", bodies[i % len(bodies)])
+        except (OSError, asyncio.IncompleteReadError, ValueError):
+            conn.close()
+            failed += 1
+        else:
+            elapsed = time.perf_counter() - t0
+            if status == 200:
+                served.append(elapsed)
+            elif status == 503:
+                refused.append(elapsed)
+            else:
+                failed += 1
+        finally:
+            pool.put_nowait(conn)
+
+    async def probe() -> None:
+        reader, writer = await asyncio.open_connection(host, int(port))
+        req = f"GET /healthz HTTP/1.1\r\nHost: {host}:{port}\r\n\r\n".encode()
+        while time.perf_counter() < t_end:
+            t0 = time.perf_counter()
+            writer.write(req)
+            await reader.readuntil(b"\r\n\r\n")
+            await reader.readuntil(b"}")
+            health.append(time.perf_counter() - t0)
+            await asyncio.sleep(0.02)
+        writer.close()
+
+    prober = asyncio.ensure_future(probe())
+    tasks, i, t0 = [], 0, time.perf_counter()
+    while (now := time.perf_counter()) < t_end:
+        due = int((now - t0) * rate)
+        while i < due:
+            tasks.append(asyncio.ensure_future(one(i)))
+            i += 1
+        await asyncio.sleep(0.001)
+    await asyncio.gather(*tasks, prober)
+    wall = time.perf_counter() - t0
+
+    def pct(xs: list[float], p: int) -> float | None:
+        if len(xs) < 2:
+            return None
+        return round(statistics.quantiles(xs, n=100, method="inclusive")[p - 1] * 1e3, 2)
+
+    return {
+        "offered_per_s": round(i / wall, 1),
+        "served": len(served),
+        "served_per_s": round(len(served) / wall, 1),
+        "served_p50_ms": pct(served, 50),
+        "served_p99_ms": pct(served, 99),
+        "refused_503": len(refused),
+        "refused_p99_ms": pct(refused, 99),
+        "failed": failed,
+        "healthz_p99_ms": pct(health, 99),
+        "healthz_probes": len(health),
+    }
+
+
+def main_overload(a) -> int:
+    """Capacity (closed loop, the most req/s over the concurrencies), then open-loop load at
+    `--overload` x that rate on a server with a short queue."""
+    with tempfile.TemporaryDirectory() as tmp:
+        run = fresh_run(Path(tmp) / "a", a.items, "multvae", seed=0)
+        with Server(run, a.batch_wait_ms, precision=a.precision) as server:
+            caps = [
+                asyncio.run(load(server.base, c, a.duration, a.max_requests, a.items))
+                for c in a.concurrency
+            ]
+        cap = max(caps, key=lambda r: r["req_per_s"])
+        extra = ["--max-queue", str(a.max_queue), "--request-timeout", str(a.request_timeout)]
+        with Server(run, a.batch_wait_ms, precision=a.precision, extra=extra) as server:
+            res = asyncio.run(
+                overload(server.base, a.overload * cap["req_per_s"], a.duration, a.items)
+            )
+            alive = server.proc.poll() is None
+    print(
+        f"n_items {a.items}, --precision {a.precision}, history 50 items, k=100, "
+        f"{a.duration:g} s per row, {os.cpu_count()} CPUs (client and server together); "
+        f"overload server: --max-queue {a.max_queue} --request-timeout {a.request_timeout:g}\n"
+    )
+    print("| load | req/s served | p50 ms | p99 ms | 503s (p99 ms) | failed | /healthz p99 ms |")
+    print("|---|---:|---:|---:|---:|---:|---:|")
+    print(
+        f"| capacity: closed loop, concurrency {cap['concurrency']} | {cap['req_per_s']} | "
+        f"{cap['p50_ms']} | {cap['p99_ms']} | 0 | {cap['errors']} | |"
+    )
+    print(
+        f"| {a.overload:g}x capacity: open loop, {res['offered_per_s']} req/s offered | "
+        f"{res['served_per_s']} | {res['served_p50_ms']} | {res['served_p99_ms']} | "
+        f"{res['refused_503']} ({res['refused_p99_ms']}) | {res['failed']} | "
+        f"{res['healthz_p99_ms']} ({res['healthz_probes']} probes) |"
+    )
+    print(f"\nserver alive after the overload: {alive}")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--duration", type=float, default=5.0, help="seconds per cell (5)")
@@ -203,7 +328,16 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--items", type=int, default=ML20M_ITEMS, help="n_items (20,108: ML-20M)")
     p.add_argument("--precision", default="fp32", help="the server's --precision (fp32)")
     p.add_argument("--json", action="store_true", help="print JSON lines instead of a table")
+    p.add_argument(
+        "--overload",
+        type=float,
+        help="instead: measure capacity, then offer this many times it, open loop",
+    )
+    p.add_argument("--max-queue", type=int, default=64, help="the overloaded server's (64)")
+    p.add_argument("--request-timeout", type=float, default=2.0, help="its deadline (2 s)")
     a = p.parse_args(argv)
+    if a.overload:
+        return main_overload(a)
 
     rows = []
     with tempfile.TemporaryDirectory() as tmp:

@@ -70,9 +70,12 @@ def test_integer_ids_accept_strings(tmp_path):
     vaecf.train(ds, vaecf.TrainConfig(epochs=1, device="cpu", progress=False), tmp_path / "r")
     rec = vaecf.Recommender.load(tmp_path / "r")
     a = rec.recommend([1, 2, 3], k=5)
-    b = rec.recommend(["1", "2", " 3"], k=5)
+    b = rec.recommend(["1", "2", "3"], k=5)
     assert a.item_ids == b.item_ids and b.unknown == []
     assert all(isinstance(i, int) for i in a.item_ids)
+    # one spelling of an integer id as text, as in every verb: nothing lenient
+    odd = [" 3", "3 ", "+3", "0_3", "\u0663", "3.0", True]
+    assert rec.recommend(["1", *odd], k=5).unknown == odd
 
 
 def test_bf16_serving_agrees_with_fp32(block_run):

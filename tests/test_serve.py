@@ -103,7 +103,7 @@ def test_recommend_is_the_recommenders_answer_and_names_the_model(server, rec_a,
     assert len(body["items"]) == 7
     assert {1001, 1005}.isdisjoint(i["item_id"] for i in body["items"])
     m = body["model"]
-    assert m["run"] == str(runs["a"].resolve()) and m["name"] == "multvae"
+    assert m["run"] == "a" and m["name"] == "multvae"  # the run's name; its path is not shown
     assert m["n_items"] == len(IDS) and m["checkpoint"] == "best.pt" and m["checkpoint_mtime"]
 
 
@@ -293,7 +293,7 @@ def test_batcher_gathers_concurrent_jobs_and_answers_as_alone(rec_a, runs):
     sizes = []
 
     async def go():
-        b = MicroBatcher(wait_s=0.05, max_batch_size=64, on_batch=lambda h, r: sizes.append(r))
+        b = MicroBatcher(wait_s=0.05, max_batch_size=64, on_batch=lambda h, r, s: sizes.append(r))
         await b.start()
         try:
             return await asyncio.gather(
@@ -326,7 +326,7 @@ def test_a_request_alone_is_scored_without_the_thread_hop(rec_a, runs):
     async def go():
         b = MicroBatcher(
             wait_s=0.05,
-            on_batch=lambda h, r: threads.append(threading.current_thread()),
+            on_batch=lambda h, r, s: threads.append(threading.current_thread()),
             in_flight=lambda: in_flight[0],
         )
         await b.start()
@@ -363,7 +363,7 @@ def test_requests_that_arrive_together_are_batched_not_scored_inline(rec_a, runs
     async def go():
         b = MicroBatcher(
             wait_s=0.01,
-            on_batch=lambda h, r: calls.append((r, threading.current_thread())),
+            on_batch=lambda h, r, s: calls.append((r, threading.current_thread())),
             in_flight=lambda: active[0],
         )
         await b.start()
@@ -382,7 +382,9 @@ def test_requests_that_arrive_together_are_batched_not_scored_inline(rec_a, runs
 @pytest.mark.parametrize("wait_ms", [0.0, 20.0])
 def test_concurrent_http_requests_batched_or_not_get_the_unbatched_answer(runs, rec_a, wait_ms):
     bodies = requests_mix(32)
-    settings = ServeSettings(run=str(runs["a"]), batch_wait_ms=wait_ms, max_batch_size=16)
+    settings = ServeSettings(
+        run=str(runs["a"]), batch_wait_ms=wait_ms, max_batch_size=16, max_batch=16
+    )
 
     async def fire(base):
         async with httpx.AsyncClient(base_url=base, timeout=30) as c:
@@ -417,7 +419,8 @@ def test_reload_under_concurrent_requests(runs, rec_a):
             while not stop.is_set():
                 answers.append(c.post("/v1/recommend", json={"items": history}))
 
-    with running(ServeSettings(run=str(runs["a"]))) as (base, _), client(base) as c:
+    paths = ServeSettings(run=str(runs["a"]), expose_paths=True, reload_min_interval_s=0)
+    with running(paths) as (base, _), client(base) as c:
         workers = [threading.Thread(target=hammer, args=(base,)) for _ in range(3)]
         for w in workers:
             w.start()
@@ -437,7 +440,8 @@ def test_reload_under_concurrent_requests(runs, rec_a):
             w.join()
         after = c.post("/v1/recommend", json={"items": history}).json()
         again = c.post("/v1/admin/reload", json={})  # the current run (b) again
-        no_body = c.post("/v1/admin/reload")
+        no_body = c.post("/v1/admin/reload")  # what any web page could make a browser send
+        no_body_json = c.post("/v1/admin/reload", headers={"content-type": "application/json"})
         metrics = c.get("/metrics").text
     assert all(a.status_code == 200 for a in answers)
     runs_seen = [a.json()["model"]["run"] for a in answers]
@@ -453,7 +457,7 @@ def test_reload_under_concurrent_requests(runs, rec_a):
     assert "corrupted" in failed.json()["message"]
     assert after["model"]["name"] == "multdae" and same_answer(after, want[after["model"]["run"]])
     assert again.status_code == 200 and again.json()["model"]["name"] == "multdae"
-    assert no_body.status_code == 200
+    assert no_body.status_code == 415 and no_body_json.status_code == 422  # the body is {}
     assert "outside the directory runs may be reloaded from" in outside.json()["message"]
     assert "outside" in escape.json()["message"]
     assert 'vaecf_reloads_total{outcome="failed"} 4.0' in metrics
@@ -461,11 +465,13 @@ def test_reload_under_concurrent_requests(runs, rec_a):
 
 def test_reload_root_widens_or_narrows_where_runs_come_from(runs, tmp_path):
     other = fresh_run(tmp_path / "elsewhere" / "c", len(IDS), "multvae", SMALL, IDS, seed=4)
-    narrow = ServeSettings(run=str(runs["a"]), reload_root=str(runs["a"]))
+    narrow = ServeSettings(run=str(runs["a"]), reload_root=str(runs["a"]), reload_min_interval_s=0)
     with running(narrow) as (base, _), client(base) as c:
         assert c.post("/v1/admin/reload", json={}).status_code == 200  # the run itself
         assert c.post("/v1/admin/reload", json={"run": str(runs["b"])}).status_code == 403
-    wide = ServeSettings(run=str(runs["a"]), reload_root=str(tmp_path))
+    wide = ServeSettings(
+        run=str(runs["a"]), reload_root=str(tmp_path), expose_paths=True, reload_min_interval_s=0
+    )
     with running(wide) as (base, _), client(base) as c:
         r = c.post("/v1/admin/reload", json={"run": str(other)})
         assert r.status_code == 200 and r.json()["model"]["run"] == str(other.resolve())
@@ -498,7 +504,7 @@ def test_non_loopback_without_key_is_refused_before_listening(runs, tmp_path, mo
     assert main(["serve", str(runs["broken"]), "--port", str(free_port())]) == 2
     assert "corrupted" in capsys.readouterr().err
     assert main(["serve", str(runs["a"]), "--host", "10.0.0.1", "--port", "1"]) == 2
-    monkeypatch.setenv("VAECF_API_KEY", "k")  # a key from the environment satisfies the rule
+    monkeypatch.setenv("VAECF_API_KEY", "k" * 16)  # a key from the environment satisfies it
     assert main(["serve", str(runs["broken"]), "--host", "10.0.0.1", "--port", "1"]) == 2
     assert "corrupted" in capsys.readouterr().err  # got past the auth rule, to loading
 
@@ -521,7 +527,7 @@ def test_serve_cli_sighup_reloads_and_sigterm_lets_requests_finish(runs):
     port = free_port()
     base = f"http://127.0.0.1:{port}"
     proc = subprocess.Popen(
-        vaecf_cmd("serve", str(runs["a"]), "--port", str(port)),
+        vaecf_cmd("serve", str(runs["a"]), "--port", str(port), "--shutdown-delay", "1.5"),
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -538,13 +544,17 @@ def test_serve_cli_sighup_reloads_and_sigterm_lets_requests_finish(runs):
         body = json.dumps({"items": [1001, 1002], "k": 3}).encode()
         with socket.create_connection(("127.0.0.1", port), timeout=30) as s:
             s.sendall(
-                b"POST /v1/recommend HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                b"POST /v1/recommend HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+                b"Content-Type: application/json\r\n"
                 + f"Content-Length: {len(body)}\r\n\r\n".encode()
                 + body[:5]
             )
             time.sleep(0.3)  # let the server read the headers
             proc.send_signal(signal.SIGTERM)
             time.sleep(0.3)
+            # first not ready, while still answering: a load balancer moves away in time
+            assert httpx.get(f"{base}/readyz").json()["error"] == "draining"
+            assert httpx.post(f"{base}/v1/recommend", json={"items": [1001]}).status_code == 200
             s.sendall(body[5:])
             reply = b""
             while b"\r\n\r\n" not in reply or not reply.rstrip().endswith(b"}"):

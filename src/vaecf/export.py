@@ -145,7 +145,7 @@ def _add_metadata(path: Path, model: Model, cfg: dict, run_dir) -> None:
     m = onnx.load(str(path))
     meta = {
         "vaecf_model": cfg["model"]["name"],
-        "vaecf_run": str(Path(run_dir).resolve()),
+        "vaecf_run": Path(run_dir).resolve().name,  # its name: no path of this machine
         "n_items": str(model.n_items),
         "columns": "item order of the run's items.parquet",
         "scores": "logits (softmax for probabilities)" if model.multinomial else "raw scores",

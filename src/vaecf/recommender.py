@@ -21,8 +21,8 @@ from vaecf import precision as prec
 from vaecf import rundir
 from vaecf.data.matrix import SparseBatch
 from vaecf.data.vocab import Vocabulary
-from vaecf.errors import ConfigError
-from vaecf.models.base import Model, cosine_neighbours
+from vaecf.errors import ConfigError, RunError
+from vaecf.models.base import Model, cosine_neighbours, vector_norms
 from vaecf.models.serving import serving_copy
 
 
@@ -71,6 +71,15 @@ class Recommender:
         self.precision = precision
         self.info = info or {}  # the run's config, when loaded from a run directory
         self.names = names  # {raw item id: name}, or None when the run has no names
+        # similar items: the item vectors and their norms, taken once per loaded model (the
+        # norms are n_items floats; the vectors are the model's own, not a copy)
+        self._no_similar: Exception | None = None
+        self.item_vectors = self.item_norms = None
+        try:
+            self.item_vectors = self.model.item_vectors().detach()
+            self.item_norms = vector_norms(self.item_vectors)
+        except (RunError, NotImplementedError) as e:  # popularity: no notion of similar items
+            self._no_similar = e
 
     @classmethod
     def load(
@@ -205,6 +214,8 @@ class Recommender:
         known, unknown = self.items.index_of([item_id])
         if unknown:
             return Recommendation([], [], unknown)
-        idx, sims = cosine_neighbours(self.model.item_vectors(), known[0], k)
+        if self._no_similar is not None:
+            raise self._no_similar
+        idx, sims = cosine_neighbours(self.item_vectors, known[0], k, self.item_norms)
         ids = self.items.id_of(idx)
         return Recommendation(ids, sims, titles=self.titles(ids))

@@ -40,6 +40,8 @@ BEST = "best.pt"
 LAST = "last.pt"
 METRICS = "metrics.jsonl"
 RESULTS = "results.json"
+# what loading a run for serving reads (Recommender.load)
+RUN_FILES = (CONFIG, ITEMS, ITEM_NAMES, POPULARITY, BEST, RESULTS)
 
 
 def is_run(path: str | os.PathLike) -> bool:

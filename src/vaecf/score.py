@@ -63,8 +63,8 @@ def _cast_ids(col: pl.Expr, given: pl.DataType, vocab: pl.DataType) -> pl.Expr:
     and 42 name the same item); ids that cannot be converted become null (unknown)."""
     if given == vocab:
         return col
-    if vocab.is_integer() and given == pl.String:
-        col = col.str.strip_chars()
+    if vocab.is_integer() and given == pl.String:  # the Vocabulary's rule: "42", not " 42"
+        col = pl.when(col.str.contains(r"^-?[0-9]+$")).then(col)
     if vocab.is_integer() and given.is_float():  # 7.0 is item 7; 7.5 is no item (not 7)
         col = pl.when(col == col.round(0)).then(col)
     return col.cast(vocab, strict=False)

@@ -21,7 +21,7 @@ def _need(extra: str, *modules: str) -> None:
 
 # -- serve --------------------------------------------------------------------------------------
 def cmd_serve(a) -> int:
-    from vaecf.serve.settings import ServeSettings, check_auth, read_api_key
+    from vaecf.serve.settings import ServeSettings, check_auth, read_api_key, read_key_file
 
     settings = ServeSettings(
         run=a.run,
@@ -38,6 +38,17 @@ def cmd_serve(a) -> int:
         max_k=a.max_k,
         max_batch=a.max_batch,
         reload_root=a.reload_root,
+        max_answer_items=a.max_answer_items,
+        max_queue=a.max_queue,
+        request_timeout_s=a.request_timeout,
+        limit_concurrency=a.limit_concurrency,
+        admin_key=read_key_file(a.admin_key_file, "--admin-key-file") if a.admin_key_file else None,
+        reload_min_interval_s=a.reload_min_interval,
+        allowed_hosts=a.allowed_host or [],
+        expose_paths=a.expose_paths,
+        shutdown_delay_s=a.shutdown_delay,
+        drain_s=a.drain,
+        stuck_after_s=a.stuck_after,
     )
     check_auth(settings)  # before importing or loading anything heavy: refuse early
     _need("serve", "fastapi", "uvicorn", "prometheus_client", "orjson")
@@ -143,7 +154,7 @@ def register(sub) -> None:
     ps.add_argument("run", help="run directory written by `vaecf train`")
     ps.add_argument("--host", default="127.0.0.1", help="address to listen on (127.0.0.1)")
     ps.add_argument("--port", type=int, default=8000, help="port (8000)")
-    ps.add_argument("--api-key-file", help="file whose first line is the API key")
+    ps.add_argument("--api-key-file", help="file whose first line is the API key (16+ characters)")
     ps.add_argument(
         "--no-auth",
         action="store_true",
@@ -163,11 +174,81 @@ def register(sub) -> None:
     ps.add_argument("--max-body-bytes", type=int, default=1 << 20, help="request body (1 MiB)")
     ps.add_argument("--max-history", type=int, default=5000, help="items per history (5000)")
     ps.add_argument("--max-k", type=int, default=1000, help="largest k (1000)")
-    ps.add_argument("--max-batch", type=int, default=256, help="histories per batch request")
+    ps.add_argument(
+        "--max-batch",
+        type=int,
+        default=256,
+        help="histories per batch request (256; at most --max-batch-size)",
+    )
+    ps.add_argument(
+        "--max-answer-items",
+        type=int,
+        default=25_000,
+        help="histories x k in one answer (25000; 422 beyond)",
+    )
+    ps.add_argument(
+        "--max-queue",
+        type=int,
+        default=1024,
+        help="histories waiting to be scored; beyond, 503 with Retry-After at once (1024)",
+    )
+    ps.add_argument(
+        "--request-timeout",
+        type=float,
+        default=10.0,
+        help="seconds a request may wait for its answer before a 503 (10)",
+    )
+    ps.add_argument(
+        "--limit-concurrency",
+        type=int,
+        default=512,
+        help="connections and requests at once; uvicorn answers 503 beyond (512)",
+    )
     ps.add_argument(
         "--reload-root",
         help='POST /v1/admin/reload {"run": DIR} loads run directories under this one only '
         "(default: the directory holding RUN)",
+    )
+    ps.add_argument(
+        "--admin-key-file",
+        help="file whose first line is the key for /v1/admin/* (required for them unless the "
+        "server listens on loopback only; on loopback, it makes them require it)",
+    )
+    ps.add_argument(
+        "--reload-min-interval",
+        type=float,
+        default=1.0,
+        help="seconds between reloads; closer ones get 429 (1)",
+    )
+    ps.add_argument(
+        "--allowed-host",
+        action="append",
+        metavar="NAME",
+        help="a Host header name to answer besides localhost, 127.0.0.1, ::1 and --host "
+        "(repeatable; '*': any, e.g. behind a proxy that checks it)",
+    )
+    ps.add_argument(
+        "--expose-paths",
+        action="store_true",
+        help="name the run directory's absolute path in answers (default: its name only)",
+    )
+    ps.add_argument(
+        "--shutdown-delay",
+        type=float,
+        default=2.0,
+        help="after SIGTERM, seconds /readyz answers 503 before the drain starts (2)",
+    )
+    ps.add_argument(
+        "--drain",
+        type=float,
+        default=30.0,
+        help="then, seconds requests in flight get to finish (30)",
+    )
+    ps.add_argument(
+        "--stuck-after",
+        type=float,
+        default=30.0,
+        help="/healthz answers 503 when one scoring call runs longer (30 s)",
     )
     ps.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     ps.set_defaults(fn=cmd_serve)

@@ -5,6 +5,7 @@ names."""
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Iterable, Sequence
 
 import numpy as np
@@ -12,6 +13,8 @@ import polars as pl
 
 from vaecf._io import atomic_file
 from vaecf.errors import DataError
+
+INT_ID = re.compile(r"-?[0-9]+", re.ASCII)  # how an integer id may be spelled as text
 
 
 class Vocabulary:
@@ -31,11 +34,11 @@ class Vocabulary:
         return len(self.ids)
 
     def _coerce(self, raw):
-        if self.is_int and not isinstance(raw, (int, np.integer)):
-            try:
-                return int(str(raw).strip())
-            except ValueError:
-                return raw
+        if self.is_int and not isinstance(raw, (int, np.integer)) or isinstance(raw, bool):
+            # "42" names item 42; nothing else does: not " 42", "4_2", "+42", "٤٢" or True
+            if isinstance(raw, str) and INT_ID.fullmatch(raw):
+                return int(raw)
+            return None
         if not self.is_int and not isinstance(raw, str):
             return str(raw)
         return raw
@@ -44,7 +47,8 @@ class Vocabulary:
         """Positions of the known ids (in input order) and the unknown ids as given."""
         known, unknown = [], []
         for raw in raw_ids:
-            idx = self._index.get(self._coerce(raw))
+            key = self._coerce(raw)
+            idx = None if key is None else self._index.get(key)
             if idx is None:
                 unknown.append(raw)
             else:

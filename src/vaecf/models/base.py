@@ -150,11 +150,19 @@ class Model(nn.Module):
         )
 
 
-def cosine_neighbours(vectors: torch.Tensor, idx: int, k: int) -> tuple[list[int], list[float]]:
+def vector_norms(vectors: torch.Tensor) -> torch.Tensor:
+    """(n,) float32 row norms, floored away from 0 (what `cosine_neighbours` divides by)."""
+    return torch.linalg.vector_norm(vectors.float(), dim=1).clamp_min(1e-12)
+
+
+def cosine_neighbours(
+    vectors: torch.Tensor, idx: int, k: int, norms: torch.Tensor | None = None
+) -> tuple[list[int], list[float]]:
     """The k items whose vectors have the highest cosine similarity to item `idx` (itself
-    excluded), best first."""
-    v = torch.nn.functional.normalize(vectors.float(), dim=1)
-    sim = v @ v[idx]
+    excluded), best first. With `norms` (from `vector_norms`, kept by the caller) a call costs
+    one matrix-vector product and no copy of `vectors`."""
+    norms = vector_norms(vectors) if norms is None else norms
+    sim = (vectors @ vectors[idx]).float() / (norms * norms[idx])
     sim[idx] = -torch.inf
     top = sim.topk(min(k, sim.numel() - 1))
     return top.indices.tolist(), top.values.tolist()

@@ -1,21 +1,29 @@
 """MicroBatcher: concurrent recommendation requests gathered for a short, bounded wait and scored
 as one batch by one worker thread.
 
-An asyncio queue sits in front of one scoring worker. The worker takes the first waiting job,
+A bounded queue sits in front of one scoring worker. The worker takes the first waiting job,
 waits `wait_s` (unless `max_batch_size` histories are already queued, or the server is handling
-no request beyond those in hand: then nobody could join), takes what has queued up to
+no request beyond those in hand: then nobody could join), takes what has queued up to exactly
 `max_batch_size` histories, and scores them in its single thread (the event loop stays free
 to accept requests meanwhile; under load, requests queue while a batch is scored and form the
 next batch). Jobs are grouped by what changes the answer (model, k, exclude_seen, allow, deny)
 and each group is one `Recommender.recommend_batch` call, so a request's answer is exactly the
 one it would get alone. `wait_s = 0` turns batching off: one request per scoring call. A request
 that finds the server otherwise idle is scored at once on the event loop's thread.
+
+Backpressure: a request that would take the queue past `max_queue` histories is refused at once
+(`Overloaded`: the server answers 503 with Retry-After), and one not answered within
+`timeout_s` gives up (`Expired`, 503). A job whose request gave up or was cancelled (its
+client left) is dropped before scoring. `health()` reports a worker that stopped or whose
+scoring call has run longer than `stuck_after_s`.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
+from collections import deque
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -29,7 +37,15 @@ class Stopped(RuntimeError):
     """The batcher is shutting down and takes no new work."""
 
 
-@dataclass
+class Overloaded(RuntimeError):
+    """The queue is full: the request is refused at once (503 with Retry-After)."""
+
+
+class Expired(RuntimeError):
+    """The request was not answered within its deadline (503)."""
+
+
+@dataclass(eq=False)  # a job is itself: found in the queue by identity
 class _Job:
     model: LoadedModel
     histories: list[list]
@@ -48,28 +64,54 @@ class MicroBatcher:
         self,
         wait_s: float = 0.002,
         max_batch_size: int = 256,
-        on_batch: Callable[[int, int], None] | None = None,
+        on_batch: Callable[[int, int, float], None] | None = None,
         in_flight: Callable[[], int] | None = None,
+        max_queue: int = 1024,
+        timeout_s: float = 10.0,
+        stuck_after_s: float = 30.0,
     ):
         self.wait_s = wait_s
         self.max_batch_size = max_batch_size
-        self.on_batch = on_batch  # (histories, requests) of every scoring call
+        self.max_queue = max_queue
+        self.timeout_s = timeout_s
+        self.stuck_after_s = stuck_after_s
+        self.on_batch = on_batch  # (histories, requests, seconds) of every scoring call
         # requests the server is handling (queued or not yet): with none but those in hand and
         # queued, no one can join the batch and waiting would only add latency
         self.in_flight = in_flight
         self.executor = ThreadPoolExecutor(1, thread_name_prefix="vaecf-score")
-        self._queue: asyncio.Queue[_Job | None] | None = None
+        self._jobs: deque[_Job] = deque()
         self._queued = 0  # histories waiting in the queue
+        self._wake: asyncio.Event | None = None
         self._task: asyncio.Task | None = None
         self._stopping = False
-        self._busy = 0  # jobs on the worker thread
+        self._busy = 0  # calls on the worker thread (or scoring inline)
+        self._scoring_since: float | None = None  # when the running scoring call started
+        self._beat = time.monotonic()  # the worker loop's last turn
 
     @property
     def running(self) -> bool:
         return self._task is not None and not self._task.done() and not self._stopping
 
+    @property
+    def queued(self) -> int:
+        """Histories waiting for the worker."""
+        return self._queued
+
+    def health(self) -> str | None:
+        """None when the worker is alive and not stuck, else what is wrong."""
+        now = time.monotonic()
+        if self._task is None or self._task.done():
+            return "the scoring worker is not running"
+        since = self._scoring_since
+        if since is not None and now - since > self.stuck_after_s:
+            return f"a scoring call has run for {now - since:.0f} s (stuck_after_s)"
+        if since is None and now - self._beat > self.stuck_after_s:
+            return f"the scoring worker has not turned for {now - self._beat:.0f} s"
+        return None
+
     async def start(self) -> None:
-        self._queue = asyncio.Queue()
+        self._wake = asyncio.Event()
         self._task = asyncio.create_task(self._run(), name="vaecf-batcher")
 
     async def stop(self) -> None:
@@ -77,7 +119,7 @@ class MicroBatcher:
         if self._task is None:
             return
         self._stopping = True
-        await self._queue.put(None)
+        self._wake.set()
         with contextlib.suppress(asyncio.CancelledError):
             await self._task
         self.executor.shutdown(wait=True)
@@ -109,13 +151,32 @@ class MicroBatcher:
         # read in one go would each find themselves alone and be scored one by one, inline.
         await asyncio.sleep(0)
         if self._alone():
-            out = self._score([job])[0]
+            out = self._timed(self._score, [job])[0]
             if isinstance(out, BaseException):
                 raise out
             return out
-        self._queued += len(job.histories)
-        await self._queue.put(job)
-        return await job.future
+        n = len(job.histories)
+        if self._queued + n > self.max_queue:
+            raise Overloaded(
+                f"the scoring queue is full ({self._queued} of max_queue={self.max_queue} "
+                "histories waiting); retry shortly"
+            )
+        self._jobs.append(job)
+        self._queued += n
+        self._wake.set()
+        try:
+            return await asyncio.wait_for(job.future, self.timeout_s)
+        except TimeoutError:
+            raise Expired(
+                f"not answered within request_timeout_s={self.timeout_s:g} s; the server is "
+                "overloaded, retry shortly"
+            ) from None
+        finally:
+            if not job.future.done():
+                job.future.cancel()  # the request was cancelled: its client left
+            if job in self._jobs:  # not taken yet: its place goes back
+                self._jobs.remove(job)
+                self._queued -= n
 
     def _alone(self) -> bool:
         """Whether the server handles no request but the caller's and the worker is idle
@@ -125,69 +186,81 @@ class MicroBatcher:
             self.in_flight is not None
             and self.in_flight() == 1
             and not self._busy
-            and self._queue.empty()
+            and not self._jobs
         )
+
+    def _timed(self, fn: Callable[..., Any], *args: Any) -> Any:
+        """fn(*args), with the scoring-call clock that health() reads."""
+        self._busy += 1
+        self._scoring_since = time.monotonic()
+        try:
+            return fn(*args)
+        finally:
+            self._scoring_since = None
+            self._busy -= 1
 
     async def call(self, fn: Callable[..., Any], *args: Any) -> Any:
         """Run `fn(*args)` on the scoring thread (between batches)."""
-        self._busy += 1
-        try:
-            return await asyncio.get_running_loop().run_in_executor(self.executor, fn, *args)
-        finally:
-            self._busy -= 1
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self.executor, self._timed, fn, *args)
 
-    def _take(self) -> _Job | None:
-        job = self._queue.get_nowait()
-        if job is not None:
-            self._queued -= len(job.histories)
-        return job
+    def _take(self) -> tuple[list[_Job], int]:
+        """The jobs of the next batch (at most max_batch_size histories; one job when batching
+        is off), skipping those already answered (given up, or their client left)."""
+        jobs, n = [], 0
+        while self._jobs:
+            size = len(self._jobs[0].histories)
+            if jobs and (self.wait_s == 0 or n + size > self.max_batch_size):
+                break
+            job = self._jobs.popleft()
+            self._queued -= size
+            if job.future.done():
+                continue
+            jobs.append(job)
+            n += size
+        return jobs, n
 
     async def _run(self) -> None:
         loop = asyncio.get_running_loop()
-        done = False
-        while not done:
-            first = await self._queue.get()
-            if first is None:
-                break
-            self._queued -= len(first.histories)
-            jobs, n = [first], len(first.histories)
+        while True:
+            self._beat = time.monotonic()
+            if not self._jobs:
+                if self._stopping:
+                    break
+                self._wake.clear()
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._wake.wait(), 1.0)  # a beat a second when idle
+                continue
             if self.wait_s > 0:
                 others = None if self.in_flight is None else self.in_flight() - 1
-                if n + self._queued < self.max_batch_size and (
-                    others is None or others > self._queue.qsize()
+                if self._queued < self.max_batch_size and (
+                    others is None or others > len(self._jobs) - 1
                 ):
                     await asyncio.sleep(self.wait_s)
-                while n < self.max_batch_size and not self._queue.empty():
-                    job = self._take()
-                    if job is None:
-                        done = True
-                        break
-                    jobs.append(job)
-                    n += len(job.histories)
-            self._busy += 1
+            jobs, _ = self._take()
+            if not jobs:
+                continue
             try:
-                outcomes = await loop.run_in_executor(self.executor, self._score, jobs)
+                outcomes = await loop.run_in_executor(self.executor, self._timed, self._score, jobs)
+            except asyncio.CancelledError:
+                raise
             except BaseException as e:  # the executor itself failed: fail the batch
                 outcomes = [e] * len(jobs)
-            finally:
-                self._busy -= 1
             for job, out in zip(jobs, outcomes):
-                if job.future.done():  # the client went away
+                if job.future.done():  # the client went away, or its deadline passed
                     continue
                 if isinstance(out, BaseException):
                     job.future.set_exception(out)
                 else:
                     job.future.set_result(out)
-        while not self._queue.empty():  # stopped: nothing should be left, but never hang one
-            job = self._queue.get_nowait()
-            if job is not None and not job.future.done():
-                job.future.set_exception(Stopped("the server is shutting down"))
 
     def _score(self, jobs: list[_Job]) -> list[list[Recommendation] | BaseException]:
         """On the scoring thread: one recommend_batch per group of alike jobs."""
+        t0 = time.perf_counter()
         groups: dict[tuple, list[int]] = {}
         for j, job in enumerate(jobs):
-            groups.setdefault(job.key(), []).append(j)
+            if not job.future.done():  # its request gave up while the batch waited for the thread
+                groups.setdefault(job.key(), []).append(j)
         out: list[Any] = [None] * len(jobs)
         for members in groups.values():
             head = jobs[members[0]]
@@ -209,6 +282,8 @@ class MicroBatcher:
                 n = len(jobs[j].histories)
                 out[j] = recs[start : start + n]
                 start += n
-        if self.on_batch is not None:
-            self.on_batch(sum(len(j.histories) for j in jobs), len(jobs))
+        if self.on_batch is not None and groups:
+            members = [j for m in groups.values() for j in m]
+            n = sum(len(jobs[j].histories) for j in members)
+            self.on_batch(n, len(members), time.perf_counter() - t0)
         return out

@@ -1,5 +1,6 @@
 """Prometheus metrics of one app, in its own registry (several apps in one process, as in the
-tests, do not collide): requests and latency by route and status, scoring batch sizes, reloads."""
+tests, do not collide): requests and latency by route and status (499: the client left first),
+scoring batch sizes and seconds, the queue and requests in flight, refusals under load, reloads."""
 
 from __future__ import annotations
 
@@ -35,6 +36,24 @@ class Metrics:
             buckets=BATCH_BUCKETS,
             registry=r,
         )
+        self.scoring = Histogram(
+            "vaecf_scoring_seconds",
+            "seconds per scoring call (one micro-batch)",
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.queued = Gauge(
+            "vaecf_queue_histories", "histories waiting for the scoring worker", registry=r
+        )
+        self.in_flight = Gauge(
+            "vaecf_requests_in_flight", "HTTP requests being handled", registry=r
+        )
+        self.rejected = Counter(
+            "vaecf_rejected",
+            "requests refused or dropped under load, by reason",
+            ["reason"],
+            registry=r,
+        )
         self.reloads = Counter("vaecf_reloads", "model reloads by outcome", ["outcome"], registry=r)
         self.model_loaded = Gauge(
             "vaecf_model_loaded_timestamp_seconds", "when the serving model was loaded", registry=r
@@ -44,9 +63,15 @@ class Metrics:
         self.requests.labels(route, str(status)).inc()
         self.latency.labels(route, str(status)).observe(seconds)
 
-    def observe_batch(self, histories: int, requests: int) -> None:
+    def observe_batch(self, histories: int, requests: int, seconds: float = 0.0) -> None:
         self.batch_histories.observe(histories)
         self.batch_requests.observe(requests)
+        self.scoring.observe(seconds)
+
+    def watch(self, queued, in_flight) -> None:
+        """Gauges read at scrape time: `queued()` histories, `in_flight()` requests."""
+        self.queued.set_function(queued)
+        self.in_flight.set_function(in_flight)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

@@ -106,14 +106,29 @@ class ModelHolder:
         Raises RunError (and keeps the old model) when it fails, or when `run_dir` is given and
         lies outside `root`."""
         with self._lock:
-            target = run_dir if run_dir else self.current.version["run"]
-            if run_dir and not Path(run_dir).resolve().is_relative_to(self.root):
+            given = run_dir if run_dir else self.current.version["run"]
+            target = Path(given).resolve()  # what is checked is what is loaded
+            if run_dir and not target.is_relative_to(self.root):
                 raise RunForbidden(
-                    f"{target} is outside the directory runs may be reloaded from "
+                    f"{given} is outside the directory runs may be reloaded from "
                     f"({self.root}); restart the server with --reload-root to allow another"
                 )
-            if not Path(target).is_dir():
-                raise RunNotFound(f"{target} is not a directory; give a run directory")
+            if not target.is_dir():
+                raise RunNotFound(f"{given} is not a directory; give a run directory")
+            if run_dir:
+                self._check_files(target, given)
             new = load_checked(target, self.device, self.precision)
             self.current = new  # one reference assignment: atomic for readers
             return new
+
+    def _check_files(self, target: Path, given) -> None:
+        """Every file the load reads lies inside `root` once links are followed (a link in an
+        allowed run directory must not make the server read elsewhere)."""
+        for name in rundir.RUN_FILES:
+            path = target / name
+            if path.is_symlink() or path.exists():
+                if not path.resolve().is_relative_to(self.root):
+                    raise RunForbidden(
+                        f"{given}: {name} links outside the directory runs may be reloaded "
+                        f"from ({self.root}); copy the file in instead"
+                    )

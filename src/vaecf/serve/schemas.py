@@ -13,12 +13,34 @@ from typing import Annotated, Any, Literal
 import orjson
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
-from pydantic import BaseModel, ConfigDict, Field, StrictInt, StringConstraints, model_validator
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    StrictInt,
+    StringConstraints,
+    model_validator,
+)
 
 from vaecf.serve.settings import ServeSettings
 
+
 # A raw item id: the data's own (an int or a string); 42 and "42" name the same item.
-ItemId = StrictInt | Annotated[str, StringConstraints(min_length=1, max_length=256)]
+def _no_bool_or_text(v: Any) -> Any:
+    if isinstance(v, (bool, str)):  # true is not 1 and "3" is not 3 here
+        raise ValueError("must be a JSON integer")
+    return v
+
+
+# an integer as JSON Schema has it (3 or 3.0, not 3.5), never a boolean or a string
+WholeNumber = Annotated[int, BeforeValidator(_no_bool_or_text)]
+
+# Text never holds control characters (a newline in an id would forge a log line).
+NO_CONTROL = r"^[^\x00-\x1f\x7f]*$"
+ItemId = (
+    StrictInt | Annotated[str, StringConstraints(min_length=1, max_length=256, pattern=NO_CONTROL)]
+)
 
 
 def json_ok(content: dict) -> Response:
@@ -97,12 +119,17 @@ class ErrorResponse(BaseModel):
 
 ERROR_MEANING = {
     401: "no or a wrong API key (only when the server has one)",
-    403: "reload: the run directory is outside --reload-root",
+    403: "reload: the run directory is outside --reload-root; admin routes without an admin "
+    "key on a server that is not loopback-only",
+    415: "admin requests must be sent as application/json",
+    421: "the Host header names no name this server answers to (--allowed-host)",
+    429: "reload: too soon after the last one (Retry-After)",
     404: "the item is not in the model's vocabulary; reload: no such run directory",
     413: "the request body exceeds max_body_bytes",
     422: "the request breaks the schema or a limit (named in `limits`); a run that fails to load",
     500: "the model to reload failed in an unexpected way; the old one still serves",
-    503: "the server is starting or shutting down",
+    503: "overloaded (the scoring queue is full or the request's deadline passed: retry after "
+    "Retry-After seconds), or starting or shutting down",
 }
 
 
@@ -126,7 +153,7 @@ class ReloadRequest(BaseModel):
     run: str | None = Field(
         None,
         max_length=4096,
-        pattern=r"^[^\x00]*$",  # a path never holds a NUL
+        pattern=NO_CONTROL,  # a path with a newline or NUL is no run of ours
         description="run directory to serve (under --reload-root); default the current one",
     )
 
@@ -147,7 +174,9 @@ def request_schemas(s: ServeSettings) -> tuple[type[BaseModel], type[BaseModel]]
                 }
             },
         )
-        k: int = Field(10, ge=1, le=s.max_k, description=f"how many items (max_k {s.max_k})")
+        k: WholeNumber = Field(
+            10, ge=1, le=s.max_k, description=f"how many items (max_k {s.max_k})"
+        )
         exclude_seen: bool = Field(True, description="never recommend the history's items")
         allow: Filter = Field(None, description="recommend only among these ids")
         deny: Filter = Field(None, description="never recommend these ids")

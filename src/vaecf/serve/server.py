@@ -2,9 +2,11 @@
 
 Start-up refuses (ConfigError, exit 2) before listening when the address is not loopback and
 neither an API key nor --no-auth is given, and when the run does not load. SIGTERM (or SIGINT):
-uvicorn stops accepting, lets requests in flight finish (up to `graceful_s`), then the app's
-lifespan scores what is queued and stops its worker; the process exits 0. SIGHUP reloads the
-model (app.py).
+/readyz answers 503 for `shutdown_delay_s` while everything else is still served (a load
+balancer sees not-ready before the server goes away), then uvicorn stops accepting, lets
+requests in flight finish (up to `drain_s`), the app's lifespan scores what is queued and stops
+its worker, and the process exits 0. A second signal skips the delay. SIGHUP reloads the model
+(app.py).
 """
 
 from __future__ import annotations
@@ -12,13 +14,14 @@ from __future__ import annotations
 import gc
 import logging
 import signal
+import threading
+
+import uvicorn
 
 from vaecf.serve.settings import ServeSettings, check_auth
 
 
-def serve(settings: ServeSettings, log_level: str = "info", graceful_s: float = 30.0) -> None:
-    import uvicorn
-
+def serve(settings: ServeSettings, log_level: str = "info") -> None:
     from vaecf.serve.app import create_app
     from vaecf.serve.reload import ModelHolder
 
@@ -38,7 +41,8 @@ def serve(settings: ServeSettings, log_level: str = "info", graceful_s: float = 
         host=settings.host,
         port=settings.port,
         log_level=log_level,
-        timeout_graceful_shutdown=graceful_s,
+        timeout_graceful_shutdown=settings.drain_s,
+        limit_concurrency=settings.limit_concurrency,
         server_header=False,
     )
     print(
@@ -60,9 +64,29 @@ def serve(settings: ServeSettings, log_level: str = "info", graceful_s: float = 
     gc.collect()
     gc.freeze()
     try:
-        uvicorn.Server(config).run()
+        DelayedExitServer(config, app.state.ready, settings.shutdown_delay_s, logger).run()
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
     if stopped_by:
         logger.info("stopped by %s after a graceful shutdown", signal.Signals(stopped_by[0]).name)
+
+
+class DelayedExitServer(uvicorn.Server):
+    """uvicorn's Server, whose first SIGTERM/SIGINT marks the app draining (/readyz 503) and
+    starts the shutdown only `delay_s` later; a second signal starts it at once."""
+
+    def __init__(self, config, ready: dict, delay_s: float, log):
+        super().__init__(config)
+        self.ready, self.delay_s, self.log = ready, delay_s, log
+        self._timer: threading.Timer | None = None
+
+    def handle_exit(self, sig, frame) -> None:
+        if self._timer is not None or self.delay_s <= 0:
+            return super().handle_exit(sig, frame)
+        self.ready["draining"] = True
+        name = signal.Signals(sig).name
+        self.log.info("%s: /readyz now 503; draining in %g s", name, self.delay_s)
+        self._timer = threading.Timer(self.delay_s, super().handle_exit, (sig, frame))
+        self._timer.daemon = True
+        self._timer.start()

@@ -6,8 +6,7 @@ from __future__ import annotations
 
 import ipaddress
 import os
-from dataclasses import dataclass
-from pathlib import Path
+from dataclasses import dataclass, field
 
 from vaecf.errors import ConfigError
 
@@ -32,18 +31,67 @@ class ServeSettings:
     max_k: int = 1000
     max_batch: int = 256  # histories per /v1/recommend/batch request
     max_filter: int = 100_000  # ids in an allow or deny list
+    max_answer_items: int = 25_000  # histories x k in one answer (422 beyond)
+    # backpressure: histories waiting for the scoring worker, beyond which a request gets 503
+    # with Retry-After at once; a request not scored within request_timeout_s is dropped (503)
+    max_queue: int = 1024
+    request_timeout_s: float = 10.0
+    limit_concurrency: int = 512  # connections + requests at once (uvicorn answers 503 beyond)
     # POST /v1/admin/reload {"run": DIR} accepts run directories under this one only
     # (default: the directory that holds `run`)
     reload_root: str | None = None
+    admin_key: str | None = None  # for /v1/admin/*; needed unless the server is loopback-only
+    reload_min_interval_s: float = 1.0  # reloads closer together get 429
+    # Host header names accepted besides the loopback names and the bound address ("*": any)
+    allowed_hosts: list[str] = field(default_factory=list)
+    expose_paths: bool = False  # name run directories (absolute paths) in answers
+    shutdown_delay_s: float = 2.0  # after SIGTERM: /readyz 503 this long before the drain
+    drain_s: float = 30.0  # then requests in flight get this long to finish
+    stuck_after_s: float = 30.0  # /healthz 503 when one scoring call runs longer
 
     def __post_init__(self) -> None:
-        for name in ("max_batch_size", "max_body_bytes", "max_history", "max_k", "max_batch"):
+        for name in (
+            "max_batch_size",
+            "max_body_bytes",
+            "max_history",
+            "max_k",
+            "max_batch",
+            "max_answer_items",
+            "max_queue",
+            "limit_concurrency",
+        ):
             if getattr(self, name) < 1:
                 raise ConfigError(f"{name} must be at least 1")
+        if self.max_batch > self.max_batch_size:
+            raise ConfigError(
+                f"max_batch ({self.max_batch} histories per request) exceeds max_batch_size "
+                f"({self.max_batch_size} per scoring call); raise max_batch_size or lower "
+                "max_batch"
+            )
         if self.batch_wait_ms < 0:
             raise ConfigError("batch_wait_ms must be >= 0 (0: no micro-batching)")
+        for name in ("request_timeout_s", "stuck_after_s"):
+            if not getattr(self, name) > 0:
+                raise ConfigError(f"{name} must be a positive number of seconds")
+        for name in ("reload_min_interval_s", "shutdown_delay_s", "drain_s"):
+            if not getattr(self, name) >= 0:
+                raise ConfigError(f"{name} must be >= 0 seconds")
         if not 0 <= self.port < 65536:
             raise ConfigError("port must lie in 0..65535")
+
+    def host_names(self) -> set[str] | None:
+        """The Host header names (no port) this server answers, or None for any ("*")."""
+        if "*" in self.allowed_hosts:
+            return None
+        names = {"localhost", "127.0.0.1", "::1", self.host.lower()}
+        names.discard("0.0.0.0")
+        names.discard("::")
+        return names | {h.lower() for h in self.allowed_hosts}
+
+    def admin_open(self) -> bool:
+        """Whether /v1/admin/* may answer without an admin key: only on a loopback-only server
+        that was given none."""
+        return self.admin_key is None and is_loopback(self.host)
 
     @property
     def limits(self) -> dict[str, int]:
@@ -53,6 +101,7 @@ class ServeSettings:
             "max_k": self.max_k,
             "max_batch": self.max_batch,
             "max_filter": self.max_filter,
+            "max_answer_items": self.max_answer_items,
         }
 
 
@@ -65,18 +114,40 @@ def is_loopback(host: str) -> bool:
         return False  # a host name other than localhost: may resolve anywhere
 
 
+MIN_KEY_CHARS = 16
+
+
+def _checked_key(key: str, where: str) -> str:
+    if len(key) < MIN_KEY_CHARS:
+        raise ConfigError(
+            f"{where}: the key has {len(key)} characters; use at least {MIN_KEY_CHARS} "
+            "(e.g. `python -c 'import secrets; print(secrets.token_urlsafe(32))'`)"
+        )
+    if any(not c.isprintable() or c.isspace() for c in key):
+        raise ConfigError(f"{where}: the key holds spaces or control characters; remove them")
+    return key
+
+
+def read_key_file(path: str, flag: str = "--api-key-file") -> str:
+    """The key on the first line of `path` (stripped; the rest of the file is ignored)."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            first = f.readline(4096)
+    except (OSError, UnicodeDecodeError) as e:
+        why = getattr(e, "strerror", None) or str(e)
+        raise ConfigError(f"cannot read {flag} {path}: {why}") from None
+    key = first.strip()
+    if not key:
+        raise ConfigError(f"{flag} {path}: its first line is empty; write the key there")
+    return _checked_key(key, f"{flag} {path}")
+
+
 def read_api_key(path: str | None) -> str | None:
     """The key from `path` (first line, stripped) or else from $VAECF_API_KEY; None if neither."""
     if path:
-        try:
-            key = Path(path).read_text().strip()
-        except OSError as e:
-            raise ConfigError(f"cannot read --api-key-file {path}: {e.strerror}") from None
-        if not key:
-            raise ConfigError(f"--api-key-file {path} is empty; write the key on its first line")
-        return key
+        return read_key_file(path)
     key = os.environ.get(API_KEY_ENV, "").strip()
-    return key or None
+    return _checked_key(key, f"${API_KEY_ENV}") if key else None
 
 
 def check_auth(settings: ServeSettings) -> None:
