@@ -52,6 +52,7 @@ log = logging.getLogger("vaecf.serve")
 UNAUTHENTICATED = ("/healthz",)
 ADMIN = "/v1/admin/"
 BIG_ANSWER_ITEMS = 2000  # answers with more items are encoded on a worker thread
+SCORING = ("/v1/recommend", "/v1/recommend/batch")
 CLIENT_CLOSED = 499  # the client went away before its answer (as nginx counts it)
 
 
@@ -59,8 +60,11 @@ CLIENT_CLOSED = 499  # the client went away before its answer (as nginx counts i
 class Guard:
     """Auth, body size limit, metrics and last-resort error handling for every HTTP request."""
 
-    def __init__(self, app, settings: ServeSettings, metrics: Metrics, active: dict):
+    def __init__(
+        self, app, settings: ServeSettings, metrics: Metrics, active: dict, full=lambda: False
+    ):
         self.app = app
+        self.full = full  # whether the scoring queue is full: scoring requests refused unread
         self.active = active  # {"n": HTTP requests in progress}, read by the batcher
         self.key = settings.api_key.encode() if settings.api_key else None
         self.admin_key = settings.admin_key.encode() if settings.admin_key else None
@@ -169,6 +173,11 @@ class Guard:
         refused = self._refusal(scope, headers)
         if refused is not None:
             return await refused(scope, receive, send)
+        if scope["path"] in SCORING and self.full():  # overloaded: refuse before any parsing
+            self.metrics.rejected.labels("overloaded").inc()
+            busy = error(503, "overloaded", "the scoring queue is full (max_queue); retry shortly")
+            busy.headers["Retry-After"] = "1"
+            return await busy(scope, receive, send)
         too_large = error(
             413,
             "body_too_large",
@@ -328,7 +337,13 @@ def create_app(holder: ModelHolder, settings: ServeSettings) -> FastAPI:
         'popularity. Item ids are the data\'s own; 42 and "42" name the same item.',
         lifespan=lifespan,
     )
-    app.add_middleware(Guard, settings=settings, metrics=metrics, active=active)
+    app.add_middleware(
+        Guard,
+        settings=settings,
+        metrics=metrics,
+        active=active,
+        full=lambda: batcher.queued >= settings.max_queue,
+    )
     app.state.holder, app.state.batcher, app.state.metrics = holder, batcher, metrics
     app.state.ready = ready  # serve() sets ready["draining"] on SIGTERM
 
