@@ -698,6 +698,9 @@ class TrainDrill(Drill):
         return [
             "train", "--data", self.data, "--out", out, "--epochs", epochs, "--batch-size", 64,
             "--precision", "fp32", "--device", "cpu", "--seed", 7, "--quiet",
+            # last.pt after every epoch: kills land between checkpoints of a run under way, so
+            # a resume continues from the middle (not, as with the 60 s default, from scratch)
+            "--checkpoint-every", 0,
             *(["--resume"] if resume else []),
         ]  # fmt: skip
 

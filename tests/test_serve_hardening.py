@@ -149,6 +149,7 @@ def test_overload_over_http_gets_fast_503s_and_health_sees_the_stuck_worker(runs
                 while sum(t.done() for t in tasks) < 8 and time.perf_counter() - t0 < 5:
                     await asyncio.sleep(0.005)
                 refused_in = time.perf_counter() - t0
+                await asyncio.sleep(0.2)  # any refusal still on its way
                 refused = [t.result() for t in tasks if t.done()]
                 await asyncio.sleep(0.4)
                 health = await c.get("/healthz")
@@ -164,13 +165,15 @@ def test_overload_over_http_gets_fast_503s_and_health_sees_the_stuck_worker(runs
             healed = c.get("/healthz")
             metrics = c.get("/metrics").text
     assert held.status_code == 200
-    # the worker took 4 (a batch waiting for the thread), 4 more fit the queue, the other 8
-    # are refused at once; the 8 accepted are answered once the thread is free
-    assert len(refused) == 8 and refused_in < 4  # not after the 5 s deadline
+    # 4 fit the queue, and the worker may already have taken 4 of them (a batch waiting for
+    # the thread) and so made room for 4 more: 8 to 12 are refused at once, the rest answered
+    # once the thread is free
+    assert 8 <= len(refused) <= 12 and refused_in < 4  # not after the 5 s deadline
     for r in refused:
         assert r.status_code == 503 and r.headers["retry-after"] == "1", r.text
         assert r.json()["error"] == "overloaded"
-    assert sorted(r.status_code for r in answers) == [200] * 8 + [503] * 8
+    n = len(refused)
+    assert sorted(r.status_code for r in answers) == [200] * (16 - n) + [503] * n
     assert health.status_code == 503 and "scoring call has run" in health.json()["message"]
     assert ready.status_code == 200 and probe_s < 1  # the event loop stayed free
     assert healed.status_code == 200

@@ -199,3 +199,12 @@ def test_default_precision_is_auto_and_recorded_resolved(small_ds, tmp_path, mon
     vaecf.train(small_ds, cfg, tmp_path / "r")
     saved = json.loads((tmp_path / "r/config.json").read_text())
     assert saved["train"]["precision"] == ("bf16" if native else "fp32")  # resolved, recorded
+
+
+def test_no_progress_bar_when_output_is_not_a_terminal(small_ds, tmp_path, capsys):
+    # under pytest stdout/stderr are not terminals, as in a redirected log file
+    vaecf.train(small_ds, fast_cfg(epochs=3, progress=True), tmp_path / "r")
+    out = capsys.readouterr()
+    assert "\r" not in out.out + out.err and "it/s" not in out.out + out.err
+    lines = [x for x in out.out.splitlines() if x.startswith("epoch")]
+    assert len(lines) == 3  # one line per epoch instead

@@ -131,7 +131,9 @@ def bench_train(
     gen = torch.Generator().manual_seed(seed)
     parts = {"batch": [], "forward": [], "backward": [], "optimizer": []}
     flops = []
-    for i in tqdm(range(warmup + steps), desc=f"train {precision}", disable=not progress):
+    for i in tqdm(
+        range(warmup + steps), desc=f"train {precision}", disable=None if progress else True
+    ):
         rows = torch.randint(0, users, (batch_size,), generator=gen).to(dev)
         _sync(dev)
         t0 = time.perf_counter()
@@ -215,7 +217,7 @@ def bench_infer(
         times = []
         deadline = time.perf_counter() + seconds
         n = 0
-        bar = tqdm(desc=f"infer batch {bs}", disable=not progress, unit="batch")
+        bar = tqdm(desc=f"infer batch {bs}", disable=None if progress else True, unit="batch")
         with torch.inference_mode():
             while (time.perf_counter() < deadline or n < 20) and n < 100_000:
                 rows = torch.arange(n * bs, (n + 1) * bs, device=dev) % csr.n_rows

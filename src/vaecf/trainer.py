@@ -561,7 +561,7 @@ class Trainer(_Run):
             initial=self.epoch,
             desc="train",
             unit="epoch",
-            disable=not show,
+            disable=None if show else True,  # None: no bar when stderr is not a terminal
             dynamic_ncols=True,
         )
         timing = {"setup_s": time.perf_counter() - t_setup, "train_s": 0.0, "validation_s": 0.0}

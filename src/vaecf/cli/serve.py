@@ -79,7 +79,7 @@ def cmd_score(a) -> int:
     from vaecf.score import score_file
 
     rec = Recommender.load(a.run, device=a.device, precision=a.precision)
-    with tqdm(unit="user", disable=a.quiet, desc="scoring") as bar:
+    with tqdm(unit="user", disable=True if a.quiet else None, desc="scoring") as bar:
 
         def progress(n: int) -> None:
             bar.update(n)

@@ -22,6 +22,7 @@ import tarfile
 import tempfile
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 import zipfile
 import zlib
@@ -75,6 +76,16 @@ def verify(path: Path, remote: RemoteFile, seen: dict[str, str] | None = None) -
 
 
 # -- fetching -----------------------------------------------------------------------------------
+def _unreachable(error: Exception) -> bool:
+    """A failure to reach the host at all (name lookup, refused, no route), not a cut-off."""
+    import socket
+
+    reason = getattr(error, "reason", error)
+    return isinstance(reason, (socket.gaierror, ConnectionRefusedError, TimeoutError)) or (
+        isinstance(reason, OSError) and reason.errno in (101, 113)  # ENETUNREACH, EHOSTUNREACH
+    )
+
+
 def _progress(total: int | None, initial: int, name: str, enabled: bool):
     if not enabled:
         return None
@@ -89,6 +100,7 @@ def _progress(total: int | None, initial: int, name: str, enabled: bool):
         desc=name,
         file=sys.stderr,
         leave=False,
+        disable=None,  # no bar when stderr is not a terminal (a log file)
     )
 
 
@@ -163,6 +175,15 @@ def fetch(
                 time.sleep(min(2**attempt, 10) * 0.5)
     if error is not None:
         size = part.stat().st_size if part.exists() else 0
+        if size == 0 and _unreachable(error):
+            part.unlink(missing_ok=True)
+            host = urllib.parse.urlsplit(url).hostname or url
+            raise DataError(
+                f"cannot reach {host} ({getattr(error, 'reason', error)}): no network, or "
+                "it is blocked here. Fetch the file on a machine that can and use it: "
+                f"`vaecf prepare NAME --source PATH` (the archive or its files), or "
+                f"`vaecf download NAME --url file:///PATH/{remote.filename}` to verify and keep it"
+            )
         raise DataError(
             f"downloading {url} was interrupted after {size} bytes ({error}); the partial file "
             f"{part} is kept: run the command again to resume it"
