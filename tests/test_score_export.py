@@ -3,6 +3,7 @@ export) against PyTorch's scores through onnxruntime."""
 
 from __future__ import annotations
 
+import os
 import random
 
 import numpy as np
@@ -74,6 +75,15 @@ def test_score_cli_writes_atomically_and_checks_columns(run, tmp_path, capsys):
     got = pl.read_csv(out)
     assert got.height == 36 and got.get_column("rank").max() == 3
     assert [p.name for p in out.parent.iterdir()] == ["recs.csv"]  # no temp files left
+    umask = os.umask(0)
+    os.umask(umask)
+    assert out.stat().st_mode & 0o777 == 0o666 & ~umask  # as open(out, "w") gives, not 0600
+    # what a killed run leaves (a parts directory, a temp file) goes with the next run
+    (out.parent / ".recs.csv.k1ll3d.parts.tmp").mkdir()
+    (out.parent / ".recs.csv.k1ll3d.parts.tmp" / "000000.parquet").write_bytes(b"x" * 100)
+    (out.parent / ".recs.csv.abc123.tmp").write_bytes(b"half a file")
+    assert main([*args, "-k", "3", "--out", str(out), "--quiet"]) == 0
+    assert [p.name for p in out.parent.iterdir()] == ["recs.csv"]
     assert main(["score", str(run), "--input", str(src), "--out", str(out), "--quiet"]) == 2
     assert "--user-col" in capsys.readouterr().err
     with pytest.raises(DataError, match="does not exist"):

@@ -29,7 +29,7 @@ import scipy.sparse as sp
 from vaecf.errors import BusyError, DataError, WriteError
 
 
-def _fsync_dir(path: Path) -> None:
+def fsync_dir(path: Path) -> None:
     with contextlib.suppress(OSError):
         fd = os.open(path, os.O_RDONLY)
         try:
@@ -96,7 +96,7 @@ def atomic_file(
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
-        _fsync_dir(path.parent)
+        fsync_dir(path.parent)
     except BaseException as e:
         free = _free_bytes(path.parent)
         if tmp is not None:
@@ -194,9 +194,9 @@ def atomic_dir(path: str | os.PathLike) -> Iterator[Path]:
             if child.is_file():
                 with open(child, "rb") as f:
                     os.fsync(f.fileno())
-        _fsync_dir(tmp)
+        fsync_dir(tmp)
         if path.exists() and _exchange(tmp, path):
-            _fsync_dir(path.parent)
+            fsync_dir(path.parent)
             shutil.rmtree(tmp, ignore_errors=True)  # now the old version
             return
         old = None
@@ -204,7 +204,7 @@ def atomic_dir(path: str | os.PathLike) -> Iterator[Path]:
             old = path.with_name(f".{path.name}.old-{os.getpid()}")
             os.replace(path, old)
         os.replace(tmp, path)
-        _fsync_dir(path.parent)
+        fsync_dir(path.parent)
         if old is not None:
             shutil.rmtree(old, ignore_errors=True)
     except BaseException as e:

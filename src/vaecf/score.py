@@ -8,8 +8,10 @@ chunk is read by a filtered scan (a range of users), its raw ids mapped to the m
 a join with the vocabulary, grouped into histories and scored in batches of `batch_users` with
 `Recommender.top_k`. Every chunk's rows go to a part file
 in a temp directory beside `out`; the parts are then streamed into `out` through a temp file and
-a rename, so `out` is either the previous file or the complete new one. Peak memory: one chunk
-of interactions and its recommendations, plus the per-user row counts.
+a rename (mode as `open` would give it, fsynced first), so `out` is either the previous file or
+the complete new one. One `score` writes `out` at a time (a lock beside it), and it first
+removes what a killed run left there. Peak memory: one chunk of interactions and its
+recommendations, plus the per-user row counts.
 
 Output rows, sorted by user then rank: the user column (as named in the input), rank (1 = best),
 item_id, score (the Recommender's: probability for multinomial models). A user none of whose
@@ -28,6 +30,7 @@ import numpy as np
 import polars as pl
 import torch
 
+from vaecf._io import current_umask, fsync_dir, sweep_temps, writer_lock
 from vaecf.errors import DataError
 from vaecf.recommender import Recommender
 
@@ -107,13 +110,22 @@ def score_file(
     if out.suffix.lower() not in (".parquet", ".csv"):
         raise DataError(f"--out {out}: give a .parquet or .csv file name")
     lf = scan_interactions(path, user_col, item_col)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with writer_lock(out, "vaecf score"):
+        sweep_temps(out)  # what a killed run left beside `out` (its parts, its temp file)
+        return _score_file(rec, lf, user_col, item_col, out, k, exclude_seen, chunk_rows,
+                           batch_users, progress)  # fmt: skip
+
+
+def _score_file(
+    rec, lf, user_col, item_col, out, k, exclude_seen, chunk_rows, batch_users, progress
+) -> dict:
     schema = lf.collect_schema()  # a CSV's is inferred from its rows: resolve it once
     user_dtype = schema[user_col]
     counts = lf.group_by(user_col).agg(pl.len().alias("n")).sort(user_col).collect()
     chunks = user_chunks(counts, user_col, chunk_rows)
     del counts
-    out.parent.mkdir(parents=True, exist_ok=True)
-    parts_dir = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".parts", dir=out.parent))
+    parts_dir = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".parts.tmp", dir=out.parent))
     n_users = n_rows = n_cold = 0
     try:
         vocab = pl.LazyFrame({item_col: rec.items.ids, IDX: range(len(rec.items))})
@@ -179,7 +191,11 @@ def score_file(
                 merged.sink_parquet(tmp)
             else:
                 merged.sink_csv(tmp)
+            os.chmod(tmp, 0o666 & ~current_umask())  # what open(out, "w") would have given
+            with open(tmp, "rb+") as f:
+                os.fsync(f.fileno())  # on disk before it takes the name
             os.replace(tmp, out)
+            fsync_dir(out.parent)
         except BaseException:
             Path(tmp).unlink(missing_ok=True)
             raise
