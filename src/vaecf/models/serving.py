@@ -5,8 +5,13 @@ weight on ML-20M: 20,108 x 600 floats, 48 MB). A serving copy keeps those layers
 
 - "bf16" / "fp16": the whole model cast to half width (half the bytes);
 - "int8": every layer with one output per item keeps its weight as int8 with one float scale per
-  item (row), w ~= scale * q with scale = max|w_row| / 127 (a quarter of the bytes); the rest of
-  the model runs in bf16 where the device does bf16 in hardware, else in fp32.
+  item (row), w ~= scale * q with scale = max|w_row| / 127 (a quarter of the bytes read per
+  small-batch call); the rest of the model runs in bf16 where the device does bf16 in hardware,
+  else in fp32. Memory: the copy keeps the dequantized weights too (for large batches and for
+  similar items), so it holds more than the fp32 model, not less: an ML-20M-sized Mult-VAE
+  holds 93.5 MiB of tensors in fp32, 46.8 in bf16 and 105.9 in int8 on a CPU without native
+  bf16 (int8 weights plus an fp32 copy; `benchmarks/serving_memory.py`). Keeping one copy is
+  left to do.
 
 Small batches (what a server scores) go through PyTorch's weight-only int8 kernel
 (`torch._weight_int8pack_mm`); large ones (batch scoring) through an ordinary matrix product
