@@ -233,21 +233,25 @@ def test_dns_rebinding_and_simple_requests_cannot_reload(runs):
             headers={"host": "attacker.example", "content-type": "application/json"},
             content=b"{}",
         )
-        also_api = c.get("/readyz", headers={"host": "attacker.example:8000"})
+        also_api = c.post(
+            "/v1/recommend", json={"items": [1000]}, headers={"host": "attacker.example:8000"}
+        )
+        probe = c.get("/healthz", headers={"host": "10.1.2.3:8000"})  # a pod-IP health check
         plain = c.post("/v1/admin/reload", headers={"content-type": "text/plain"}, content=b"")
         for host in ("localhost:8000", "127.0.0.1", "[::1]:8000"):
-            assert c.get("/readyz", headers={"host": host}).status_code == 200, host
+            assert c.get("/metrics", headers={"host": host}).status_code == 200, host
         json_ok = c.post("/v1/admin/reload", json={})
     assert rebound.status_code == 421 and rebound.json()["error"] == "host_not_allowed"
     assert also_api.status_code == 421 and plain.status_code == 415
+    assert probe.status_code == 200
     assert json_ok.status_code == 200
     wide = ServeSettings(run=str(runs["a"]), allowed_hosts=["recs.example.com"])
     with running(wide) as (base, _), client(base) as c:
-        assert c.get("/readyz", headers={"host": "recs.example.com"}).status_code == 200
-        assert c.get("/readyz", headers={"host": "other.example"}).status_code == 421
+        assert c.get("/metrics", headers={"host": "recs.example.com"}).status_code == 200
+        assert c.get("/metrics", headers={"host": "other.example"}).status_code == 421
     anyone = ServeSettings(run=str(runs["a"]), allowed_hosts=["*"])
     with running(anyone) as (base, _), client(base) as c:
-        assert c.get("/readyz", headers={"host": "other.example"}).status_code == 200
+        assert c.get("/metrics", headers={"host": "other.example"}).status_code == 200
 
 
 def test_admin_routes_need_their_own_key(runs):

@@ -50,6 +50,7 @@ from vaecf.serve.settings import ServeSettings
 log = logging.getLogger("vaecf.serve")
 
 UNAUTHENTICATED = ("/healthz",)
+PROBES = ("/healthz", "/readyz")  # answered whatever the Host header names
 ADMIN = "/v1/admin/"
 BIG_ANSWER_ITEMS = 2000  # answers with more items are encoded on a worker thread
 SCORING = ("/v1/recommend", "/v1/recommend/batch")
@@ -99,7 +100,8 @@ class Guard:
 
     def _refusal(self, scope, headers) -> JSONResponse | None:
         """The answer to a request refused before routing (host, credentials), or None."""
-        if not self._host_allowed(headers):
+        # the probes carry no action: an orchestrator's health check sends Host: POD_IP:PORT
+        if scope["path"] not in PROBES and not self._host_allowed(headers):
             return error(
                 421,
                 "host_not_allowed",
