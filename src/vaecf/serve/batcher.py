@@ -151,7 +151,11 @@ class MicroBatcher:
         # read in one go would each find themselves alone and be scored one by one, inline.
         await asyncio.sleep(0)
         if self._alone():
-            out = self._timed(self._score, [job])[0]
+            self._busy += 1  # no await until it is given back: nothing else sees it
+            try:
+                out = self._timed(self._score, [job])[0]
+            finally:
+                self._busy -= 1
             if isinstance(out, BaseException):
                 raise out
             return out
@@ -191,18 +195,21 @@ class MicroBatcher:
 
     def _timed(self, fn: Callable[..., Any], *args: Any) -> Any:
         """fn(*args), with the scoring-call clock that health() reads."""
-        self._busy += 1
         self._scoring_since = time.monotonic()
         try:
             return fn(*args)
         finally:
             self._scoring_since = None
-            self._busy -= 1
 
     async def call(self, fn: Callable[..., Any], *args: Any) -> Any:
-        """Run `fn(*args)` on the scoring thread (between batches)."""
-        loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self.executor, self._timed, fn, *args)
+        """Run `fn(*args)` on the scoring thread (between batches). `_busy` is counted on the
+        event loop's thread, from before the hand-over to after the answer."""
+        self._busy += 1
+        try:
+            loop = asyncio.get_running_loop()
+            return await loop.run_in_executor(self.executor, self._timed, fn, *args)
+        finally:
+            self._busy -= 1
 
     def _take(self) -> tuple[list[_Job], int]:
         """The jobs of the next batch (at most max_batch_size histories; one job when batching
@@ -221,7 +228,6 @@ class MicroBatcher:
         return jobs, n
 
     async def _run(self) -> None:
-        loop = asyncio.get_running_loop()
         while True:
             self._beat = time.monotonic()
             if not self._jobs:
@@ -241,7 +247,7 @@ class MicroBatcher:
             if not jobs:
                 continue
             try:
-                outcomes = await loop.run_in_executor(self.executor, self._timed, self._score, jobs)
+                outcomes = await self.call(self._score, jobs)
             except asyncio.CancelledError:
                 raise
             except BaseException as e:  # the executor itself failed: fail the batch
