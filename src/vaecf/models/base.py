@@ -150,9 +150,11 @@ class Model(nn.Module):
         )
 
 
-def vector_norms(vectors: torch.Tensor) -> torch.Tensor:
-    """(n,) float32 row norms, floored away from 0 (what `cosine_neighbours` divides by)."""
-    return torch.linalg.vector_norm(vectors.float(), dim=1).clamp_min(1e-12)
+def vector_norms(vectors: torch.Tensor, rows: int = 4096) -> torch.Tensor:
+    """(n,) float32 row norms, floored away from 0 (what `cosine_neighbours` divides by), in
+    blocks of `rows` (a half-width EASE B is never copied whole to float32)."""
+    norms = [torch.linalg.vector_norm(b.float(), dim=1) for b in vectors.split(rows)]
+    return torch.cat(norms).clamp_min(1e-12)
 
 
 def cosine_neighbours(
