@@ -9,6 +9,7 @@ import random
 import numpy as np
 import polars as pl
 import pytest
+import torch
 
 from vaecf import rundir
 from vaecf.cli import main
@@ -166,3 +167,29 @@ def test_score_maps_string_ids_like_the_recommender(run, tmp_path):
     got = pl.read_parquet(tmp_path / "f_out.parquet")
     want = rec.recommend_batch([[501], [503]], 4)  # 502.5 names no item
     assert got.get_column("item_id").to_list() == [i for r in want for i in r.item_ids]
+
+
+@pytest.mark.parametrize("name", ["recvae-edlae", "blend"])
+def test_onnx_of_composite_models_through_the_contract(name, tmp_path):
+    """Models that combine others export through their `dense_scores`, like every model."""
+    n = 200
+    config = {"hidden_dim": 32, "latent_dim": 8, "n_layers": 3}
+    if name == "blend":
+        config = {"parts": ["ease", "multdae"], "configs": [{}, {"latent_dim": 8}], "weight": 0.3}
+    run_dir = fresh_run(tmp_path / name, n, name, config, seed=3)
+    model, _ = rundir.load_model(run_dir)
+    torch.manual_seed(0)
+    for key, t in model.state_dict().items():  # the linear paths a fresh run leaves at zero
+        if key.endswith(("weight", "shallow", "alpha")) and not key.startswith("parts.1"):
+            if t.dim() == 2 and t.shape[0] == t.shape[1] == n:
+                t.normal_(0.0, 0.05).fill_diagonal_(0.0)
+            elif t.dim() == 0:
+                t.fill_(0.7)
+    rundir.save_model(run_dir, model, epoch=0, metrics={})
+    path = export_onnx(run_dir, tmp_path / f"{name}.onnx")
+    model, _ = rundir.load_model(run_dir)
+    rng = random.Random(2)
+    histories = [rng.sample(range(n), rng.randint(1, 30)) for _ in range(12)]
+    res = check_onnx(path, model, histories)
+    assert res["top100_equal"]
+    assert res["max_abs_diff"] <= 1e-4 * max(1.0, res["max_abs_score"])

@@ -27,64 +27,22 @@ from vaecf._io import current_umask
 from vaecf.data.matrix import SparseBatch
 from vaecf.errors import ConfigError
 from vaecf.models.base import Model
-from vaecf.models.blend import Blend, standardise
-from vaecf.models.ease import EASE
-from vaecf.models.hybrid import RecVAEEDLAE
-from vaecf.models.multvae import MultAE
-from vaecf.models.popular import Popular
-from vaecf.models.recvae import RecVAE, swish
 
 MAX_BYTES = 2_000_000_000  # protobuf's limit on one ONNX file
 
 
-def _l2_rows(x: torch.Tensor) -> torch.Tensor:
-    return x * torch.rsqrt((x * x).sum(1, keepdim=True).clamp_min(1e-12))
-
-
 class DenseScores(nn.Module):
-    """`model.scores` of multi-hot rows: the sparse first layer as a dense product."""
+    """`model.scores` of multi-hot rows, through the model's own `dense_scores` (the sparse
+    first layer as a dense product): a model exports by declaring that, not by a change here."""
 
     def __init__(self, model: Model):
         super().__init__()
-        if not isinstance(model, (MultAE, RecVAE, EASE, Popular, Blend)):
-            raise ConfigError(f"no ONNX export for model {type(model).__name__}")
         self.model = model.eval()
-        if isinstance(model, Blend):
-            self.parts = nn.ModuleList(DenseScores(p) for p in model.parts)
+        with torch.no_grad():  # a model without dense_scores is refused here, before export
+            self.model.dense_scores(torch.zeros(1, model.n_items))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        m = self.model
-        if isinstance(m, Blend):
-            first, second = (standardise(p(x)) for p in self.parts)
-            return m.config.weight * first + (1.0 - m.config.weight) * second
-        if isinstance(m, Popular):
-            return x[:, :1] * 0.0 + m.counts  # (B, n_items): the counts for every row
-        if isinstance(m, EASE):
-            return x @ m.weight
-        if isinstance(m, RecVAEEDLAE):  # its RecVAE part below, plus the frozen linear path
-            return self._recvae(x) + m.alpha * (x @ m.shallow)
-        if isinstance(m, RecVAE):
-            return self._recvae(x)
-        h = _l2_rows(x) @ m.in_weight + m.in_bias  # MultAE, as its encode()
-        if m.encoder or not m.variational:
-            h = torch.tanh(h)
-        for i, layer in enumerate(m.encoder):
-            h = layer(h)
-            if i < len(m.encoder) - 1:
-                h = torch.tanh(h)
-        if m.variational:
-            h = h[:, : m.config.latent_dim]
-        return m.decode(h)
-
-    def _recvae(self, x: torch.Tensor) -> torch.Tensor:
-        m = self.model
-        enc = m.encoder
-        h = enc.norms[0](swish(_l2_rows(x) @ enc.in_weight + enc.in_bias))
-        skip = h
-        for layer, norm in zip(enc.layers, enc.norms[1:]):
-            h = norm(swish(layer(h) + skip))
-            skip = skip + h
-        return m.decoder(enc.out(h)[:, : enc.latent_dim])
+        return self.model.dense_scores(x)
 
 
 def export_onnx(

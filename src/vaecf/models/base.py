@@ -82,6 +82,13 @@ class Model(nn.Module):
 
         return fn
 
+    def dense_scores(self, x: torch.Tensor) -> torch.Tensor:
+        """`scores` of dense multi-hot rows x (B, n_items), in plain tensor operations that
+        ONNX export traces (`vaecf export`); a model without it cannot be exported."""
+        from vaecf.errors import ConfigError
+
+        raise ConfigError(f"no ONNX export for model {type(self).__name__}")
+
     def item_vectors(self) -> torch.Tensor:
         raise NotImplementedError
 
@@ -148,6 +155,11 @@ class Model(nn.Module):
         raise ConfigError(
             f"model {cls.name} has no hyper-parameters to tune; train it with `vaecf train`"
         )
+
+
+def l2_rows(x: torch.Tensor) -> torch.Tensor:
+    """Each row scaled to unit L2 norm (zero rows stay zero), in traceable operations."""
+    return x * torch.rsqrt((x * x).sum(1, keepdim=True).clamp_min(1e-12))
 
 
 def vector_norms(vectors: torch.Tensor, rows: int = 4096) -> torch.Tensor:

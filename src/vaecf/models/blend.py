@@ -70,6 +70,11 @@ class Blend(Model):
         first, second = (standardise(p.scores(batch)) for p in self.parts)
         return first.mul_(w).add_(second, alpha=1.0 - w)  # (B, n_items)
 
+    def dense_scores(self, x: torch.Tensor) -> torch.Tensor:
+        w = self.config.weight
+        first, second = (standardise(p.dense_scores(x)) for p in self.parts)
+        return w * first + (1.0 - w) * second
+
     def item_vectors(self) -> torch.Tensor:
         """The first part's (the linear model's, in an auto blend)."""
         return self.parts[0].item_vectors()

@@ -213,6 +213,9 @@ class EASE(Model):
     def scores(self, batch: SparseBatch) -> torch.Tensor:
         return _sparse_rows(self.weight, batch)  # (B, n_items) = X_batch B
 
+    def dense_scores(self, x: torch.Tensor) -> torch.Tensor:
+        return x @ self.weight
+
     def item_vectors(self) -> torch.Tensor:
         """Rows of B: item j's weights for predicting every other item."""
         return self.weight

@@ -106,6 +106,9 @@ class RecVAEEDLAE(RecVAE):
     def scores(self, batch: SparseBatch) -> torch.Tensor:
         return super().scores(batch) + self._offset(batch, self.alpha).to(self.alpha.dtype)
 
+    def dense_scores(self, x: torch.Tensor) -> torch.Tensor:
+        return super().dense_scores(x) + self.alpha * (x @ self.shallow)
+
     def nll(self, z, w, b, batch: SparseBatch, phase: Phase | None) -> torch.Tensor:
         alpha = self.alpha
         if phase is not None and phase.name == "encoder":

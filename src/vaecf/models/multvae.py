@@ -22,7 +22,14 @@ from torch import nn
 from vaecf import precision as prec
 from vaecf.data.matrix import SparseBatch
 from vaecf.errors import ConfigError
-from vaecf.models.base import ANNEAL_SETTINGS, GRADIENT_SETTINGS, Model, Phase, ScoreFn
+from vaecf.models.base import (
+    ANNEAL_SETTINGS,
+    GRADIENT_SETTINGS,
+    Model,
+    Phase,
+    ScoreFn,
+    l2_rows,
+)
 from vaecf.models.fused import linear_multinomial_nll
 from vaecf.settings import setting
 
@@ -142,16 +149,21 @@ class MultAE(Model):
             )
             + self.in_bias
         )  # (B, d1)
+        h = self._encode_rest(h)
+        if not self.variational:
+            return h, None
+        d = self.config.latent_dim
+        return h[:, :d], h[:, d:]
+
+    def _encode_rest(self, h: torch.Tensor) -> torch.Tensor:
+        """The encoder after its first layer's pre-activation h."""
         if self.encoder or not self.variational:
             h = torch.tanh(h)
         for i, layer in enumerate(self.encoder):
             h = layer(h)
             if i < len(self.encoder) - 1:
                 h = torch.tanh(h)
-        if not self.variational:
-            return h, None
-        d = self.config.latent_dim
-        return h[:, :d], h[:, d:]
+        return h
 
     def decode_hidden(self, z: torch.Tensor) -> torch.Tensor:
         """The decoder up to the input of its output layer."""
@@ -177,6 +189,12 @@ class MultAE(Model):
 
     def scores(self, batch: SparseBatch) -> torch.Tensor:
         return self.decode(self.encode(batch)[0])  # (B, n_items) logits, z = mu
+
+    def dense_scores(self, x: torch.Tensor) -> torch.Tensor:
+        h = self._encode_rest(l2_rows(x) @ self.in_weight + self.in_bias)  # the first dense
+        if self.variational:
+            h = h[:, : self.config.latent_dim]
+        return self.decode(h)
 
     def scorer(self, precision: str = "fp32") -> ScoreFn:
         scorer = Scorer(self, precision)

@@ -34,6 +34,9 @@ class Popular(Model):
     def scores(self, batch: SparseBatch) -> torch.Tensor:
         return self.counts.expand(batch.batch_size, -1).clone()
 
+    def dense_scores(self, x: torch.Tensor) -> torch.Tensor:
+        return x[:, :1] * 0.0 + self.counts  # (B, n_items): the counts for every row
+
     def item_vectors(self) -> torch.Tensor:
         raise RunError("the popularity model has no notion of similar items; use another model")
 

@@ -25,7 +25,7 @@ from torch import nn
 
 from vaecf.data.matrix import SparseBatch
 from vaecf.errors import ConfigError
-from vaecf.models.base import Model, Phase
+from vaecf.models.base import Model, Phase, l2_rows
 from vaecf.models.fused import linear_multinomial_nll
 from vaecf.models.multvae import _wide, resolve_vae_train
 from vaecf.settings import setting
@@ -130,6 +130,15 @@ class RecVAE(Model):
     def scores(self, batch: SparseBatch) -> torch.Tensor:
         mu, _ = self.encoder(batch, 0.0)
         return self.decoder(mu)  # (B, n_items) logits
+
+    def dense_scores(self, x: torch.Tensor) -> torch.Tensor:
+        enc = self.encoder  # as Encoder.forward at dropout 0, the first layer dense
+        h = enc.norms[0](swish(l2_rows(x) @ enc.in_weight + enc.in_bias))
+        skip = h
+        for layer, norm in zip(enc.layers, enc.norms[1:]):
+            h = norm(swish(layer(h) + skip))
+            skip = skip + h
+        return self.decoder(enc.out(h)[:, : enc.latent_dim])
 
     def item_vectors(self) -> torch.Tensor:
         return self.decoder.weight.detach()
