@@ -86,13 +86,12 @@ def train_auto(
         )
     device = prec.resolve_device(cfg.device)
     val = tuple(CSR.from_scipy(ds.split(f"validation_{p}"), device) for p in ("tr", "te"))
-    per_user = {}  # candidate -> its validation metric per user, for the paired comparison
-    for name, res in fitted.items():
-        model, _ = rundir.load_model(res.run_dir, device)
-        per_user[name] = _per_user(model.eval(), val, metric, cfg)
+    loaded = {n: rundir.load_model(res.run_dir, device) for n, res in fitted.items()}
+    # candidate -> its validation metric per user, for the paired comparison
+    per_user = {n: _per_user(m, val, metric, cfg) for n, (m, _) in loaded.items()}
     options = {n: ("single", n, fitted[n].validation_metrics) for n in fitted}
     if auto.blend:
-        blend = _best_blend(ds, cfg, record, fitted, metric, val, per_user, log)
+        blend = _best_blend(ds, record, fitted, loaded, metric, val, per_user, cfg, log)
         if blend is not None:
             options["blend"] = blend
     winner, selection = choose(per_user, _best_of("linear", record, fitted, metric), auto.margin_z)
@@ -115,9 +114,8 @@ def choose(per_user: dict, incumbent: str | None, margin_z: float) -> tuple[str,
     means = {n: float(v.mean()) for n, v in per_user.items()}
     best = max(means, key=means.get)
     if incumbent is None or best == incumbent:
-        winner = best
         rule = f"{best} is the best on validation"
-        return winner, {"rule": rule, "incumbent": incumbent, "margin_z": margin_z}
+        return best, {"rule": rule, "incumbent": incumbent, "margin_z": margin_z}
     diff = per_user[best] - per_user[incumbent]
     gain = float(diff.mean())
     se = float(diff.std(ddof=1) / np.sqrt(diff.size)) if diff.size > 1 else float("inf")
@@ -143,14 +141,14 @@ def _best_of(family: str, record: list, fitted: dict, metric: str) -> str | None
     return max(names, key=lambda n: fitted[n].validation_metrics[metric], default=None)
 
 
-def _best_blend(ds, cfg, record, fitted, metric, val, per_user, log):
+def _best_blend(ds, record, fitted, loaded, metric, val, per_user, cfg, log):
     linear = _best_of("linear", record, fitted, metric)
     auto_enc = _best_of("autoencoder", record, fitted, metric)
     if linear is None or auto_enc is None:
         return None
     t0 = time.perf_counter()
     device = prec.resolve_device(cfg.device)
-    parts = [rundir.load_model(fitted[n].run_dir, device) for n in (linear, auto_enc)]
+    parts = [loaded[n] for n in (linear, auto_enc)]  # (model, saved config) of each
     blend_cfg = models.config_from_dict(
         "blend",
         {

@@ -18,7 +18,7 @@ ScoreFn = Callable[[SparseBatch], torch.Tensor]  # batch -> (B, n_items) scores
 
 
 def _batch_metrics(score_fn, fold_in, target, metrics, batch_size, rows):
-    """Yield (rows of the batch, their target sizes, {metric: per-user values})."""
+    """Yield, batch by batch of `rows`: (target sizes, {metric: per-user values})."""
     if fold_in.shape != target.shape:
         raise ConfigError(f"fold-in {fold_in.shape} and target {target.shape} differ in shape")
     n_items = fold_in.shape[1]
@@ -37,7 +37,7 @@ def _batch_metrics(score_fn, fold_in, target, metrics, batch_size, rows):
         else:
             hits = torch.zeros_like(keys, dtype=torch.bool)
         n_target = n_target_all[part]
-        yield part, n_target, ranking_metrics(hits, n_target, metrics)
+        yield n_target, ranking_metrics(hits, n_target, metrics)
 
 
 @torch.no_grad()
@@ -55,7 +55,7 @@ def metric_sums(
     device = fold_in.device
     rows = torch.arange(fold_in.n_rows, device=device) if rows is None else rows.to(device)
     sums = torch.zeros(len(metrics) + 2, dtype=torch.float64, device=device)
-    for _, n_target, values in _batch_metrics(score_fn, fold_in, target, metrics, batch_size, rows):
+    for n_target, values in _batch_metrics(score_fn, fold_in, target, metrics, batch_size, rows):
         sums[: len(metrics)] += torch.stack([values[m].sum() for m in metrics])
         sums[-2] += (n_target > 0).sum()
     sums[-1] = rows.numel()
@@ -70,9 +70,7 @@ def per_user_metric(
     order (the values whose mean `evaluate_scores` reports), for paired comparisons."""
     rows = torch.arange(fold_in.n_rows, device=fold_in.device)
     out = []
-    for _, n_target, values in _batch_metrics(
-        score_fn, fold_in, target, (metric,), batch_size, rows
-    ):
+    for n_target, values in _batch_metrics(score_fn, fold_in, target, (metric,), batch_size, rows):
         out.append(values[metric][n_target > 0].double().cpu())
     return torch.cat(out) if out else torch.zeros(0, dtype=torch.float64)
 

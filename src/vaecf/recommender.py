@@ -194,11 +194,9 @@ class Recommender:
         out = []
         for r in range(len(known)):
             top = ids[r, : n[r]].tolist()
-            rec = Recommendation(
-                top, scores[r, : n[r]].tolist(), list(unknown[r]), self.titles(top)
-            )
-            rec.fallback = "popular" if cold[r] else None
-            out.append(rec)
+            fallback = "popular" if cold[r] else None
+            scored = scores[r, : n[r]].tolist()
+            out.append(Recommendation(top, scored, list(unknown[r]), self.titles(top), fallback))
         return out
 
     def recommend(self, history: Iterable, k: int = 10, **filters) -> Recommendation:

@@ -109,12 +109,7 @@ def start_run(run_dir: Path, model_name: str, model_config: dict, train: dict, d
     write_config(run_dir, model_name, model_config, train, data, ds.manifest.get("vaecf_version"))
     copy_items(run_dir, ds.path / "items.parquet")
     copy_item_names(run_dir, ds.item_names_file())
-    save_popularity(run_dir, item_counts(ds.split("train")))
-
-
-def item_counts(train) -> np.ndarray:
-    """(n_items,) int64: how many training users have each item (a scipy CSR)."""
-    return np.bincount(train.indices, minlength=train.shape[1]).astype(np.int64)
+    save_popularity(run_dir, ds.split("train").getnnz(axis=0))  # training users per item
 
 
 def save_popularity(run_dir: Path, counts: np.ndarray) -> None:

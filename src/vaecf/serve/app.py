@@ -57,6 +57,14 @@ SCORING = ("/v1/recommend", "/v1/recommend/batch")
 CLIENT_CLOSED = 499  # the client went away before its answer (as nginx counts it)
 
 
+def busy(metrics: Metrics, reason: str, message: str) -> JSONResponse:
+    """503 with Retry-After: 1, counted under `reason` (refused or dropped under load)."""
+    metrics.rejected.labels(reason).inc()
+    resp = error(503, reason, message)
+    resp.headers["Retry-After"] = "1"
+    return resp
+
+
 # -- middleware -------------------------------------------------------------------------------
 class Guard:
     """Auth, body size limit, metrics and last-resort error handling for every HTTP request."""
@@ -176,10 +184,9 @@ class Guard:
         if refused is not None:
             return await refused(scope, receive, send)
         if scope["path"] in SCORING and self.full():  # overloaded: refuse before any parsing
-            self.metrics.rejected.labels("overloaded").inc()
-            busy = error(503, "overloaded", "the scoring queue is full (max_queue); retry shortly")
-            busy.headers["Retry-After"] = "1"
-            return await busy(scope, receive, send)
+            msg = "the scoring queue is full (max_queue); retry shortly"
+            full = busy(self.metrics, "overloaded", msg)
+            return await full(scope, receive, send)
         too_large = error(
             413,
             "body_too_large",
@@ -360,12 +367,6 @@ def create_app(holder: ModelHolder, settings: ServeSettings) -> FastAPI:
 
     RecommendRequest, BatchRequest = request_schemas(settings)
 
-    def busy(reason: str, message: str) -> JSONResponse:
-        metrics.rejected.labels(reason).inc()
-        resp = error(503, reason, message)
-        resp.headers["Retry-After"] = "1"
-        return resp
-
     async def scored(histories, req) -> tuple[list, dict] | JSONResponse:
         model = holder.current  # the model this request is answered by, whatever comes next
         size = len(histories) * req.k
@@ -386,9 +387,9 @@ def create_app(holder: ModelHolder, settings: ServeSettings) -> FastAPI:
         except Stopped:
             return error(503, "shutting_down", "the server is shutting down; retry elsewhere")
         except Overloaded as e:
-            return busy("overloaded", str(e))
+            return busy(metrics, "overloaded", str(e))
         except Expired as e:
-            return busy("deadline_exceeded", str(e))
+            return busy(metrics, "deadline_exceeded", str(e))
         except VaecfError as e:
             return error(422, "invalid_request", str(e))
         return recs, version(model.version)
