@@ -1,6 +1,9 @@
 """vaecf: fast, sparse Mult-VAE, Mult-DAE, RecVAE and EASE for collaborative filtering, in PyTorch.
 
     import vaecf
+    rec = vaecf.fit(ratings_df, user_col="userId", item_col="movieId")  # all in memory
+    rec.recommend([1, 296, 318], k=10)
+
     ds = vaecf.prepare("ml-20m")                    # download, verify, prepare (cached)
     run = vaecf.train(ds, vaecf.TrainConfig(epochs=200), out="runs/ml20m")
     vaecf.Recommender.load("runs/ml20m").recommend([1, 296, 318], k=10)
@@ -29,6 +32,7 @@ _EXPORTS = {
     "RunError": "vaecf.errors",
     "VaecfError": "vaecf.errors",
     "evaluate_model": "vaecf.evaluate",
+    "fit": "vaecf.fit",
     "evaluate_scores": "vaecf.evaluate",
     "popularity_scores": "vaecf.evaluate",
     "MultDAE": "vaecf.models.multvae",

@@ -11,7 +11,7 @@ raw scores, popularity's the training counts.
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -60,6 +60,7 @@ class Recommender:
         # a history with no known item is ranked by training popularity (share of the
         # training interactions), whatever the model; None: the model scores it as it is
         self.popularity = None
+        self.popularity_counts = None if popularity is None else np.asarray(popularity)
         if popularity is not None:
             if len(popularity) != model.n_items:
                 raise ConfigError(f"popularity has {len(popularity)} items, model {model.n_items}")
@@ -70,7 +71,9 @@ class Recommender:
         self.items = items
         self.precision = precision
         self.info = info or {}  # the run's config, when loaded from a run directory
+        self.results: dict | None = None  # the run's results.json (validation, test metrics)
         self.names = names  # {raw item id: name}, or None when the run has no names
+        self._name_index = None  # lower-case names in vocabulary order, built by `search`
         # similar items: the item vectors and their norms, taken once per loaded model (the
         # norms are n_items floats; the vectors are the model's own, not a copy)
         self._no_similar: Exception | None = None
@@ -95,7 +98,56 @@ class Recommender:
         model, cfg = rundir.load_model(run_dir, dev, checkpoint_name)
         items = Vocabulary.load(os.path.join(run_dir, rundir.ITEMS))
         pop = rundir.load_popularity(run_dir, model.n_items)
-        return cls(model, items, precision, cfg, rundir.load_item_names(run_dir), pop)
+        rec = cls(model, items, precision, cfg, rundir.load_item_names(run_dir), pop)
+        if os.path.isfile(os.path.join(run_dir, rundir.RESULTS)):
+            rec.results = rundir.load_results(run_dir)
+        return rec
+
+    def save(self, run_dir: str | os.PathLike) -> None:
+        """Write this recommender as a run directory (config, weights, vocabulary, item names,
+        popularity, results), all at once: `run_dir` is replaced only once it is complete.
+        `vaecf serve/score/export --run run_dir` and `Recommender.load` read it."""
+        from pathlib import Path
+
+        import polars as pl
+
+        from vaecf._io import atomic_dir, atomic_file, write_json, writer_lock
+
+        if self.precision not in ("fp32", "tf32"):
+            raise ConfigError(
+                f"this recommender serves a {self.precision} copy of the model; save one "
+                "loaded in fp32 (the run keeps full-precision weights)"
+            )
+        cfg = self.info
+        if not {"model", "train", "data"} <= set(cfg):
+            raise ConfigError("save needs the run's config: load the recommender from a run")
+        out = Path(run_dir)
+        if out.exists() and not rundir.is_run(out) and any(out.iterdir()):
+            raise RunError(f"{out} exists and is not a run directory; choose another directory")
+        with writer_lock(out, "Recommender.save"), atomic_dir(out) as tmp:
+            rundir.write_config(
+                tmp,
+                cfg["model"]["name"],
+                cfg["model"]["config"],
+                cfg["train"],
+                cfg["data"],
+                cfg.get("vaecf_version"),
+            )
+            self.items.save(tmp / rundir.ITEMS)
+            if self.names is not None:
+                ids = [i for i in self.items.ids.to_list() if i in self.names]
+                names = pl.DataFrame(
+                    {"item_id": pl.Series(ids, dtype=self.items.ids.dtype)}
+                ).with_columns(name=pl.Series([self.names[i] for i in ids], dtype=pl.String))
+                with atomic_file(tmp / rundir.ITEM_NAMES) as f:
+                    names.write_parquet(f)
+            if self.popularity_counts is not None:
+                rundir.save_popularity(tmp, self.popularity_counts)
+            best = (self.results or {}).get("best_epoch")
+            metrics = (self.results or {}).get("validation")
+            rundir.save_model(tmp, self.model, epoch=best, metrics=metrics)
+            if self.results is not None:
+                write_json(tmp / rundir.RESULTS, self.results)
 
     def titles(self, item_ids: Iterable) -> list | None:
         """The name of each raw id (None where unnamed), or None when the run has no names."""
@@ -199,9 +251,42 @@ class Recommender:
             out.append(Recommendation(top, scored, list(unknown[r]), self.titles(top), fallback))
         return out
 
+    def recommend_many(self, histories, k: int = 10, **filters):
+        """Recommendations for many users at once (scored in one batch): `histories` is a
+        mapping {user: raw item ids} (returns {user: Recommendation}) or a sequence of
+        histories (returns a list, in order)."""
+        if isinstance(histories, Mapping):
+            users = list(histories)
+            recs = self.recommend_batch([list(histories[u]) for u in users], k, **filters)
+            return dict(zip(users, recs))
+        return self.recommend_batch([list(h) for h in histories], k, **filters)
+
     def recommend(self, history: Iterable, k: int = 10, **filters) -> Recommendation:
         """Top-k raw item ids and scores for one history of raw item ids."""
         return self.recommend_batch([list(history)], k, **filters)[0]
+
+    def search(self, query: str, limit: int = 20) -> list[tuple]:
+        """Items whose id is `query`, then items whose name holds every word of it (any case),
+        the most popular in training first: [(raw id, name or None)], at most `limit`."""
+        import polars as pl
+
+        words = query.lower().split()[:8]  # bounded work per query
+        if not words or limit < 1:
+            return []
+        found: list = self.items.index_of([query.strip()])[0]  # an id ("42" finds 42)
+        if self.names is not None:
+            if self._name_index is None:  # once per recommender: names in vocabulary order
+                names = [self.names.get(i) for i in self.items.ids.to_list()]
+                self._name_index = pl.Series(names, dtype=pl.String).str.to_lowercase()
+            hit = self._name_index.is_not_null()
+            for w in words:
+                hit &= self._name_index.str.contains(w, literal=True)
+            idx = np.flatnonzero(hit.fill_null(False).to_numpy())
+            if self.popularity_counts is not None:
+                idx = idx[np.argsort(-self.popularity_counts[idx], kind="stable")]
+            found += [int(i) for i in idx[: limit + 1] if i not in found]
+        ids = self.items.id_of(found[:limit])
+        return list(zip(ids, self.titles(ids) or [None] * len(ids)))
 
     @torch.no_grad()
     def similar_items(self, item_id, k: int = 10) -> Recommendation:

@@ -171,6 +171,7 @@ def train(
     that must not see it (vaecf tune scores the chosen run alone)."""
     ds = data if isinstance(data, PreparedDataset) else PreparedDataset(data)
     out = Path(out)
+    test = test and ds.manifest["counts"]["n_test_users"] > 0  # a production split has none
     if model == "auto" or isinstance(model_config, models.AutoConfig):
         from vaecf.auto import train_auto
 

@@ -78,7 +78,7 @@ class PrepareSettings:
     protocol: str = "liang"  # "liang": N + N held-out users; "thesis": percentages of users
     heldout_users: int | None = None  # liang: validation users = test users = this many (10,000)
     validation_frac: float | None = None  # thesis: fraction of users for validation (0.07)
-    test_frac: float | None = None  # thesis: fraction of users for test (0.07)
+    test_frac: float | None = None  # thesis: fraction of users for test (0.07; 0: none)
     target_frac: float = 0.2  # fraction of each held-out user's items to predict
     seed: int = 98765  # user shuffle and fold-in split (the paper's seed)
 
@@ -107,9 +107,10 @@ class PrepareSettings:
         if not 0 < self.target_frac < 1:
             raise DataError("target fraction must lie strictly between 0 and 1")
         if self.protocol == "thesis":
-            for key in ("validation_frac", "test_frac"):
-                if not 0 < getattr(self, key) < 1:
-                    raise DataError(f"{_FLAGS[key]} must lie strictly between 0 and 1")
+            if not 0 < self.validation_frac < 1:
+                raise DataError("--validation-frac must lie strictly between 0 and 1")
+            if not 0 <= self.test_frac < 1:  # 0: no test users (a production fit)
+                raise DataError("--test-frac must lie in [0, 1)")
 
 
 def sha256_file(path: str | os.PathLike, chunk: int = 1 << 22) -> str:

@@ -29,9 +29,10 @@ def heldout_counts_liang(n_users: int, n_heldout: int) -> tuple[int, int, int]:
 
 
 def heldout_counts_percent(n_users: int, val_frac: float, test_frac: float) -> tuple[int, int, int]:
-    """Thesis protocol: e.g. 7% validation and 7% test users, the rest train."""
+    """Thesis protocol: e.g. 7% validation and 7% test users, the rest train (test_frac 0: no
+    test users, as a production fit has)."""
     n_val, n_test = int(round(n_users * val_frac)), int(round(n_users * test_frac))
-    if min(n_val, n_test) < 1 or n_users - n_val - n_test < 1:
+    if n_val < 1 or (test_frac > 0 and n_test < 1) or n_users - n_val - n_test < 1:
         raise DataError(f"{n_users} users are too few for {val_frac:.0%}/{test_frac:.0%} held out")
     return n_users - n_val - n_test, n_val, n_test
 

@@ -106,6 +106,31 @@ class SimilarResponse(BaseModel):
     model: ModelVersion
 
 
+class FoundItem(BaseModel):
+    item_id: ItemId
+    title: str | None = Field(description="the item's name; null when the run has none")
+
+
+class ItemsResponse(BaseModel):
+    items: list[FoundItem] = Field(description="the item whose id matches, then names, by "
+                                   "training popularity")  # fmt: skip
+    model: ModelVersion
+
+
+class ModelCard(BaseModel):
+    """The model served, what it was trained on, how it scored."""
+
+    model: ModelVersion
+    settings: dict[str, Any] = Field(description="the model's settings (its config)")
+    train: dict[str, Any] = Field(description="the training settings, as resolved")
+    data: dict[str, Any] = Field(description="items, training users, the data's fingerprint")
+    validation: dict[str, Any] | None = Field(description="validation metrics of the model")
+    test: dict[str, Any] | None = Field(description="test metrics (null: none were scored)")
+    precision: str = Field(description="the precision it is served in")
+    titles: bool = Field(description="the run names its items")
+    similar: bool = Field(description="the model has item vectors (similar items)")
+
+
 class ErrorResponse(BaseModel):
     """Every error answer: a code, a message that says what to do, and where it helps the limits
     (`limits`), the failed fields (`errors`) or the model still serving (`model`)."""

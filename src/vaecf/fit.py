@@ -1,0 +1,253 @@
+"""`vaecf.fit`: interactions in memory (a DataFrame, a CSR matrix, a file) -> a trained
+Recommender, in one call.
+
+    rec = vaecf.fit(ratings, user_col="userId", item_col="movieId", rating_col="rating",
+                    min_rating=3.5)
+    rec.recommend([1, 296, 318], k=10)
+
+The data goes through the same preparation as `vaecf prepare` (binarize at `min_rating`, filter,
+shuffle users with the seed), split for production: every user trains but a validation share,
+whose held-out 20% picks the model and the epoch; no test users unless `test=` asks for them.
+The preparation and the run live in a private temporary directory that is deleted before `fit`
+returns (the trainer's checkpoints and atomic writes work on files); the returned Recommender
+holds everything in memory. `out=DIR` keeps the run there instead, a normal run directory
+(`vaecf serve --run DIR`); `Recommender.save(DIR)` writes one later.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import tempfile
+from dataclasses import fields
+from pathlib import Path
+
+import numpy as np
+import polars as pl
+
+from vaecf.data.prepare import PrepareSettings, prepare_frame
+from vaecf.data.sources import ITEM, NAME, RATING, USER, _int_if_possible, read_table
+from vaecf.errors import ConfigError, DataError
+
+MAX_VALIDATION_USERS = 10_000  # the paper's held-out count on ML-20M; a share stops growing here
+_USER_NAMES = ("user", "userid", "uid", "customer", "customerid", "visitorid")
+_ITEM_NAMES = ("item", "itemid", "iid", "movieid", "product", "productid", "track", "trackid")
+
+
+def _guess(columns: list[str], given: str | None, known: tuple[str, ...], what: str) -> str:
+    if given is not None:
+        if given not in columns:
+            raise DataError(f"{what}_col={given!r} is not a column; the columns: {columns}")
+        return given
+    for c in columns:
+        if re.sub(r"[^a-z0-9]", "", c.lower()) in known:
+            return c
+    raise DataError(f"say which column holds the {what}s: {what}_col=... (the columns: {columns})")
+
+
+def _from_matrix(m, rating_col, min_rating) -> pl.DataFrame:
+    """Rows of a scipy sparse matrix are users, columns items (ids: their indices); a stored
+    value is a rating when `min_rating` is given, else every stored non-zero is an interaction."""
+    import scipy.sparse as sp
+
+    if rating_col is not None:
+        raise DataError("a sparse matrix has no columns: drop rating_col (its values are ratings)")
+    coo = sp.coo_matrix(m)
+    keep = coo.data != 0
+    if not np.isfinite(coo.data).all():
+        raise DataError("the matrix holds NaN or infinite values; replace them first")
+    cols = {USER: coo.row[keep].astype(np.int64), ITEM: coo.col[keep].astype(np.int64)}
+    if min_rating is not None:
+        cols[RATING] = coo.data[keep].astype(np.float64)
+    return pl.DataFrame(cols)
+
+
+def _frame_columns(df: pl.DataFrame, user_col, item_col, rating_col) -> pl.DataFrame:
+    user_col = _guess(df.columns, user_col, _USER_NAMES, "user")
+    item_col = _guess(df.columns, item_col, _ITEM_NAMES, "item")
+    if rating_col is not None and rating_col not in df.columns:
+        raise DataError(f"rating_col={rating_col!r} is not a column; the columns: {df.columns}")
+    out = {USER: df.get_column(user_col), ITEM: df.get_column(item_col)}
+    if rating_col is not None:
+        try:
+            out[RATING] = df.get_column(rating_col).cast(pl.Float64)
+        except pl.exceptions.PolarsError:
+            raise DataError(f"column {rating_col!r} does not hold numeric ratings") from None
+    frame = pl.DataFrame(out)
+    null = frame.select(pl.any_horizontal(pl.all().is_null()).sum()).item()
+    if null:
+        raise DataError(
+            f"{null} rows have no {user_col}, {item_col}"
+            f"{'' if rating_col is None else ' or ' + rating_col}; drop them first"
+        )
+    for col in (USER, ITEM):
+        s = frame.get_column(col)
+        if not (s.dtype.is_integer() or s.dtype == pl.String):
+            s = _int_if_possible(s.cast(pl.String))
+        frame = frame.with_columns(s.alias(col))
+    return frame
+
+
+def _from_pandas(df) -> pl.DataFrame:
+    """The frame's columns as polars Series (numpy-backed; pyarrow is not needed)."""
+    cols = {}
+    for c in df.columns:
+        values = df[c].to_numpy()
+        if values.dtype == object:
+            values = [None if v is None or v != v else v for v in values.tolist()]
+        cols[str(c)] = pl.Series(str(c), values, strict=False)
+    return pl.DataFrame(cols)
+
+
+def _read(data, user_col, item_col, rating_col, min_rating, sep) -> pl.DataFrame:
+    import scipy.sparse as sp
+
+    if sp.issparse(data):
+        return _from_matrix(data, rating_col, min_rating)
+    if isinstance(data, (str, os.PathLike)):
+        path = Path(data)
+        if not path.is_file():
+            raise DataError(f"{path} does not exist or is not a file (CSV, TSV or Parquet)")
+        if path.suffix.lower() in {".parquet", ".pq"}:
+            names = list(pl.read_parquet_schema(path))
+        else:
+            with open(path, encoding="utf-8", errors="replace", newline="") as f:
+                first = re.split(r"\r\n?|\n", f.readline(1 << 16))[0]
+            names = first.split() if sep == "whitespace" else first.split(sep or ",")
+            if sep is None and path.suffix.lower() in {".tsv", ".tab"}:
+                names = first.split("\t")
+            names = [n.strip().strip('"') for n in names]
+        user_col = _guess(names, user_col, _USER_NAMES, "user")
+        item_col = _guess(names, item_col, _ITEM_NAMES, "item")
+        return read_table(path, user_col, item_col, rating_col, sep)
+    if isinstance(data, pl.LazyFrame):
+        data = data.collect()
+    if not isinstance(data, pl.DataFrame):
+        if type(data).__module__.split(".")[0] != "pandas" or not hasattr(data, "columns"):
+            raise DataError(
+                "data must be a pandas or Polars DataFrame, a scipy sparse matrix (users x "
+                f"items) or the path of a CSV/TSV/Parquet file, not {type(data).__name__}"
+            )
+        data = _from_pandas(data)
+    return _frame_columns(data, user_col, item_col, rating_col)
+
+
+def _names_frame(item_names) -> pl.DataFrame | None:
+    if item_names is None:
+        return None
+    if not hasattr(item_names, "items"):
+        raise DataError(
+            "item_names must map item id -> name: a dict, or a pandas Series indexed by id "
+            "(e.g. movies.set_index('movieId')['title'])"
+        )
+    pairs = list(item_names.items())
+    ids = [p[0] for p in pairs]
+    return pl.DataFrame(
+        {ITEM: pl.Series(ITEM, [str(i) for i in ids]), NAME: [str(p[1]) for p in pairs]}
+    )
+
+
+def _split_settings(model: str, settings: dict):
+    """(TrainConfig, model config) from fit's keyword settings, each routed to the one that
+    declares it."""
+    from vaecf import models
+    from vaecf.config import TrainConfig
+
+    cls = models.get(model).Config
+    train_keys = {f.name for f in fields(TrainConfig)}
+    model_keys = {f.name for f in fields(cls)} - {"model"}
+    unknown = sorted(set(settings) - train_keys - model_keys)
+    if unknown:
+        raise ConfigError(
+            f"{', '.join(unknown)}: not a setting of training or of model {model}. Training: "
+            f"{', '.join(sorted(train_keys))}; {model}: {', '.join(sorted(model_keys)) or 'none'}"
+        )
+    train = TrainConfig(**{k: v for k, v in settings.items() if k in train_keys})
+    model_cfg = models.config_from_dict(
+        model, {k: v for k, v in settings.items() if k in model_keys and k not in train_keys}
+    )
+    return train, model_cfg
+
+
+def fit(
+    data,
+    user_col: str | None = None,
+    item_col: str | None = None,
+    rating_col: str | None = None,
+    min_rating: float | None = None,
+    model: str = "auto",
+    *,
+    validation: float | int = 0.1,
+    test: float = 0.0,
+    min_user_items: int = 5,
+    min_item_users: int = 0,
+    split_seed: int = 98765,
+    item_names=None,
+    sep: str | None = None,
+    out: str | os.PathLike | None = None,
+    serve_precision: str = "fp32",
+    **settings,
+):
+    """Prepare, train and load, in memory: returns a `vaecf.Recommender`.
+
+    data: a pandas or Polars DataFrame, a scipy sparse matrix (rows are users, columns items,
+        ids their indices; stored values are ratings), or the path of a CSV/TSV/Parquet file
+        with a header row (`sep`: its separator, one character or 'whitespace').
+    user_col, item_col: the id columns (default: a column named like user/userId/user_id, and
+        item/itemId/movieId/...); rating_col and min_rating: keep rows rated >= min_rating
+        (default: every row is an interaction).
+    model: "auto" (candidates compared on validation, the best kept) or a registry name
+        (`vaecf.MODELS`: multvae, recvae, ease, edlae, ...).
+    validation: the share (a fraction) or number of users held out to select the model and
+        the epoch (default 10%, at most 10,000 users); test: a share of users held out and
+        scored into `rec.results["test"]` (default 0: every other user trains).
+    item_names: {item id: name}, returned with recommendations as titles.
+    out: keep the run there (a run directory for `vaecf serve`/`score`/`export`); default: no
+        file is left behind.
+    settings: training settings (epochs, lr, batch_size, seed, device, precision, progress, ...)
+        and the model's (`vaecf models` lists them), by name.
+    """
+    from vaecf.recommender import Recommender
+    from vaecf.trainer import train
+
+    if min_rating is not None and rating_col is None and not _is_matrix(data):
+        raise DataError("min_rating needs rating_col, the column that holds the ratings")
+    train_cfg, model_cfg = _split_settings(model, settings)
+    frame = _read(data, user_col, item_col, rating_col, min_rating, sep)
+    n_users = frame.get_column(USER).n_unique()
+    if isinstance(validation, bool) or not isinstance(validation, (int, float)):
+        raise ConfigError("validation must be a fraction (0.1) or a number of users (500)")
+    if isinstance(validation, int):
+        if validation < 1:
+            raise ConfigError("validation must be at least 1 user")
+        share = validation / max(n_users, 1)
+    else:
+        if not 0 < validation < 1:
+            raise ConfigError("validation as a share must lie strictly between 0 and 1")
+        share = min(validation, MAX_VALIDATION_USERS / max(n_users, 1))
+    prep = PrepareSettings(
+        min_rating=min_rating,
+        min_item_users=min_item_users,
+        min_user_items=min_user_items,
+        protocol="thesis",
+        validation_frac=min(share, 0.5),
+        test_frac=test,
+        seed=split_seed,
+    )
+    with tempfile.TemporaryDirectory(prefix="vaecf-fit-") as tmp:
+        ds = prepare_frame(
+            frame,
+            Path(tmp) / "data",
+            prep,
+            source={"kind": "vaecf.fit", "n_rows": frame.height},
+            item_names=_names_frame(item_names),
+        )
+        run_dir = Path(out) if out is not None else Path(tmp) / "run"
+        train(ds, train_cfg, run_dir, model_config=model_cfg, model=model, test=test > 0)
+        return Recommender.load(run_dir, device=train_cfg.device, precision=serve_precision)
+
+
+def _is_matrix(data) -> bool:
+    import scipy.sparse as sp
+
+    return sp.issparse(data)

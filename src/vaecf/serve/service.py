@@ -1,0 +1,164 @@
+"""Service: what the routes share (the model holder, the micro-batcher, metrics, settings, the
+ready state) and the steps several routes take: scoring histories, answering in JSON, reloading.
+The API routes (api.py) and the web page (page.py) are built over one Service.
+
+(No `from __future__ import annotations` here, as in the route modules.)
+"""
+
+import asyncio
+import logging
+import math
+import os
+import time
+from collections.abc import Callable
+
+from fastapi.responses import JSONResponse, Response
+
+from vaecf.errors import VaecfError
+from vaecf.serve.batcher import Expired, MicroBatcher, Overloaded, Stopped
+from vaecf.serve.metrics import Metrics
+from vaecf.serve.reload import ModelHolder, RunForbidden, RunNotFound
+from vaecf.serve.schemas import error, json_ok
+from vaecf.serve.settings import ServeSettings
+
+log = logging.getLogger("vaecf.serve")
+
+BIG_ANSWER_ITEMS = 2000  # answers with more items are encoded on a worker thread
+
+
+def busy(metrics: Metrics, reason: str, message: str) -> JSONResponse:
+    """503 with Retry-After: 1, counted under `reason` (refused or dropped under load)."""
+    metrics.rejected.labels(reason).inc()
+    resp = error(503, reason, message)
+    resp.headers["Retry-After"] = "1"
+    return resp
+
+
+class Service:
+    def __init__(
+        self,
+        holder: ModelHolder,
+        settings: ServeSettings,
+        metrics: Metrics,
+        batcher: MicroBatcher,
+    ):
+        self.holder, self.settings, self.metrics, self.batcher = holder, settings, metrics, batcher
+        # ready: serving; draining: SIGTERM came, /readyz says 503 while requests are answered
+        self.ready = {"value": False, "draining": False}
+        self.reload_lock = asyncio.Lock()
+        self.last_reload = -float("inf")
+
+    def version(self, v: dict) -> dict:
+        """The answer's `model` field: the run directory's path only with --expose-paths."""
+        return v if self.settings.expose_paths else {**v, "run": os.path.basename(v["run"])}
+
+    def hide_paths(self, message: str) -> str:
+        if self.settings.expose_paths:
+            return message
+        for path in (str(self.holder.root), self.holder.current.version["run"]):
+            message = message.replace(path, "<" + os.path.basename(path) + ">")
+        return message
+
+    async def scored(self, histories, req) -> tuple[list, dict] | JSONResponse:
+        """(recommendations, the model's version) for `histories`, or the error answer."""
+        s = self.settings
+        model = self.holder.current  # the model this request is answered by, whatever comes next
+        size = len(histories) * req.k
+        if size > s.max_answer_items:
+            return error(
+                422,
+                "answer_too_large",
+                f"{len(histories)} histories x k={req.k} = {size} items exceeds "
+                f"max_answer_items={s.max_answer_items}; ask for fewer histories or a smaller k",
+                limits={"max_answer_items": s.max_answer_items, "max_batch": s.max_batch,
+                        "max_k": s.max_k},
+            )  # fmt: skip
+        try:
+            recs = await self.batcher.submit(
+                model, histories, req.k, req.exclude_seen, req.allow, req.deny
+            )
+        except Stopped:
+            return error(503, "shutting_down", "the server is shutting down; retry elsewhere")
+        except Overloaded as e:
+            return busy(self.metrics, "overloaded", str(e))
+        except Expired as e:
+            return busy(self.metrics, "deadline_exceeded", str(e))
+        except VaecfError as e:
+            return error(422, "invalid_request", str(e))
+        return recs, self.version(model.version)
+
+    @staticmethod
+    async def answer(content: Callable[[], dict], items: int) -> Response:
+        """The JSON answer; a big one (it can take milliseconds) built off the event loop."""
+        if items <= BIG_ANSWER_ITEMS:
+            return json_ok(content())
+        return await asyncio.to_thread(lambda: json_ok(content()))
+
+    async def reload_model(self, run: str | None) -> JSONResponse:
+        holder, metrics = self.holder, self.metrics
+        wait = self.last_reload + self.settings.reload_min_interval_s - time.monotonic()
+        if wait > 0 or self.reload_lock.locked():
+            metrics.reloads.labels("refused").inc()
+            resp = error(
+                429,
+                "too_many_reloads",
+                f"a reload ran less than reload_min_interval_s="
+                f"{self.settings.reload_min_interval_s:g} s ago (or is running); retry later",
+                model=self.version(holder.current.version),
+            )
+            resp.headers["Retry-After"] = str(max(1, math.ceil(wait)))
+            return resp
+        async with self.reload_lock:
+            try:
+                new = await asyncio.to_thread(holder.reload, run)
+            except VaecfError as e:
+                metrics.reloads.labels("failed").inc()
+                log.warning("reload failed, still serving %s: %s", holder.current.version["id"], e)
+                return error(
+                    403
+                    if isinstance(e, RunForbidden)
+                    else 404
+                    if isinstance(e, RunNotFound)
+                    else 422,
+                    "reload_failed",
+                    self.hide_paths(f"{e}; still serving the previous model"),
+                    model=self.version(holder.current.version),
+                )
+            except Exception:
+                metrics.reloads.labels("failed").inc()
+                log.exception("reload failed, still serving %s", holder.current.version["id"])
+                return error(
+                    500,
+                    "reload_failed",
+                    "the model could not be loaded (the server log says why); still serving "
+                    "the previous model",
+                    model=self.version(holder.current.version),
+                )
+            finally:
+                self.last_reload = time.monotonic()
+            metrics.reloads.labels("ok").inc()
+            metrics.model_loaded.set_to_current_time()
+            log.info("now serving %s from %s", new.version["id"], new.version["run"])
+            return JSONResponse({"reloaded": True, "model": self.version(new.version)})
+
+    def model_card(self) -> dict:
+        """What the page's model card shows: the model, its settings, the data it was trained
+        on and its metrics (paths only with --expose-paths)."""
+        loaded = self.holder.current
+        rec = loaded.recommender
+        info = rec.info or {}
+        data = dict(info.get("data") or {})
+        if not self.settings.expose_paths and data.get("path"):
+            data["path"] = os.path.basename(str(data["path"]))
+        results = rec.results or {}
+        return {
+            "model": self.version(loaded.version),
+            "settings": (info.get("model") or {}).get("config") or {},
+            "train": info.get("train") or {},
+            "data": data,
+            "validation": results.get("validation"),
+            "test": results.get("test"),
+            "precision": rec.precision,
+            "titles": rec.names is not None,
+            "similar": rec.item_vectors is not None,
+        }

@@ -1,0 +1,149 @@
+"""vaecf.fit: a DataFrame, a CSR matrix or a file in, a Recommender out, nothing left on disk."""
+
+from __future__ import annotations
+
+import tempfile
+
+import numpy as np
+import pandas as pd
+import polars as pl
+import pytest
+import scipy.sparse as sp
+
+import vaecf
+from vaecf.errors import ConfigError, DataError
+
+
+def _clusters(n_users=240, n_items=40, per_user=8, seed=0) -> pd.DataFrame:
+    """Two tastes: users of group g interact only with items of group g (items 0..19 or
+    20..39), with a rating; a model that learns anything recommends within the group."""
+    rng = np.random.default_rng(seed)
+    rows = []
+    half = n_items // 2
+    for u in range(n_users):
+        g = u % 2
+        for i in rng.choice(half, per_user, replace=False):
+            rows.append((1000 + u, int(g * half + i), float(rng.integers(1, 6))))
+    return pd.DataFrame(rows, columns=["userId", "movieId", "rating"])
+
+
+@pytest.fixture
+def private_tmp(tmp_path, monkeypatch):
+    """Temporary files go to an empty directory we can inspect; the working directory too."""
+    tdir = tmp_path / "tmp"
+    tdir.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(tdir))
+    cwd = tmp_path / "cwd"
+    cwd.mkdir()
+    monkeypatch.chdir(cwd)
+    return tdir, cwd
+
+
+def test_fit_pandas_recommends_within_taste_and_leaves_no_files(private_tmp):
+    tdir, cwd = private_tmp
+    df = _clusters()
+    rec = vaecf.fit(df, model="ease", item_names={i: f"film {i}" for i in range(40)})
+    assert list(tdir.iterdir()) == [] and list(cwd.iterdir()) == []  # nothing left behind
+    r = rec.recommend([0, 1, 2, 3], k=5)
+    assert all(0 <= i < 20 for i in r.item_ids) and not set(r.item_ids) & {0, 1, 2, 3}
+    assert r.titles == [f"film {i}" for i in r.item_ids]
+    r = rec.recommend([25, 30], k=5)
+    assert all(20 <= i < 40 for i in r.item_ids)
+    # production split: 10% of users validate, nobody is held out for test
+    assert rec.results["test"] is None
+    assert rec.results["validation"]["n_users"] == 24
+    assert rec.info["data"]["n_train_users"] == 216
+
+
+def test_fit_min_rating_and_recommend_many(private_tmp):
+    df = _clusters()
+    low = pd.DataFrame({"userId": [1000] * 3, "movieId": [100, 101, 102], "rating": [1.0] * 3})
+    rec = vaecf.fit(pd.concat([df, low]), rating_col="rating", min_rating=3, model="popular")
+    kept = df[df.rating >= 3]
+    assert set(rec.items.ids.to_list()) <= set(kept.movieId)  # low ratings are not positives
+    assert 100 not in rec.items.ids.to_list()
+    many = rec.recommend_many({"a": [0], "b": []}, k=3)
+    assert set(many) == {"a", "b"} and many["b"].fallback == "popular"
+    assert rec.recommend_many([[0], [1]], k=3)[1].item_ids == rec.recommend([1], k=3).item_ids
+
+
+def test_fit_polars_string_ids_and_test_share():
+    df = pl.from_dict(
+        {
+            "user": [f"u{u}" for u in _clusters().userId],
+            "item": [f"i{i}" for i in _clusters().movieId],
+        }
+    )
+    rec = vaecf.fit(df, model="ease", test=0.2, progress=False)
+    assert rec.results["test"] is not None and rec.results["test"]["n_users"] == 48
+    assert all(i.startswith("i") for i in rec.recommend(["i0", "i1"], k=3).item_ids)
+
+
+def test_fit_csr_matrix_ids_are_indices():
+    df = _clusters()
+    m = sp.csr_matrix(
+        (df.rating.to_numpy(), (df.userId.to_numpy() - 1000, df.movieId.to_numpy())),
+        shape=(240, 40),
+    )
+    rec = vaecf.fit(m, model="multvae", min_rating=2, epochs=2, progress=False)
+    assert set(rec.items.ids.to_list()) <= set(range(40))
+    assert len(rec.recommend([0, 1], k=4).item_ids) == 4
+    with pytest.raises(DataError, match="no columns"):
+        vaecf.fit(m, rating_col="rating")
+
+
+@pytest.mark.parametrize("suffix", [".csv", ".parquet"])
+def test_fit_from_a_file_guesses_the_id_columns(tmp_path, suffix):
+    df = pl.DataFrame(_clusters().to_dict("list"))
+    path = tmp_path / f"ratings{suffix}"
+    df.write_csv(path) if suffix == ".csv" else df.write_parquet(path)
+    rec = vaecf.fit(path, model="ease", progress=False)
+    assert all(0 <= i < 20 for i in rec.recommend([0, 1, 2], k=3).item_ids)
+
+
+def test_save_and_out_are_normal_run_directories(tmp_path):
+    rec = vaecf.fit(_clusters(), model="ease", progress=False, out=tmp_path / "kept")
+    want = rec.recommend([0, 1, 2], k=5)
+    again = vaecf.Recommender.load(tmp_path / "kept")
+    assert again.recommend([0, 1, 2], k=5).item_ids == want.item_ids
+    rec.save(tmp_path / "saved")
+    saved = vaecf.Recommender.load(tmp_path / "saved")
+    got = saved.recommend([0, 1, 2], k=5)
+    assert got.item_ids == want.item_ids and np.allclose(got.scores, want.scores)
+    assert saved.results == rec.results
+    assert np.array_equal(saved.popularity_counts, rec.popularity_counts)
+    (tmp_path / "other").mkdir()
+    (tmp_path / "other" / "notes.txt").write_text("mine")
+    with pytest.raises(vaecf.RunError, match="not a run directory"):
+        rec.save(tmp_path / "other")
+    half = vaecf.Recommender.load(tmp_path / "saved", precision="bf16")
+    with pytest.raises(ConfigError, match="fp32"):
+        half.save(tmp_path / "half")
+
+
+def test_fit_routes_settings_and_refuses_bad_input():
+    df = _clusters()
+    with pytest.raises(ConfigError, match="not a setting.*l2"):
+        vaecf.fit(df, model="ease", epoch=3)
+    with pytest.raises(DataError, match="min_rating needs rating_col"):
+        vaecf.fit(df, min_rating=3)
+    with pytest.raises(DataError, match="user_col"):
+        vaecf.fit(df.rename(columns={"userId": "who"}), model="ease")
+    with pytest.raises(DataError, match="DataFrame"):
+        vaecf.fit([(1, 2), (3, 4)])
+    with pytest.raises(DataError, match="rows have no"):
+        vaecf.fit(pd.concat([df, pd.DataFrame({"userId": [None], "movieId": [3]})]))
+    with pytest.raises(ConfigError, match="validation"):
+        vaecf.fit(df, model="ease", validation=1.5)
+    # a model setting reaches the model: EASE with a given l2 fits that l2 alone
+    rec = vaecf.fit(df, model="ease", l2=123.0, progress=False, validation=30)
+    assert rec.info["model"]["config"]["l2"] == 123.0
+    assert rec.results["validation"]["n_users"] == 30
+
+
+def test_fit_auto_by_default(private_tmp):
+    tdir, _ = private_tmp
+    rec = vaecf.fit(_clusters(), epochs=2, margin_z=0.0, progress=False)
+    assert rec.results["auto"]["selection"]["margin_z"] == 0.0  # an Auto setting reached auto
+    assert rec.info["model"]["name"] in [c["model"] for c in rec.results["auto"]["candidates"]]
+    assert list(tdir.iterdir()) == []
