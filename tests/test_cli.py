@@ -605,3 +605,40 @@ def test_resume_after_sigkill_is_bit_identical(ws, env, tmp_path):
         for k in a:
             assert torch.equal(a[k], b[k]), f"{name}: {k} differs after resume"
     assert not [n for n in listing(interrupted) if n.startswith(".")], listing(interrupted)
+
+
+def test_parser_help_and_data_verbs_do_not_import_torch(tmp_path):
+    """The package's promise: building the parser (every verb's options and help), `--help`
+    of any verb and `vaecf models` run without importing torch."""
+    code = (
+        "import sys\n"
+        "from vaecf.cli import build_parser, main\n"
+        "build_parser()\n"
+        "for verb in ('info', 'train', 'tune', 'compare', 'serve', 'bench', 'prepare'):\n"
+        "    try:\n"
+        "        main([verb, '--help'])\n"
+        "    except SystemExit:\n"
+        "        pass\n"
+        "main(['models', '--json'])\n"
+        "print('TORCH' if 'torch' in sys.modules else 'NO-TORCH')\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip().splitlines()[-1] == "NO-TORCH"
+    assert '"recvae-edlae"' in out.stdout  # models --json listed the declarations
+
+
+def test_model_classes_take_their_declarations_from_specs():
+    from vaecf import models, specs
+
+    assert list(models.MODELS) == list(specs.SPECS)
+    for name, cls in models.MODELS.items():
+        spec = specs.SPECS[name]
+        assert (cls.name, cls.title, cls.family, cls.Config) == (
+            spec.name,
+            spec.title,
+            spec.family,
+            spec.Config,
+        )
+        assert cls.train_settings == spec.train_settings and cls.closed_form == spec.closed_form
+    assert models.describe() == specs.describe()

@@ -14,9 +14,8 @@ from typing import Literal
 
 from vaecf.data.prepare import PrepareSettings
 from vaecf.errors import ConfigError
-from vaecf.models.base import ANNEAL_SETTINGS, GRADIENT_SETTINGS
-from vaecf.models.multvae import ModelConfig
 from vaecf.settings import setting, validate_fields
+from vaecf.specs import ANNEAL_SETTINGS, GRADIENT_SETTINGS, ModelConfig
 
 Precision = Literal["auto", "fp32", "tf32", "bf16", "fp16"]
 

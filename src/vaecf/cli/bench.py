@@ -75,7 +75,7 @@ def cmd_bench(a) -> int:
 
 
 def register(sub) -> None:
-    from vaecf import models
+    from vaecf.specs import SPECS
 
     pd = sub.add_parser(
         "demo",
@@ -109,7 +109,7 @@ def register(sub) -> None:
     bt.add_argument("--nnz", type=int, default=10_000_000, help="interactions (default 10M)")
     bt.add_argument(
         "--model",
-        choices=[n for n, m in models.MODELS.items() if not m.closed_form],
+        choices=[n for n, m in SPECS.items() if not m.closed_form],
         default="multvae",
         help="gradient model to time (default multvae)",
     )

@@ -151,7 +151,7 @@ def cmd_plot(a) -> int:
 
 
 def register(sub) -> None:
-    from vaecf import models
+    from vaecf.specs import SPECS
 
     pt = sub.add_parser(
         "tune",
@@ -169,7 +169,7 @@ def register(sub) -> None:
     pt.add_argument(
         "--model",
         default="multvae",
-        choices=[n for n, m in models.MODELS.items() if m.family != "selection"],
+        choices=[n for n, m in SPECS.items() if m.family != "selection"],
         help="default multvae; popular has nothing to tune",
     )
     pt.add_argument(

@@ -16,11 +16,11 @@ from vaecf.settings import SERVING_PRECISIONS
 # -- train --------------------------------------------------------------------------------------
 def _model_settings() -> dict[str, list[str]]:
     """Model name -> the names of its config's settings (model-specific options)."""
-    from vaecf import models
+    from vaecf.specs import SPECS
 
     return {
-        name: [f.name for f in fields(cls.Config) if f.name != "model"]
-        for name, cls in models.MODELS.items()
+        name: [f.name for f in fields(spec.Config) if f.name != "model"]
+        for name, spec in SPECS.items()
     }
 
 
@@ -97,9 +97,9 @@ def cmd_train(a) -> int:
 
 # -- models -------------------------------------------------------------------------------------
 def cmd_models(a) -> int:
-    from vaecf import models
+    from vaecf.specs import describe
 
-    table = models.describe()
+    table = describe()
     if a.json:
         print_json(table)
         return 0
@@ -193,13 +193,13 @@ def cmd_similar(a) -> int:
 
 
 def register(sub) -> None:
-    from vaecf import models
     from vaecf.config import TrainConfig
+    from vaecf.specs import SPECS
 
     pt = sub.add_parser(
         "train",
         help="train or fit a model ("
-        + ", ".join(m.title for m in models.MODELS.values() if m.trainable)
+        + ", ".join(m.title for m in SPECS.values() if m.trainable)
         + ")",
         description="Train a model on a prepared dataset; gradient models validate every "
         "epoch, keep the best model by validation NDCG@100 and are resumable; EASE picks its "
@@ -214,7 +214,7 @@ def register(sub) -> None:
     )
     pt.add_argument("--data", help="prepared dataset directory (required unless --config sets it)")
     pt.add_argument("--out", required=True, help="run directory to create (or resume)")
-    trainable = [n for n, m in models.MODELS.items() if m.trainable]
+    trainable = [n for n, m in SPECS.items() if m.trainable]
     pt.add_argument(
         "--model",
         choices=trainable,
@@ -222,7 +222,7 @@ def register(sub) -> None:
     )
     add_settings(pt.add_argument_group("training"), TrainConfig, skip=("progress",))
     seen: dict = {}
-    for name, cls in models.MODELS.items():
+    for name, cls in SPECS.items():
         if not cls.trainable:
             continue
         title = cls.title or name

@@ -1,8 +1,9 @@
-"""Models behind one contract (models/base.py), by registry name: `--model NAME`."""
+"""Models behind one contract (models/base.py), by registry name: `--model NAME`. What each
+model is (its settings and declaration) lives in vaecf.specs, which imports no torch."""
 
 from __future__ import annotations
 
-from dataclasses import MISSING, asdict, fields
+from dataclasses import asdict, fields
 
 from vaecf.errors import RunError
 from vaecf.models.base import Model, Phase
@@ -12,11 +13,14 @@ from vaecf.models.hybrid import HybridConfig, RecVAEEDLAE
 from vaecf.models.multvae import ModelConfig, MultDAE, MultVAE, build_model
 from vaecf.models.popular import Popular, PopularConfig
 from vaecf.models.recvae import RecVAE, RecVAEConfig
+from vaecf.specs import SPECS, describe
 
 # The registry: adding a model is its module and one entry here.
 MODELS: dict[str, type[Model]] = {
     m.name: m for m in (MultVAE, MultDAE, RecVAE, RecVAEEDLAE, EASE, EDLAE, Popular, Auto, Blend)
 }
+if [m.spec for m in MODELS.values()] != list(SPECS.values()):  # a model added to one, not both
+    raise ImportError("vaecf.models.MODELS and vaecf.specs.SPECS must list the same models")
 
 __all__ = [
     "Auto",
@@ -83,29 +87,3 @@ def build(name: str, n_items: int, config=None) -> Model:
     if config is None or isinstance(config, dict):
         config = config_from_dict(name, config)
     return cls(n_items, config)
-
-
-def describe() -> list[dict]:
-    """Every registered model as declared: name, title, family, one line on what it is, and
-    its settings (name, default, help). `vaecf models` prints it; the README's table is
-    checked against it."""
-    out = []
-    for name, cls in MODELS.items():
-        settings = []
-        for f in fields(cls.Config):
-            if f.name == "model":
-                continue
-            default = f.default if f.default is not MISSING else f.default_factory()
-            settings.append(
-                {"name": f.name, "default": default, "help": f.metadata.get("help", "")}
-            )
-        out.append(
-            {
-                "name": name,
-                "title": cls.title or name,
-                "family": cls.family,
-                "summary": cls.summary,
-                "settings": settings,
-            }
-        )
-    return out

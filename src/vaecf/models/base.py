@@ -21,7 +21,7 @@ epochs, precision, data parallelism, checkpoints, resume and model selection; th
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any, ClassVar
 
 import torch
@@ -29,15 +29,9 @@ from torch import nn
 
 from vaecf import precision as prec
 from vaecf.data.matrix import SparseBatch
+from vaecf.specs import ANNEAL_SETTINGS, FAMILIES, GRADIENT_SETTINGS, Spec  # noqa: F401
 
 ScoreFn = Callable[[SparseBatch], torch.Tensor]  # batch -> (B, n_items) scores
-
-# Training settings (vaecf.config.TrainConfig) that only gradient models read, and those only
-# a KL-annealed model reads. A model declares what it reads in `train_settings`; the others,
-# given, are refused before a run starts.
-GRADIENT_SETTINGS = ("epochs", "batch_size", "lr", "data_on", "eval_every", "checkpoint_every")
-ANNEAL_SETTINGS = ("total_anneal_steps", "anneal_cap")
-FAMILIES = ("autoencoder", "linear", "baseline", "selection")
 
 
 @dataclass(frozen=True)
@@ -52,16 +46,25 @@ class Phase:
 
 
 class Model(nn.Module):
+    # the declaration (vaecf.specs, torch-free); a class with a `spec` has its fields as class
+    # attributes: name, title, family, summary, Config, closed_form, trainable, train_settings
+    spec: ClassVar[Spec]
     name: ClassVar[str]  # registry name, `--model NAME`
     Config: ClassVar[type]  # the config dataclass
-    title: ClassVar[str] = ""  # for tables: "Mult-VAE"
-    family: ClassVar[str] = "autoencoder"  # one of FAMILIES
-    summary: ClassVar[str] = ""  # one line on what it is (`vaecf models`)
+    title: ClassVar[str] = ""
+    family: ClassVar[str] = "autoencoder"
+    summary: ClassVar[str] = ""
     closed_form: ClassVar[bool] = False
-    trainable: ClassVar[bool] = True  # False: made by another verb (a blend, by --model auto)
-    # the optional training settings it reads (see GRADIENT_SETTINGS); closed-form: none
+    trainable: ClassVar[bool] = True
     train_settings: ClassVar[tuple[str, ...]] = GRADIENT_SETTINGS
     multinomial: ClassVar[bool] = False
+
+    def __init_subclass__(cls, **kwargs) -> None:
+        super().__init_subclass__(**kwargs)
+        spec = cls.__dict__.get("spec")
+        if spec is not None:
+            for f in fields(spec):
+                setattr(cls, f.name, getattr(spec, f.name))
 
     def __init__(self, n_items: int, config: Any = None):
         super().__init__()

@@ -10,28 +10,14 @@ validation by `--model auto`.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 from torch import nn
 
+from vaecf import specs
 from vaecf.data.matrix import SparseBatch
 from vaecf.errors import ConfigError
-from vaecf.models.base import ANNEAL_SETTINGS, GRADIENT_SETTINGS, Model
-from vaecf.settings import setting
-
-
-@dataclass
-class BlendConfig:
-    parts: list[str] = setting(help="the two models' registry names", factory=list)
-    configs: list[dict] = setting(help="the two models' settings", factory=list)
-    weight: float = setting(0.5, "weight of the first part's standardised scores, in [0, 1]")
-
-    def __post_init__(self) -> None:
-        if len(self.parts) != 2 or len(self.configs) != 2:
-            raise ConfigError("a blend has exactly two parts, each with its settings")
-        if not 0.0 <= self.weight <= 1.0:
-            raise ConfigError("the blend weight must be in [0, 1]")
+from vaecf.models.base import Model
+from vaecf.specs import AutoConfig, BlendConfig  # noqa: F401 (their home was here)
 
 
 def standardise(scores: torch.Tensor) -> torch.Tensor:
@@ -43,17 +29,7 @@ def standardise(scores: torch.Tensor) -> torch.Tensor:
 
 
 class Blend(Model):
-    name = "blend"
-    title = "blend"
-    family = "selection"
-    summary = (
-        "validation-weighted mix of two models' standardised scores (made by --model auto "
-        "from the best linear and the best autoencoder)"
-    )
-    Config = BlendConfig
-    closed_form = True
-    trainable = False
-    train_settings = ()
+    spec = specs.BLEND
 
     def __init__(self, n_items: int, config: BlendConfig | None = None):
         if config is None:
@@ -83,46 +59,7 @@ class Blend(Model):
         raise ConfigError("a blend is made by --model auto, not trained on its own")
 
 
-@dataclass
-class AutoConfig:
-    candidates: list[str] = setting(
-        help="models to fit and compare on validation, cheapest first",
-        factory=lambda: ["edlae", "multvae", "recvae"],
-    )
-    budget: float | None = setting(
-        None,
-        "seconds for the whole selection: a candidate not started when it is spent is skipped "
-        "(and recorded as such); unset: no limit",
-    )
-    blend: bool = setting(
-        True, "also try a validation-weighted blend of the best linear and best autoencoder"
-    )
-    margin_z: float = setting(
-        1.645,
-        "another candidate displaces the best linear one only when its per-user validation "
-        "gain over it exceeds z standard errors (1.645: one-sided 95 percent); 0: the plain "
-        "best on validation",
-    )
-
-    def __post_init__(self) -> None:
-        if not self.candidates:
-            raise ConfigError("--candidates names no model")
-        if self.budget is not None and self.budget <= 0:
-            raise ConfigError("--budget must be a positive number of seconds")
-        if not self.margin_z >= 0:
-            raise ConfigError("--margin-z must be >= 0 (standard errors of the paired gain)")
-
-
 class Auto(Model):
     """Not a model of its own: `--model auto` fits the candidates and keeps the best."""
 
-    name = "auto"
-    title = "auto"
-    family = "selection"
-    summary = (
-        "fits the candidates that fit the machine (and --budget), keeps the best on "
-        "validation, a blend of the best linear and best autoencoder included"
-    )
-    Config = AutoConfig
-    closed_form = True
-    train_settings = (*GRADIENT_SETTINGS, *ANNEAL_SETTINGS)  # passed on to the candidates
+    spec = specs.AUTO

@@ -20,79 +20,19 @@ import math
 import os
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
-from typing import Literal
 
 import numpy as np
 import scipy.sparse as sp
 import torch
 import torch.nn.functional as F
 
+from vaecf import specs
 from vaecf.data.matrix import CSR, SparseBatch
 from vaecf.errors import ConfigError, RunError
 from vaecf.models.base import Model
-from vaecf.settings import setting, validate_fields
+from vaecf.specs import DEFAULT_DROPOUT_GRID, DEFAULT_GRID, EASEConfig, EDLAEConfig  # noqa: F401
 
-DEFAULT_GRID = [1.0, 3.0, 10.0, 30.0, 100.0, 300.0, 1000.0, 3000.0, 10000.0]
-# p = 0 (EASE) is on the grid, so the search can only match or beat EASE up to noise; Steck's
-# notebook used 0.25 (MSD) and 0.33 (ML-20M, Netflix).
-DEFAULT_DROPOUT_GRID = [0.0, 0.1, 0.2, 0.33, 0.5]
 REFINE_STEP = 10**0.25  # the fast search's step around the coarse best: half a grid step
-
-
-@dataclass
-class EASEConfig:
-    l2: float | None = setting(
-        None, "lambda, the L2 weight; unset: chosen on validation NDCG@100 from --l2-grid"
-    )
-    l2_grid: list[float] = setting(
-        help="lambdas to try when --l2 is unset", factory=lambda: list(DEFAULT_GRID)
-    )
-    search: Literal["fast", "grid"] = setting(
-        "fast",
-        "fast: the grid on the --coarse-items most popular items, then the full catalogue at "
-        "the best lambda and half a step toward its better neighbour; grid: every grid point "
-        "on every item",
-    )
-    coarse_items: int = setting(
-        3000, "items of the fast search's coarse stage (at or below it, fast is grid)"
-    )
-    fold_in_rows: bool = setting(
-        True,
-        "add the held-out users' fold-in rows (never their targets) to X^T X: they are known "
-        "inputs at scoring time; false: the training users' rows only",
-    )
-    solve_dtype: Literal["float32", "float64"] = setting(
-        "float32", "dtype of the solve (float32 is ample for lambda >= 1)"
-    )
-
-    def __post_init__(self) -> None:
-        if self.l2 is not None and self.l2 <= 0:
-            raise ConfigError("l2 (lambda) must be positive")
-        if not self.l2_grid or min(self.l2_grid) <= 0:
-            raise ConfigError("l2_grid must hold positive values")
-        if self.coarse_items < 10:
-            raise ConfigError("coarse_items must be at least 10")
-        validate_fields(self)
-
-
-@dataclass
-class EDLAEConfig(EASEConfig):
-    dropout: float | None = setting(
-        None,
-        "EDLAE's dropout rate p in [0, 1) (0 is EASE); unset: chosen on validation with "
-        "lambda from --dropout-grid",
-    )
-    dropout_grid: list[float] = setting(
-        help="dropout rates to try when --dropout is unset",
-        factory=lambda: list(DEFAULT_DROPOUT_GRID),
-    )
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        bad = [p for p in [self.dropout, *self.dropout_grid] if p is not None and not 0 <= p < 1]
-        if bad or not self.dropout_grid:
-            raise ConfigError("dropout (and every dropout_grid value) must be in [0, 1)")
 
 
 def _sparse_rows(table: torch.Tensor, batch: SparseBatch) -> torch.Tensor:
@@ -192,13 +132,7 @@ def _metrics_of(weight: torch.Tensor, fold_in: CSR, target: CSR) -> dict:
 
 
 class EASE(Model):
-    name = "ease"
-    title = "EASE"
-    family = "linear"
-    summary = "item-item linear autoencoder with a zero diagonal, closed form (Steck, WWW 2019)"
-    Config = EASEConfig
-    closed_form = True
-    train_settings = ()
+    spec = specs.EASE
 
     @classmethod
     def search_space(cls, trial, n_train_users: int) -> dict[str, dict]:
@@ -324,10 +258,7 @@ class EDLAE(EASE):
     """EASE with emphasized denoising: a dropout rate p adds p/(1-p) diag(G) to the ridge,
     shrinking popular items' weights more; p = 0 is EASE."""
 
-    name = "edlae"
-    title = "EDLAE"
-    summary = "EASE with emphasized denoising (dropout p), closed form (Steck, NeurIPS 2020)"
-    Config = EDLAEConfig
+    spec = specs.EDLAE
 
     @classmethod
     def search_space(cls, trial, n_train_users: int) -> dict[str, dict]:

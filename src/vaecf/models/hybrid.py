@@ -14,42 +14,23 @@ like EASE), so this model is for catalogues where EASE fits.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import scipy.sparse as sp
 import torch
 from torch import nn
 
+from vaecf import specs
 from vaecf.data.matrix import CSR, SparseBatch
 from vaecf.models.base import Phase
 from vaecf.models.ease import EDLAE, _metrics_of, _sparse_rows
 from vaecf.models.fused import linear_multinomial_nll
-from vaecf.models.recvae import RecVAE, RecVAEConfig
-from vaecf.settings import setting
+from vaecf.models.recvae import RecVAE
+from vaecf.specs import HybridConfig  # noqa: F401 (its home was here)
 
 ALPHA_GRID = [2.0**k for k in range(13)]  # 1 ... 4096
 
 
-@dataclass
-class HybridConfig(RecVAEConfig):
-    linear_l2: float | None = setting(
-        None, "EDLAE path: lambda; unset: searched on validation as --model edlae does"
-    )
-    linear_dropout: float | None = setting(
-        None, "EDLAE path: dropout rate p; unset: searched on validation"
-    )
-    alpha: float | None = setting(
-        None,
-        "initial weight of the EDLAE path's scores (then trained); unset: the likeliest on "
-        "the training users",
-    )
-
-
 class RecVAEEDLAE(RecVAE):
-    name = "recvae-edlae"
-    title = "RecVAE+EDLAE"
-    summary = "RecVAE whose logits add a frozen EDLAE path, alpha (x B), fitted before training"
-    Config = HybridConfig
+    spec = specs.RECVAE_EDLAE
 
     def __init__(self, n_items: int, config: HybridConfig | None = None):
         super().__init__(n_items, config)

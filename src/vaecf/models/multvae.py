@@ -13,25 +13,22 @@ is never densified. Only the logits (B, n_items) are dense: they are the model's
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from vaecf import precision as prec
+from vaecf import specs
 from vaecf.data.matrix import SparseBatch
-from vaecf.errors import ConfigError
 from vaecf.models.base import (
-    ANNEAL_SETTINGS,
-    GRADIENT_SETTINGS,
     Model,
     Phase,
     ScoreFn,
     l2_rows,
 )
 from vaecf.models.fused import linear_multinomial_nll
-from vaecf.settings import setting
+from vaecf.specs import ModelConfig
 
 # The paper's training settings (Liang et al. 2018, section 4 and its code).
 PAPER_TRAIN = {
@@ -44,30 +41,6 @@ PAPER_TRAIN = {
 # On ML-20M the paper's schedule reaches the KL cap after 40,000 of its 46,800 updates (200
 # epochs x 234 batches of 500): the auto defaults keep that shape at any size.
 CAP_AT = 40_000 / 46_800
-
-
-@dataclass
-class ModelConfig:
-    """Mult-VAE and Mult-DAE (`model` says which)."""
-
-    model: str = setting("multvae", "multvae (variational) or multdae (denoising)")
-    hidden_dims: list[int] = setting(
-        help="encoder hidden layer sizes, mirrored by the decoder (Mult-VAE [600]; Mult-DAE [])",
-        factory=lambda: [600],
-    )
-    latent_dim: int = setting(200, "size of z (Mult-DAE: its one hidden layer)")
-    dropout: float = setting(0.5, "dropout rate on the normalised input")
-    weight_decay: float | None = setting(None, "lam in lam * sum(W^2) (Mult-VAE 0, Mult-DAE 0.01)")
-
-    def __post_init__(self) -> None:
-        if self.model not in ("multvae", "multdae"):
-            raise ConfigError(f"model must be 'multvae' or 'multdae', not {self.model!r}")
-        if self.model == "multdae" and self.hidden_dims == [600]:
-            self.hidden_dims = []  # the paper's Mult-DAE: [n_items -> 200 -> n_items]
-        if self.weight_decay is None:
-            self.weight_decay = 0.0 if self.model == "multvae" else 0.01
-        if not 0.0 <= self.dropout < 1.0:
-            raise ConfigError("dropout must lie in [0, 1)")
 
 
 def _init_bias(b: torch.Tensor) -> None:
@@ -323,16 +296,11 @@ class Scorer:
 
 
 class MultVAE(MultAE):
-    name = "multvae"
-    title = "Mult-VAE"
-    summary = "variational autoencoder with a multinomial likelihood (Liang et al., WWW 2018)"
-    train_settings = (*GRADIENT_SETTINGS, *ANNEAL_SETTINGS)
+    spec = specs.MULTVAE
 
 
 class MultDAE(MultAE):
-    name = "multdae"
-    title = "Mult-DAE"
-    summary = "denoising autoencoder with a multinomial likelihood (Liang et al., WWW 2018)"
+    spec = specs.MULTDAE
 
 
 def build_model(n_items: int, config: ModelConfig) -> MultAE:

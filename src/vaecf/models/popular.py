@@ -3,29 +3,19 @@ comparison (and the ranking a new user with no known history falls back to)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import numpy as np
 import scipy.sparse as sp
 import torch
 
+from vaecf import specs
 from vaecf.data.matrix import SparseBatch
 from vaecf.errors import RunError
 from vaecf.models.base import Model
-
-
-@dataclass
-class PopularConfig:
-    pass
+from vaecf.specs import PopularConfig
 
 
 class Popular(Model):
-    name = "popular"
-    title = "popularity"
-    family = "baseline"
-    summary = "every user gets the items ranked by their training counts"
-    Config = PopularConfig
-    closed_form = True
+    spec = specs.POPULAR
 
     def __init__(self, n_items: int, config: PopularConfig | None = None):
         super().__init__(n_items, config)

@@ -17,49 +17,20 @@ included), as the paper describes the prior.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from vaecf import specs
 from vaecf.data.matrix import SparseBatch
-from vaecf.errors import ConfigError
 from vaecf.models.base import Model, Phase, l2_rows
 from vaecf.models.fused import linear_multinomial_nll
 from vaecf.models.multvae import _wide, resolve_vae_train
-from vaecf.settings import setting
+from vaecf.specs import RecVAEConfig
 
 PAPER_TRAIN = {"epochs": 50, "batch_size": 500, "lr": 5e-4}  # the authors' run.py defaults
 LOG_2PI = math.log(2 * math.pi)
-
-
-@dataclass
-class RecVAEConfig:
-    hidden_dim: int = setting(600, "width of each encoder layer")
-    n_layers: int = setting(5, "encoder layers, with dense skip connections")
-    latent_dim: int = setting(200, "size of z")
-    dropout: float = setting(0.5, "input dropout in the encoder phase")
-    gamma: float = setting(0.005, "KL weight per user = gamma x that user's number of items")
-    prior_weights: list[float] = setting(
-        help="composite prior mixture weights: standard normal, old posterior, wide normal",
-        factory=lambda: [0.15, 0.75, 0.10],
-    )
-    wide_logvar: float = setting(10.0, "log variance of the wide prior component")
-    layer_norm_eps: float = setting(0.1, "epsilon of the encoder's layer norms")
-    encoder_passes: int = setting(3, "encoder passes over the users per epoch")
-    decoder_passes: int = setting(1, "decoder passes over the users per epoch")
-
-    def __post_init__(self) -> None:
-        if not 0.0 <= self.dropout < 1.0:
-            raise ConfigError("dropout must lie in [0, 1)")
-        if len(self.prior_weights) != 3 or min(self.prior_weights) <= 0:
-            raise ConfigError("prior_weights must be three positive weights")
-        for name in ("hidden_dim", "n_layers", "latent_dim", "encoder_passes", "decoder_passes"):
-            if getattr(self, name) < 1:
-                raise ConfigError(f"{name} must be at least 1")
-        if self.gamma < 0:
-            raise ConfigError("gamma must be >= 0")
 
 
 def swish(x: torch.Tensor) -> torch.Tensor:
@@ -108,13 +79,7 @@ class Encoder(nn.Module):
 
 
 class RecVAE(Model):
-    name = "recvae"
-    title = "RecVAE"
-    summary = (
-        "Mult-VAE with a composite prior, a deeper encoder and alternating updates "
-        "(Shenbin et al., WSDM 2020)"
-    )
-    Config = RecVAEConfig
+    spec = specs.RECVAE
     multinomial = True
 
     def __init__(self, n_items: int, config: RecVAEConfig | None = None):

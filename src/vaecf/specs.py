@@ -1,0 +1,326 @@
+"""What the models are, without the models: every model's settings (its config dataclass) and
+its declaration (registry name, title, family, one line on what it is, which training settings
+it reads), importing no torch. The command line builds its options, choices and help from here,
+so `vaecf --help` and the data verbs start without torch; each model class (vaecf.models) takes
+its declaration from its `Spec`, so every fact is stated once.
+"""
+
+from __future__ import annotations
+
+from dataclasses import MISSING, dataclass, fields
+from typing import Literal
+
+from vaecf.errors import ConfigError
+from vaecf.settings import setting, validate_fields
+
+# Training settings (vaecf.config.TrainConfig) that only gradient models read, and those only
+# a KL-annealed model reads. A model declares what it reads in `train_settings`; the others,
+# given, are refused before a run starts.
+GRADIENT_SETTINGS = ("epochs", "batch_size", "lr", "data_on", "eval_every", "checkpoint_every")
+ANNEAL_SETTINGS = ("total_anneal_steps", "anneal_cap")
+FAMILIES = ("autoencoder", "linear", "baseline", "selection")
+
+# EASE's lambda grid; p = 0 (EASE) is on EDLAE's dropout grid, so the search can only match or
+# beat EASE up to noise; Steck's notebook used 0.25 (MSD) and 0.33 (ML-20M, Netflix).
+DEFAULT_GRID = [1.0, 3.0, 10.0, 30.0, 100.0, 300.0, 1000.0, 3000.0, 10000.0]
+DEFAULT_DROPOUT_GRID = [0.0, 0.1, 0.2, 0.33, 0.5]
+
+
+# -- settings -------------------------------------------------------------------------------------
+@dataclass
+class ModelConfig:
+    """Mult-VAE and Mult-DAE (`model` says which)."""
+
+    model: str = setting("multvae", "multvae (variational) or multdae (denoising)")
+    hidden_dims: list[int] = setting(
+        help="encoder hidden layer sizes, mirrored by the decoder (Mult-VAE [600]; Mult-DAE [])",
+        factory=lambda: [600],
+    )
+    latent_dim: int = setting(200, "size of z (Mult-DAE: its one hidden layer)")
+    dropout: float = setting(0.5, "dropout rate on the normalised input")
+    weight_decay: float | None = setting(None, "lam in lam * sum(W^2) (Mult-VAE 0, Mult-DAE 0.01)")
+
+    def __post_init__(self) -> None:
+        if self.model not in ("multvae", "multdae"):
+            raise ConfigError(f"model must be 'multvae' or 'multdae', not {self.model!r}")
+        if self.model == "multdae" and self.hidden_dims == [600]:
+            self.hidden_dims = []  # the paper's Mult-DAE: [n_items -> 200 -> n_items]
+        if self.weight_decay is None:
+            self.weight_decay = 0.0 if self.model == "multvae" else 0.01
+        if not 0.0 <= self.dropout < 1.0:
+            raise ConfigError("dropout must lie in [0, 1)")
+
+
+@dataclass
+class RecVAEConfig:
+    hidden_dim: int = setting(600, "width of each encoder layer")
+    n_layers: int = setting(5, "encoder layers, with dense skip connections")
+    latent_dim: int = setting(200, "size of z")
+    dropout: float = setting(0.5, "input dropout in the encoder phase")
+    gamma: float = setting(0.005, "KL weight per user = gamma x that user's number of items")
+    prior_weights: list[float] = setting(
+        help="composite prior mixture weights: standard normal, old posterior, wide normal",
+        factory=lambda: [0.15, 0.75, 0.10],
+    )
+    wide_logvar: float = setting(10.0, "log variance of the wide prior component")
+    layer_norm_eps: float = setting(0.1, "epsilon of the encoder's layer norms")
+    encoder_passes: int = setting(3, "encoder passes over the users per epoch")
+    decoder_passes: int = setting(1, "decoder passes over the users per epoch")
+
+    def __post_init__(self) -> None:
+        if not 0.0 <= self.dropout < 1.0:
+            raise ConfigError("dropout must lie in [0, 1)")
+        if len(self.prior_weights) != 3 or min(self.prior_weights) <= 0:
+            raise ConfigError("prior_weights must be three positive weights")
+        for name in ("hidden_dim", "n_layers", "latent_dim", "encoder_passes", "decoder_passes"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"{name} must be at least 1")
+        if self.gamma < 0:
+            raise ConfigError("gamma must be >= 0")
+
+
+@dataclass
+class HybridConfig(RecVAEConfig):
+    linear_l2: float | None = setting(
+        None, "EDLAE path: lambda; unset: searched on validation as --model edlae does"
+    )
+    linear_dropout: float | None = setting(
+        None, "EDLAE path: dropout rate p; unset: searched on validation"
+    )
+    alpha: float | None = setting(
+        None,
+        "initial weight of the EDLAE path's scores (then trained); unset: the likeliest on "
+        "the training users",
+    )
+
+
+@dataclass
+class EASEConfig:
+    l2: float | None = setting(
+        None, "lambda, the L2 weight; unset: chosen on validation NDCG@100 from --l2-grid"
+    )
+    l2_grid: list[float] = setting(
+        help="lambdas to try when --l2 is unset", factory=lambda: list(DEFAULT_GRID)
+    )
+    search: Literal["fast", "grid"] = setting(
+        "fast",
+        "fast: the grid on the --coarse-items most popular items, then the full catalogue at "
+        "the best lambda and half a step toward its better neighbour; grid: every grid point "
+        "on every item",
+    )
+    coarse_items: int = setting(
+        3000, "items of the fast search's coarse stage (at or below it, fast is grid)"
+    )
+    fold_in_rows: bool = setting(
+        True,
+        "add the held-out users' fold-in rows (never their targets) to X^T X: they are known "
+        "inputs at scoring time; false: the training users' rows only",
+    )
+    solve_dtype: Literal["float32", "float64"] = setting(
+        "float32", "dtype of the solve (float32 is ample for lambda >= 1)"
+    )
+
+    def __post_init__(self) -> None:
+        if self.l2 is not None and self.l2 <= 0:
+            raise ConfigError("l2 (lambda) must be positive")
+        if not self.l2_grid or min(self.l2_grid) <= 0:
+            raise ConfigError("l2_grid must hold positive values")
+        if self.coarse_items < 10:
+            raise ConfigError("coarse_items must be at least 10")
+        validate_fields(self)
+
+
+@dataclass
+class EDLAEConfig(EASEConfig):
+    dropout: float | None = setting(
+        None,
+        "EDLAE's dropout rate p in [0, 1) (0 is EASE); unset: chosen on validation with "
+        "lambda from --dropout-grid",
+    )
+    dropout_grid: list[float] = setting(
+        help="dropout rates to try when --dropout is unset",
+        factory=lambda: list(DEFAULT_DROPOUT_GRID),
+    )
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        bad = [p for p in [self.dropout, *self.dropout_grid] if p is not None and not 0 <= p < 1]
+        if bad or not self.dropout_grid:
+            raise ConfigError("dropout (and every dropout_grid value) must be in [0, 1)")
+
+
+@dataclass
+class PopularConfig:
+    pass
+
+
+@dataclass
+class BlendConfig:
+    parts: list[str] = setting(help="the two models' registry names", factory=list)
+    configs: list[dict] = setting(help="the two models' settings", factory=list)
+    weight: float = setting(0.5, "weight of the first part's standardised scores, in [0, 1]")
+
+    def __post_init__(self) -> None:
+        if len(self.parts) != 2 or len(self.configs) != 2:
+            raise ConfigError("a blend has exactly two parts, each with its settings")
+        if not 0.0 <= self.weight <= 1.0:
+            raise ConfigError("the blend weight must be in [0, 1]")
+
+
+@dataclass
+class AutoConfig:
+    candidates: list[str] = setting(
+        help="models to fit and compare on validation, cheapest first",
+        factory=lambda: ["edlae", "multvae", "recvae"],
+    )
+    budget: float | None = setting(
+        None,
+        "seconds for the whole selection: a candidate not started when it is spent is skipped "
+        "(and recorded as such); unset: no limit",
+    )
+    blend: bool = setting(
+        True, "also try a validation-weighted blend of the best linear and best autoencoder"
+    )
+    margin_z: float = setting(
+        1.645,
+        "another candidate displaces the best linear one only when its per-user validation "
+        "gain over it exceeds z standard errors (1.645: one-sided 95 percent); 0: the plain "
+        "best on validation",
+    )
+
+    def __post_init__(self) -> None:
+        if not self.candidates:
+            raise ConfigError("--candidates names no model")
+        if self.budget is not None and self.budget <= 0:
+            raise ConfigError("--budget must be a positive number of seconds")
+        if not self.margin_z >= 0:
+            raise ConfigError("--margin-z must be >= 0 (standard errors of the paired gain)")
+
+
+# -- declarations ---------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Spec:
+    """A model's declaration; its class (vaecf.models) copies these as class attributes."""
+
+    name: str  # registry name, `--model NAME`
+    title: str  # for tables: "Mult-VAE"
+    family: str  # one of FAMILIES
+    summary: str  # one line on what it is (`vaecf models`)
+    Config: type  # the settings dataclass
+    closed_form: bool = False
+    trainable: bool = True  # False: made by another verb (a blend, by --model auto)
+    train_settings: tuple[str, ...] = GRADIENT_SETTINGS  # the TrainConfig settings it reads
+
+    def __post_init__(self) -> None:
+        if self.family not in FAMILIES:
+            raise ValueError(f"{self.name}: family must be one of {FAMILIES}")
+
+
+MULTVAE = Spec(
+    "multvae",
+    "Mult-VAE",
+    "autoencoder",
+    "variational autoencoder with a multinomial likelihood (Liang et al., WWW 2018)",
+    ModelConfig,
+    train_settings=(*GRADIENT_SETTINGS, *ANNEAL_SETTINGS),
+)
+MULTDAE = Spec(
+    "multdae",
+    "Mult-DAE",
+    "autoencoder",
+    "denoising autoencoder with a multinomial likelihood (Liang et al., WWW 2018)",
+    ModelConfig,
+)
+RECVAE = Spec(
+    "recvae",
+    "RecVAE",
+    "autoencoder",
+    "Mult-VAE with a composite prior, a deeper encoder and alternating updates "
+    "(Shenbin et al., WSDM 2020)",
+    RecVAEConfig,
+)
+RECVAE_EDLAE = Spec(
+    "recvae-edlae",
+    "RecVAE+EDLAE",
+    "autoencoder",
+    "RecVAE whose logits add a frozen EDLAE path, alpha (x B), fitted before training",
+    HybridConfig,
+)
+EASE = Spec(
+    "ease",
+    "EASE",
+    "linear",
+    "item-item linear autoencoder with a zero diagonal, closed form (Steck, WWW 2019)",
+    EASEConfig,
+    closed_form=True,
+    train_settings=(),
+)
+EDLAE = Spec(
+    "edlae",
+    "EDLAE",
+    "linear",
+    "EASE with emphasized denoising (dropout p), closed form (Steck, NeurIPS 2020)",
+    EDLAEConfig,
+    closed_form=True,
+    train_settings=(),
+)
+POPULAR = Spec(
+    "popular",
+    "popularity",
+    "baseline",
+    "every user gets the items ranked by their training counts",
+    PopularConfig,
+    closed_form=True,
+)
+AUTO = Spec(
+    "auto",
+    "auto",
+    "selection",
+    "fits the candidates that fit the machine (and --budget), keeps the best on "
+    "validation, a blend of the best linear and best autoencoder included",
+    AutoConfig,
+    closed_form=True,
+    train_settings=(*GRADIENT_SETTINGS, *ANNEAL_SETTINGS),  # passed on to the candidates
+)
+BLEND = Spec(
+    "blend",
+    "blend",
+    "selection",
+    "validation-weighted mix of two models' standardised scores (made by --model auto "
+    "from the best linear and the best autoencoder)",
+    BlendConfig,
+    closed_form=True,
+    trainable=False,
+    train_settings=(),
+)
+
+# The registry's order (vaecf.models.MODELS has a class for each, in this order).
+SPECS: dict[str, Spec] = {
+    s.name: s for s in (MULTVAE, MULTDAE, RECVAE, RECVAE_EDLAE, EASE, EDLAE, POPULAR, AUTO, BLEND)
+}
+
+
+def describe() -> list[dict]:
+    """Every registered model as declared: name, title, family, one line on what it is, and
+    its settings (name, default, help). `vaecf models` prints it; the README's table is
+    checked against it."""
+    out = []
+    for name, spec in SPECS.items():
+        settings = []
+        for f in fields(spec.Config):
+            if f.name == "model":
+                continue
+            default = f.default if f.default is not MISSING else f.default_factory()
+            settings.append(
+                {"name": f.name, "default": default, "help": f.metadata.get("help", "")}
+            )
+        out.append(
+            {
+                "name": name,
+                "title": spec.title or name,
+                "family": spec.family,
+                "summary": spec.summary,
+                "settings": settings,
+            }
+        )
+    return out
