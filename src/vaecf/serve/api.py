@@ -8,10 +8,11 @@ whose request models are built per app at run time.)
 import asyncio
 from typing import Annotated
 
-from fastapi import APIRouter, Body, Path, Query
-from fastapi.responses import JSONResponse, Response
+from fastapi import Body, FastAPI, Path, Query
+from fastapi.responses import Response
 
 from vaecf.errors import VaecfError
+from vaecf.serve.batcher import ClientGone
 from vaecf.serve.schemas import (
     NO_CONTROL,
     BatchResponse,
@@ -26,14 +27,15 @@ from vaecf.serve.schemas import (
     error,
     request_schemas,
 )
-from vaecf.serve.service import Service
+from vaecf.serve.service import Service, gone
 
 MAX_SEARCH = 100  # items a search answers at most
 
 
-def router(svc: Service) -> APIRouter:
+def add_routes(api: FastAPI, svc: Service) -> None:
+    """The API's routes, on the app itself (an included router would add a layer of routing
+    to every request)."""
     settings, batcher, holder = svc.settings, svc.batcher, svc.holder
-    api = APIRouter()
     RecommendRequest, BatchRequest = request_schemas(settings)
 
     @api.post(
@@ -45,7 +47,7 @@ def router(svc: Service) -> APIRouter:
     async def recommend(req: RecommendRequest):  # type: ignore[valid-type]
         """Top-k items for one history of raw item ids."""
         out = await svc.scored([req.items], req)
-        if isinstance(out, JSONResponse):
+        if isinstance(out, Response):
             return out
         recs, model = out
         return await svc.answer(
@@ -61,7 +63,7 @@ def router(svc: Service) -> APIRouter:
     async def recommend_batch(req: BatchRequest):  # type: ignore[valid-type]
         """Top-k items for each of several histories, with the same k and filters."""
         out = await svc.scored(req.histories, req)
-        if isinstance(out, JSONResponse):
+        if isinstance(out, Response):
             return out
         recs, model = out
         return await svc.answer(
@@ -86,6 +88,8 @@ def router(svc: Service) -> APIRouter:
             return error(503, "shutting_down", "the server is shutting down; retry elsewhere")
         try:
             r = await batcher.call(model.recommender.similar_items, item_id, k)
+        except ClientGone:
+            return gone()
         except VaecfError as e:
             return error(422, "not_supported", str(e))
         if r.unknown:
@@ -161,5 +165,3 @@ def router(svc: Service) -> APIRouter:
     async def prometheus():
         """Prometheus metrics: requests and latency by route and status, batch sizes."""
         return Response(svc.metrics.render(), media_type="text/plain; version=0.0.4")
-
-    return api

@@ -24,12 +24,12 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from vaecf import __version__
 from vaecf.serve import api, page
-from vaecf.serve.batcher import MicroBatcher
+from vaecf.serve.batcher import MicroBatcher, client_gone
 from vaecf.serve.metrics import Metrics
 from vaecf.serve.page import PAGE_PATHS
 from vaecf.serve.reload import ModelHolder
 from vaecf.serve.schemas import error, validation_error
-from vaecf.serve.service import Service, busy
+from vaecf.serve.service import CLIENT_CLOSED, Service, busy
 from vaecf.serve.settings import ServeSettings
 
 log = logging.getLogger("vaecf.serve")
@@ -38,7 +38,6 @@ UNAUTHENTICATED = ("/healthz", *PAGE_PATHS)  # the page is a shell: its data cal
 PROBES = ("/healthz", "/readyz")  # answered whatever the Host header names
 ADMIN = "/v1/admin/"
 SCORING = ("/v1/recommend", "/v1/recommend/batch")
-CLIENT_CLOSED = 499  # the client went away before its answer (as nginx counts it)
 
 
 # -- middleware -------------------------------------------------------------------------------
@@ -163,15 +162,13 @@ class Guard:
             msg = "the scoring queue is full (max_queue); retry shortly"
             full = busy(self.metrics, "overloaded", msg)
             return await full(scope, receive, send)
-        too_large = error(
-            413,
-            "body_too_large",
-            f"the request body exceeds max_body_bytes={self.max_body}; send less per request",
-            limits={"max_body_bytes": self.max_body},
-        )
+        # what waits (for the scoring queue or thread) watches the connection meanwhile: a
+        # client that leaves gives up its request (and its place in the queue) instead of
+        # having its histories scored for nobody; the answer's status is then 499
+        client_gone.set(lambda: _disconnected(receive))
         length = headers.get(b"content-length")
         if length is not None and length.isdigit() and int(length) > self.max_body:
-            return await too_large(scope, receive, send)
+            return await self._too_large(scope, receive, send)
         if scope["method"] in ("GET", "HEAD", "DELETE", "OPTIONS") and length is None:
             return await self.app(scope, receive, send)
         # buffer the body (at most max_body bytes), then replay it to the app
@@ -184,7 +181,7 @@ class Guard:
             chunk = message.get("body", b"")
             size += len(chunk)
             if size > self.max_body:
-                return await too_large(scope, receive, send)
+                return await self._too_large(scope, receive, send)
             chunks.append(chunk)
             if not message.get("more_body", False):
                 break
@@ -197,19 +194,16 @@ class Guard:
                 return {"type": "http.request", "body": body, "more_body": False}
             return await receive()
 
-        # answer while watching the connection: a client that leaves cancels its request (and
-        # so its place in the scoring queue) instead of having its histories scored for nobody
-        answer = asyncio.ensure_future(self.app(scope, replay, send))
-        left = asyncio.ensure_future(_disconnected(receive))
-        try:
-            await asyncio.wait((answer, left), return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            left.cancel()
-            if not answer.done() and not state.get("sent"):
-                answer.cancel()
-                state["status"] = CLIENT_CLOSED
-        with contextlib.suppress(asyncio.CancelledError):
-            await answer
+        await self.app(scope, replay, send)
+
+    async def _too_large(self, scope, receive, send) -> None:
+        resp = error(
+            413,
+            "body_too_large",
+            f"the request body exceeds max_body_bytes={self.max_body}; send less per request",
+            limits={"max_body_bytes": self.max_body},
+        )
+        await resp(scope, receive, send)
 
 
 async def _disconnected(receive) -> None:
@@ -283,6 +277,6 @@ def create_app(holder: ModelHolder, settings: ServeSettings) -> FastAPI:
         code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "http_error")
         return error(exc.status_code, code, str(exc.detail))
 
-    app.include_router(api.router(svc))
-    app.include_router(page.router())
+    api.add_routes(app, svc)
+    page.add_routes(app)
     return app

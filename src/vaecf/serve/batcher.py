@@ -13,9 +13,12 @@ that finds the server otherwise idle is scored at once on the event loop's threa
 
 Backpressure: a request that would take the queue past `max_queue` histories is refused at once
 (`Overloaded`: the server answers 503 with Retry-After), and one not answered within
-`timeout_s` gives up (`Expired`, 503). A job whose request gave up or was cancelled (its
-client left) is dropped before scoring. `health()` reports a worker that stopped or whose
-scoring call has run longer than `stuck_after_s`.
+`timeout_s` gives up (`Expired`, 503). A request waiting in the queue, or for the worker
+thread, watches its connection (`client_gone`, set per request by the server's middleware): if
+its client leaves it gives up (`ClientGone`), and a job whose request gave up is dropped before
+scoring. Nothing is watched on the fast path (scored inline): it has nothing to wait for.
+`health()` reports a worker that stopped or whose scoring call has run longer than
+`stuck_after_s`.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any
 
@@ -43,6 +47,32 @@ class Overloaded(RuntimeError):
 
 class Expired(RuntimeError):
     """The request was not answered within its deadline (503)."""
+
+
+class ClientGone(RuntimeError):
+    """The request's client closed its connection while the request waited."""
+
+
+# per request: a coroutine function that returns when the request's client has disconnected
+client_gone: ContextVar[Callable[[], Any] | None] = ContextVar("client_gone", default=None)
+
+
+async def _answer_or_gone(future: asyncio.Future, timeout: float | None) -> Any:
+    """`future`'s result, unless the request's client leaves first (ClientGone) or `timeout`
+    seconds pass (TimeoutError)."""
+    watch = client_gone.get()
+    if watch is None:
+        return await asyncio.wait_for(future, timeout)
+    gone = asyncio.ensure_future(watch())
+    try:
+        await asyncio.wait((future, gone), timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        gone.cancel()
+    if future.done():
+        return future.result()
+    if gone.done() and not gone.cancelled():
+        raise ClientGone("the client closed the connection")
+    raise TimeoutError
 
 
 @dataclass(eq=False)  # a job is itself: found in the queue by identity
@@ -169,7 +199,7 @@ class MicroBatcher:
         self._queued += n
         self._wake.set()
         try:
-            return await asyncio.wait_for(job.future, self.timeout_s)
+            return await _answer_or_gone(job.future, self.timeout_s)
         except TimeoutError:
             raise Expired(
                 f"not answered within request_timeout_s={self.timeout_s:g} s; the server is "
@@ -207,7 +237,11 @@ class MicroBatcher:
         self._busy += 1
         try:
             loop = asyncio.get_running_loop()
-            return await loop.run_in_executor(self.executor, self._timed, fn, *args)
+            work = loop.run_in_executor(self.executor, self._timed, fn, *args)
+            try:
+                return await _answer_or_gone(work, None)
+            finally:
+                work.cancel()  # not started yet: it never runs
         finally:
             self._busy -= 1
 

@@ -14,6 +14,7 @@ class Metrics:
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
         r = self.registry
+        self._by_label: dict = {}  # (route, status) -> its counter and histogram
         self.requests = Counter(
             "vaecf_requests", "HTTP requests by route and status", ["route", "status"], registry=r
         )
@@ -60,8 +61,13 @@ class Metrics:
         )
 
     def observe_request(self, route: str, status: int, seconds: float) -> None:
-        self.requests.labels(route, str(status)).inc()
-        self.latency.labels(route, str(status)).observe(seconds)
+        children = self._by_label.get((route, status))
+        if children is None:  # the labelled series, looked up once per (route, status)
+            children = (self.requests.labels(route, str(status)),
+                        self.latency.labels(route, str(status)))  # fmt: skip
+            self._by_label[(route, status)] = children
+        children[0].inc()
+        children[1].observe(seconds)
 
     def observe_batch(self, histories: int, requests: int, seconds: float = 0.0) -> None:
         self.batch_histories.observe(histories)

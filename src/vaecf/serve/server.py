@@ -21,7 +21,7 @@ import uvicorn
 from vaecf.serve.settings import ServeSettings, check_auth
 
 
-def serve(settings: ServeSettings, log_level: str = "info") -> None:
+def serve(settings: ServeSettings, log_level: str = "info", access_log: bool = False) -> None:
     from vaecf.serve.app import create_app
     from vaecf.serve.reload import ModelHolder
 
@@ -44,6 +44,7 @@ def serve(settings: ServeSettings, log_level: str = "info") -> None:
         timeout_graceful_shutdown=settings.drain_s,
         limit_concurrency=settings.limit_concurrency,
         server_header=False,
+        access_log=access_log,
     )
     print(
         f"serving {holder.current.version['name']} from {holder.current.version['run']} on "

@@ -15,7 +15,7 @@ from collections.abc import Callable
 from fastapi.responses import JSONResponse, Response
 
 from vaecf.errors import VaecfError
-from vaecf.serve.batcher import Expired, MicroBatcher, Overloaded, Stopped
+from vaecf.serve.batcher import ClientGone, Expired, MicroBatcher, Overloaded, Stopped
 from vaecf.serve.metrics import Metrics
 from vaecf.serve.reload import ModelHolder, RunForbidden, RunNotFound
 from vaecf.serve.schemas import error, json_ok
@@ -32,6 +32,14 @@ def busy(metrics: Metrics, reason: str, message: str) -> JSONResponse:
     resp = error(503, reason, message)
     resp.headers["Retry-After"] = "1"
     return resp
+
+
+CLIENT_CLOSED = 499  # the client went away before its answer (as nginx counts it)
+
+
+def gone() -> Response:
+    """The answer to a request whose client left: sent to no one, counted as 499."""
+    return Response(status_code=CLIENT_CLOSED)
 
 
 class Service:
@@ -59,7 +67,7 @@ class Service:
             message = message.replace(path, "<" + os.path.basename(path) + ">")
         return message
 
-    async def scored(self, histories, req) -> tuple[list, dict] | JSONResponse:
+    async def scored(self, histories, req) -> tuple[list, dict] | Response:
         """(recommendations, the model's version) for `histories`, or the error answer."""
         s = self.settings
         model = self.holder.current  # the model this request is answered by, whatever comes next
@@ -83,6 +91,8 @@ class Service:
             return busy(self.metrics, "overloaded", str(e))
         except Expired as e:
             return busy(self.metrics, "deadline_exceeded", str(e))
+        except ClientGone:
+            return gone()
         except VaecfError as e:
             return error(422, "invalid_request", str(e))
         return recs, self.version(model.version)

@@ -1,0 +1,174 @@
+"""What serving adds to a recommendation at concurrency 1: the p50/p99 latency of
+`Recommender.recommend` in process against `POST /v1/recommend` of a real `vaecf serve`
+subprocess over one keep-alive connection, for the same model, precision, histories and k,
+measured in alternating rounds in one run (this machine is shared and noisy).
+
+The model is an untrained Mult-VAE (the paper's [600] hidden layer, 200-d latent) of
+ml-latest-small's size (6,946 items after the paper's preparation); random weights cost what
+trained ones do. Histories: 10 random items; k = 10. The client is a minimal HTTP/1.1 client on
+a raw socket (an HTTP library would add its own cost to the served side).
+
+    python benchmarks/serve_latency.py                    # 10 rounds x 500 requests per side
+    python benchmarks/serve_latency.py --items 20108 --precision bf16 --rounds 5
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import random
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+from vaecf.recommender import Recommender
+from vaecf.serve.fixtures import fresh_run
+
+
+def cpu_name() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown CPU"
+
+
+class Client:
+    """One keep-alive HTTP/1.1 connection; `post` returns the status and the body."""
+
+    def __init__(self, port: int):
+        self.sock = socket.create_connection(("127.0.0.1", port))
+        self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self.buf = b""
+
+    def post(self, path: str, body: bytes) -> tuple[int, bytes]:
+        head = (
+            f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {len(body)}\r\n\r\n"
+        ).encode()
+        self.sock.sendall(head + body)
+        while b"\r\n\r\n" not in self.buf:
+            self.buf += self.sock.recv(65536)
+        header, self.buf = self.buf.split(b"\r\n\r\n", 1)
+        lines = header.split(b"\r\n")
+        status = int(lines[0].split()[1])
+        length = next(int(v) for k, _, v in (h.partition(b":") for h in lines[1:])
+                      if k.strip().lower() == b"content-length")  # fmt: skip
+        while len(self.buf) < length:
+            self.buf += self.sock.recv(65536)
+        body, self.buf = self.buf[:length], self.buf[length:]
+        return status, body
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+def wait_ready(port: int, proc: subprocess.Popen, timeout: float = 120) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"vaecf serve exited with {proc.returncode}")
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=1) as s:
+                s.sendall(b"GET /readyz HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+                if b" 200 " in s.recv(4096):
+                    return
+        except OSError:
+            pass
+        time.sleep(0.2)
+    raise RuntimeError("vaecf serve did not become ready")
+
+
+def percentiles(ms: list[float]) -> dict:
+    a = np.asarray(ms)
+    return {"p50_ms": float(np.percentile(a, 50)), "p99_ms": float(np.percentile(a, 99))}
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--items", type=int, default=6946, help="n_items (6,946: ml-latest-small)")
+    p.add_argument("--history", type=int, default=10, help="items per history (10)")
+    p.add_argument("-k", type=int, default=10, help="items asked for (10)")
+    p.add_argument("--precision", default="fp32", help="serving precision (fp32)")
+    p.add_argument("--requests", type=int, default=500, help="requests per side per round")
+    p.add_argument("--rounds", type=int, default=10, help="alternating rounds (10)")
+    p.add_argument("--server-args", default="", help="extra `vaecf serve` options")
+    p.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    a = p.parse_args(argv)
+
+    rng = random.Random(0)
+    histories = [rng.sample(range(a.items), a.history) for _ in range(1000)]
+    bodies = [json.dumps({"items": h, "k": a.k}).encode() for h in histories]
+    inproc, served = [], []
+    with tempfile.TemporaryDirectory() as tmp:
+        run = fresh_run(Path(tmp) / "run", a.items, "multvae")
+        rec = Recommender.load(run, precision=a.precision)
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        cmd = [sys.executable, "-m", "vaecf", "serve", str(run), "--port", str(port),
+               "--precision", a.precision, *a.server_args.split()]  # fmt: skip
+        env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "")}
+        env = {k: v for k, v in env.items() if v != ""}
+        proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env)
+        try:
+            wait_ready(port, proc)
+            client = Client(port)
+            for i in range(200):  # warm both sides
+                client.post("/v1/recommend", bodies[i % len(bodies)])
+                rec.recommend(histories[i % len(histories)], k=a.k)
+            # rounds of each side in turn, so that both see the machine's noise alike (not
+            # one call of each in turn: the other process's busy-waiting threads would slow it)
+            for _ in range(a.rounds):
+                for i in range(a.requests):
+                    h = histories[i % len(histories)]
+                    t0 = time.perf_counter()
+                    rec.recommend(h, k=a.k)
+                    inproc.append((time.perf_counter() - t0) * 1e3)
+                for i in range(a.requests):
+                    t0 = time.perf_counter()
+                    status, _ = client.post("/v1/recommend", bodies[i % len(bodies)])
+                    served.append((time.perf_counter() - t0) * 1e3)
+                    if status != 200:
+                        raise RuntimeError(f"the server answered {status}")
+            client.close()
+        finally:
+            proc.terminate()
+            proc.wait(30)
+    res = {
+        "cpu": cpu_name(),
+        "cores": os.cpu_count(),
+        "items": a.items,
+        "precision": a.precision,
+        "in_process": percentiles(inproc),
+        "served": percentiles(served),
+    }
+    res["added_p50_ms"] = res["served"]["p50_ms"] - res["in_process"]["p50_ms"]
+    res["added_p99_ms"] = res["served"]["p99_ms"] - res["in_process"]["p99_ms"]
+    if a.json:
+        print(json.dumps(res))
+        return 0
+    print(
+        f"{res['cpu']}, {res['cores']} CPUs; Mult-VAE over {a.items} items, {a.precision}, "
+        f"history {a.history}, k={a.k}; {a.rounds} x {a.requests} requests per side\n"
+    )
+    print("| | p50 ms | p99 ms |")
+    print("|---|---:|---:|")
+    for label, key in (("in process: Recommender.recommend", "in_process"),
+                       ("served: POST /v1/recommend, concurrency 1", "served")):  # fmt: skip
+        print(f"| {label} | {res[key]['p50_ms']:.3f} | {res[key]['p99_ms']:.3f} |")
+    print(f"| added by serving | {res['added_p50_ms']:+.3f} | {res['added_p99_ms']:+.3f} |")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
