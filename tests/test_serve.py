@@ -146,6 +146,51 @@ def test_batch_route_is_recommend_batch(server, rec_a):
     assert body["results"][3]["unknown"] == [9999] and body["model"]["name"] == "multvae"
 
 
+def test_fast_lane_and_routed_requests_answer_alike(server):
+    """A scoring request with a JSON body that validates is answered without the framework's
+    routing (Guard.fast); any other goes through the route. Both give the same answer, the
+    same errors, and the same metrics label."""
+    base, _ = server
+    fast = {"Content-Type": "application/json"}
+    routed = {"Content-Type": "application/merge-patch+json"}  # JSON to the route, not the lane
+    with client(base) as c:
+        for path, body in [
+            ("/v1/recommend", {"items": [1, "2", 99999], "k": 5, "deny": [3]}),
+            ("/v1/recommend", {"items": [], "k": 3}),
+            ("/v1/recommend/batch", {"histories": [[1, 2], [4]], "k": 4, "allow": [5, 6, 7]}),
+        ]:
+            raw = json.dumps(body)
+            a = c.post(path, content=raw, headers=fast)
+            b = c.post(path, content=raw, headers=routed)
+            assert a.status_code == b.status_code == 200
+            assert strip_model(a.json()) == strip_model(b.json())
+            assert a.headers["content-type"] == b.headers["content-type"]
+        bad_bodies = [
+            '{"items": [1], "k": 0}',
+            '{"items": [1], "k": true}',
+            "{",
+            '{"items": 5}',
+            '{"items": [1], "allow": [2], "deny": [3]}',
+            '{"items": [1], "x": 1}',
+        ]
+        for bad in bad_bodies:
+            a = c.post("/v1/recommend", content=bad, headers=fast)
+            b = c.post("/v1/recommend", content=bad, headers=routed)
+            assert a.status_code == b.status_code == 422, bad
+            assert a.json() == b.json()
+
+        def count(label: str) -> float:
+            for line in c.get("/metrics").text.splitlines():
+                if line.startswith("vaecf_requests_total{") and label in line:
+                    return float(line.rsplit(" ", 1)[1])
+            return 0.0
+
+        ok = 'route="/v1/recommend",status="200"'
+        before, unrouted = count(ok), count('route="(not routed)"')
+        assert c.post("/v1/recommend", json={"items": [1], "k": 2}).status_code == 200
+        assert count(ok) == before + 1 and count('route="(not routed)"') == unrouted
+
+
 def test_similar_items(server, rec_a):
     base, _ = server
     with client(base) as c:

@@ -25,7 +25,6 @@ from vaecf.serve.schemas import (
     SimilarResponse,
     documented,
     error,
-    request_schemas,
 )
 from vaecf.serve.service import Service, gone
 
@@ -36,7 +35,7 @@ def add_routes(api: FastAPI, svc: Service) -> None:
     """The API's routes, on the app itself (an included router would add a layer of routing
     to every request)."""
     settings, batcher, holder = svc.settings, svc.batcher, svc.holder
-    RecommendRequest, BatchRequest = request_schemas(settings)
+    RecommendRequest, BatchRequest = svc.RecommendRequest, svc.BatchRequest
 
     @api.post(
         "/v1/recommend",
@@ -46,13 +45,7 @@ def add_routes(api: FastAPI, svc: Service) -> None:
     )
     async def recommend(req: RecommendRequest):  # type: ignore[valid-type]
         """Top-k items for one history of raw item ids."""
-        out = await svc.scored([req.items], req)
-        if isinstance(out, Response):
-            return out
-        recs, model = out
-        return await svc.answer(
-            lambda: {**recs[0].to_dict(), "model": model}, len(recs[0].item_ids)
-        )
+        return await svc.recommend(req, batch=False)
 
     @api.post(
         "/v1/recommend/batch",
@@ -62,14 +55,7 @@ def add_routes(api: FastAPI, svc: Service) -> None:
     )
     async def recommend_batch(req: BatchRequest):  # type: ignore[valid-type]
         """Top-k items for each of several histories, with the same k and filters."""
-        out = await svc.scored(req.histories, req)
-        if isinstance(out, Response):
-            return out
-        recs, model = out
-        return await svc.answer(
-            lambda: {"results": [r.to_dict() for r in recs], "model": model},
-            sum(len(r.item_ids) for r in recs),
-        )
+        return await svc.recommend(req, batch=True)
 
     @api.get(
         "/v1/items/{item_id}/similar",

@@ -45,9 +45,17 @@ class Guard:
     """Auth, body size limit, metrics and last-resort error handling for every HTTP request."""
 
     def __init__(
-        self, app, settings: ServeSettings, metrics: Metrics, active: dict, full=lambda: False
+        self,
+        app,
+        settings: ServeSettings,
+        metrics: Metrics,
+        active: dict,
+        full=lambda: False,
+        fast=None,
     ):
         self.app = app
+        # fast(path, body) -> the answer to a scoring request, or None to route it as usual
+        self.fast = fast
         self.full = full  # whether the scoring queue is full: scoring requests refused unread
         self.active = active  # {"n": HTTP requests in progress}, read by the batcher
         self.key = settings.api_key.encode() if settings.api_key else None
@@ -194,6 +202,13 @@ class Guard:
                 return {"type": "http.request", "body": body, "more_body": False}
             return await receive()
 
+        if self.fast is not None and scope["path"] in SCORING and scope["method"] == "POST":
+            ctype = headers.get(b"content-type", b"").split(b";")[0].strip().lower()
+            if ctype == b"application/json":
+                resp = await self.fast(scope["path"], body)
+                if resp is not None:
+                    scope["route"] = _Routed(scope["path"])  # the metrics' route label
+                    return await resp(scope, replay, send)
         await self.app(scope, replay, send)
 
     async def _too_large(self, scope, receive, send) -> None:
@@ -204,6 +219,15 @@ class Guard:
             limits={"max_body_bytes": self.max_body},
         )
         await resp(scope, receive, send)
+
+
+class _Routed:
+    """What a request answered by Guard.fast records as its route (for the metrics' label)."""
+
+    __slots__ = ("path",)
+
+    def __init__(self, path: str):
+        self.path = path
 
 
 async def _disconnected(receive) -> None:
@@ -264,6 +288,7 @@ def create_app(holder: ModelHolder, settings: ServeSettings) -> FastAPI:
         metrics=metrics,
         active=active,
         full=lambda: batcher.queued >= settings.max_queue,
+        fast=svc.fast_recommend,
     )
     app.state.holder, app.state.batcher, app.state.metrics = holder, batcher, metrics
     app.state.ready = svc.ready  # serve() sets ready["draining"] on SIGTERM
