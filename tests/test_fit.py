@@ -147,3 +147,19 @@ def test_fit_auto_by_default(private_tmp):
     assert rec.results["auto"]["selection"]["margin_z"] == 0.0  # an Auto setting reached auto
     assert rec.info["model"]["name"] in [c["model"] for c in rec.results["auto"]["candidates"]]
     assert list(tdir.iterdir()) == []
+
+
+def test_fit_reads_nullable_pandas_columns_and_a_tab_file(tmp_path):
+    df = _clusters()
+    df["userId"] = df["userId"].astype("Int64")  # pandas' nullable integers
+    df["movieId"] = df["movieId"].astype("category")
+    rec = vaecf.fit(df, model="ease", progress=False)
+    assert all(0 <= i < 20 for i in rec.recommend([0, 1, 2], k=3).item_ids)
+    with_na = df.copy()
+    with_na.loc[0, "userId"] = pd.NA
+    with pytest.raises(DataError, match="1 rows have no"):
+        vaecf.fit(with_na, model="ease")
+    path = tmp_path / "ratings.tsv"
+    _clusters().to_csv(path, sep="\t", index=False)
+    rec = vaecf.fit(path, sep="tab", model="ease", progress=False)
+    assert all(0 <= i < 20 for i in rec.recommend([0, 1, 2], k=3).item_ids)

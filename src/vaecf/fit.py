@@ -26,7 +26,16 @@ import numpy as np
 import polars as pl
 
 from vaecf.data.prepare import PrepareSettings, prepare_frame
-from vaecf.data.sources import ITEM, NAME, RATING, USER, _int_if_possible, read_table
+from vaecf.data.sources import (
+    ITEM,
+    NAME,
+    RATING,
+    USER,
+    WHITESPACE,
+    _int_if_possible,
+    _sep_for,
+    read_table,
+)
 from vaecf.errors import ConfigError, DataError
 
 MAX_VALIDATION_USERS = 10_000  # the paper's held-out count on ML-20M; a share stops growing here
@@ -92,9 +101,10 @@ def _from_pandas(df) -> pl.DataFrame:
     """The frame's columns as polars Series (numpy-backed; pyarrow is not needed)."""
     cols = {}
     for c in df.columns:
+        missing = df[c].isna().to_numpy()  # NaN, None, pd.NA and NaT alike
         values = df[c].to_numpy()
-        if values.dtype == object:
-            values = [None if v is None or v != v else v for v in values.tolist()]
+        if missing.any() or values.dtype == object:  # nullable, string or categorical columns
+            values = [None if m else v for v, m in zip(values.tolist(), missing.tolist())]
         cols[str(c)] = pl.Series(str(c), values, strict=False)
     return pl.DataFrame(cols)
 
@@ -113,10 +123,10 @@ def _read(data, user_col, item_col, rating_col, min_rating, sep) -> pl.DataFrame
         else:
             with open(path, encoding="utf-8", errors="replace", newline="") as f:
                 first = re.split(r"\r\n?|\n", f.readline(1 << 16))[0]
-            names = first.split() if sep == "whitespace" else first.split(sep or ",")
-            if sep is None and path.suffix.lower() in {".tsv", ".tab"}:
-                names = first.split("\t")
-            names = [n.strip().strip('"') for n in names]
+            s = _sep_for(path, sep)  # as read_table will read it
+            names = [
+                n.strip().strip('"') for n in (first.split() if s == WHITESPACE else first.split(s))
+            ]
         user_col = _guess(names, user_col, _USER_NAMES, "user")
         item_col = _guess(names, item_col, _ITEM_NAMES, "item")
         return read_table(path, user_col, item_col, rating_col, sep)
