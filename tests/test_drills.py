@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import random
+from pathlib import Path
 
 import pytest
 from drillkit import (
@@ -238,6 +239,26 @@ def test_train_on_a_full_disk_fails_cleanly(runner, tmp_path, tmpfs):
     need = int(1.3 * sum(f.stat().st_size for f in d.ref.iterdir()))
     t = disk_full_drill(d, runner, DISK_TRIALS, SEED + 3, need)
     _assert_clean(t, SEED + 3)
+
+
+def _bytes(path: Path) -> int:
+    path = Path(path)
+    return path.stat().st_size if path.is_file() else sum(_bytes(p) for p in path.iterdir())
+
+
+@pytest.mark.parametrize("verb", ["score", "export", "compare"])
+def test_score_export_compare_on_a_full_disk_fail_cleanly(runner, tmp_path, tmpfs, verb):
+    """Each writer on a disk with 0..3x its output free: it succeeds with the complete output,
+    or exits 2 naming the path and 'no space' with the old output intact and no temp files;
+    once space is freed the rerun completes (score keeps parts beside its output, hence 3x)."""
+    d = {"score": ScoreDrill, "export": ExportDrill, "compare": CompareDrill}[verb]()
+    d.setup(tmp_path, runner, out_parent=tmpfs.path)
+    d.fs = tmpfs
+    ref_new = d.ref_new
+    need = int(3 * _bytes(ref_new))
+    seed = SEED + {"score": 30, "export": 31, "compare": 32}[verb]
+    t = disk_full_drill(d, runner, DISK_TRIALS, seed, need)
+    _assert_clean(t, seed)
 
 
 # -- two trainer issues the drills found (now fixed), reproduced deterministically ---------

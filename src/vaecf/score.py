@@ -30,7 +30,14 @@ import numpy as np
 import polars as pl
 import torch
 
-from vaecf._io import current_umask, fsync_dir, sweep_temps, writer_lock
+from vaecf._io import (
+    _free_bytes,
+    _no_space_error,
+    current_umask,
+    fsync_dir,
+    sweep_temps,
+    writer_lock,
+)
 from vaecf.errors import DataError
 from vaecf.recommender import Recommender
 
@@ -113,8 +120,13 @@ def score_file(
     out.parent.mkdir(parents=True, exist_ok=True)
     with writer_lock(out, "vaecf score"):
         sweep_temps(out)  # what a killed run left beside `out` (its parts, its temp file)
-        return _score_file(rec, lf, user_col, item_col, out, k, exclude_seen, chunk_rows,
-                           batch_users, progress)  # fmt: skip
+        try:
+            return _score_file(rec, lf, user_col, item_col, out, k, exclude_seen, chunk_rows,
+                               batch_users, progress)  # fmt: skip
+        except Exception as e:  # polars reports a full disk as its own ComputeError
+            if (full := _no_space_error(e, out, _free_bytes(out.parent))) is not None:
+                raise full from None
+            raise
 
 
 def _score_file(
