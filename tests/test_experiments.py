@@ -183,6 +183,35 @@ def test_tune_finds_the_known_best(tiny, tmp_path):
     assert again == pytest.approx(res.best_value, abs=1e-6)
 
 
+def test_tune_prunes_a_trial_below_the_median(tiny, tmp_path, monkeypatch):
+    """The median pruner, fed every validated epoch: after the startup trials, a trial that
+    cannot learn (lr 1e-12) falls below their median after the warm-up epochs and is stopped
+    there; it counts as pruned, keeps no resume checkpoint, and the best is a learning trial."""
+    from vaecf.experiments import tune
+
+    monkeypatch.setattr(tune, "PRUNE_AFTER_TRIALS", 3)
+    monkeypatch.setattr(tune, "PRUNE_AFTER_EPOCHS", 2)
+
+    def space(trial, n_train_users):
+        lr = 1e-12 if trial.number == 3 else 3e-3
+        trial.set_user_attr("lr", lr)
+        return {"train": {"lr": lr, "epochs": 8, "batch_size": 100, "precision": "fp32",
+                          "device": "cpu", "checkpoint_every": 0},
+                "model": {"hidden_dims": [], "latent_dim": 16}}  # fmt: skip
+
+    lines = []
+    res = tune.tune(tiny, tmp_path / "s", "multvae", trials=4, seed=0, space=space,
+                    log=lines.append, plots=False)  # fmt: skip
+    states = {t.number: t.state.name for t in _study(tmp_path / "s").trials}
+    assert states == {0: "COMPLETE", 1: "COMPLETE", 2: "COMPLETE", 3: "PRUNED"}, lines
+    # pruning starts at epoch PRUNE_AFTER_EPOCHS (Optuna: a step below n_warmup_steps is exempt)
+    assert any("trial    3  pruned (epoch 2:" in line for line in lines), lines
+    assert res.best_trial != 3
+    pruned = tmp_path / "s" / "trials" / "0003"
+    assert len(rundir.read_metrics(pruned)) == 2  # it stopped there, of 8 epochs
+    assert not (pruned / rundir.LAST).exists()  # and will not be resumed: no checkpoint kept
+
+
 def test_tune_refusals(tiny, tmp_path):
     from vaecf.experiments import tune
 

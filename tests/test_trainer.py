@@ -208,3 +208,18 @@ def test_no_progress_bar_when_output_is_not_a_terminal(small_ds, tmp_path, capsy
     assert "\r" not in out.out + out.err and "it/s" not in out.out + out.err
     lines = [x for x in out.out.splitlines() if x.startswith("epoch")]
     assert len(lines) == 3  # one line per epoch instead
+
+
+def test_a_diverging_run_exits_1_naming_the_epoch_and_what_to_do(small_ds, tmp_path, capsys):
+    """A learning rate far too large drives the loss to inf/NaN: train stops at that epoch with
+    exit 1 (a failure, not bad input) and says to lower --lr, with no traceback."""
+    from vaecf.cli import main
+
+    rc = main([
+        "train", "--data", str(small_ds.path), "--out", str(tmp_path / "run"), "--epochs", "5",
+        "--lr", "1e30", "--precision", "fp32", "--device", "cpu", "--quiet",
+    ])  # fmt: skip
+    err = capsys.readouterr().err
+    assert rc == 1, err
+    assert "failed: the training loss became" in err and "--lr" in err
+    assert "Traceback" not in err
