@@ -191,6 +191,21 @@ def test_fast_lane_and_routed_requests_answer_alike(server):
         assert count(ok) == before + 1 and count('route="(not routed)"') == unrouted
 
 
+def test_a_body_that_is_not_utf8_gets_the_documented_400(server):
+    """Found by schemathesis' negative mode: bytes that are not UTF-8 JSON text are refused with
+    400, as JSON, and /openapi.json documents 400 for the routes that read a body."""
+    base, _ = server
+    with client(base) as c:
+        for path in ("/v1/recommend", "/v1/recommend/batch", "/v1/admin/reload"):
+            r = c.post(
+                path, content=b"\xde\x87\xff\xfe#h3", headers={"Content-Type": "application/json"}
+            )
+            assert r.status_code == 400 and r.json()["error"] == "http_error", (path, r.text)
+        spec = c.get("/openapi.json").json()["paths"]
+        for path in ("/v1/recommend", "/v1/recommend/batch", "/v1/admin/reload"):
+            assert "400" in spec[path]["post"]["responses"]
+
+
 def test_similar_items(server, rec_a):
     base, _ = server
     with client(base) as c:

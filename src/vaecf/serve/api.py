@@ -40,7 +40,7 @@ def add_routes(api: FastAPI, svc: Service) -> None:
     @api.post(
         "/v1/recommend",
         response_model=RecommendResponse,
-        responses=documented(401, 413, 421, 422, 503),
+        responses=documented(400, 401, 413, 421, 422, 503),
         tags=["recommend"],
     )
     async def recommend(req: RecommendRequest):  # type: ignore[valid-type]
@@ -50,7 +50,7 @@ def add_routes(api: FastAPI, svc: Service) -> None:
     @api.post(
         "/v1/recommend/batch",
         response_model=BatchResponse,
-        responses=documented(401, 413, 421, 422, 503),
+        responses=documented(400, 401, 413, 421, 422, 503),
         tags=["recommend"],
     )
     async def recommend_batch(req: BatchRequest):  # type: ignore[valid-type]
@@ -112,7 +112,7 @@ def add_routes(api: FastAPI, svc: Service) -> None:
     @api.post(
         "/v1/admin/reload",
         response_model=ReloadResponse,
-        responses=documented(401, 403, 404, 413, 415, 421, 422, 429, 500),
+        responses=documented(400, 401, 403, 404, 413, 415, 421, 422, 429, 500),
         tags=["admin"],
     )
     async def reload(req: Annotated[ReloadRequest, Body()]):

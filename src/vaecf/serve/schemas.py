@@ -143,6 +143,7 @@ class ErrorResponse(BaseModel):
 
 
 ERROR_MEANING = {
+    400: "the body could not be read as JSON text (e.g. not UTF-8)",
     401: "no or a wrong API key (only when the server has one)",
     403: "reload: the run directory is outside --reload-root; admin routes without an admin "
     "key on a server that is not loopback-only",
