@@ -165,3 +165,14 @@ def test_a_run_without_counts_scores_a_cold_history_as_before(cold_runs, tmp_pat
     (old / rundir.POPULARITY).write_bytes(b"not numpy")
     with pytest.raises(vaecf.VaecfError, match="popularity.npy is corrupted"):
         vaecf.Recommender.load(old)
+
+
+def test_a_damaged_results_json_does_not_stop_the_model_loading(block_run, tmp_path):
+    import shutil
+
+    run = tmp_path / "run"
+    shutil.copytree(block_run, run)
+    assert vaecf.Recommender.load(run).results is not None
+    (run / "results.json").write_text('{"best_epoch": 3, "valid')  # torn
+    rec = vaecf.Recommender.load(run)
+    assert rec.results is None and rec.recommend(["g0-1", "g0-2"], k=3).item_ids

@@ -24,6 +24,7 @@ from pathlib import Path
 
 import numpy as np
 import polars as pl
+import scipy.sparse as sp
 
 from vaecf.data.prepare import PrepareSettings, prepare_frame
 from vaecf.data.sources import (
@@ -57,8 +58,6 @@ def _guess(columns: list[str], given: str | None, known: tuple[str, ...], what: 
 def _from_matrix(m, rating_col, min_rating) -> pl.DataFrame:
     """Rows of a scipy sparse matrix are users, columns items (ids: their indices); a stored
     value is a rating when `min_rating` is given, else every stored non-zero is an interaction."""
-    import scipy.sparse as sp
-
     if rating_col is not None:
         raise DataError("a sparse matrix has no columns: drop rating_col (its values are ratings)")
     coo = sp.coo_matrix(m)
@@ -110,8 +109,6 @@ def _from_pandas(df) -> pl.DataFrame:
 
 
 def _read(data, user_col, item_col, rating_col, min_rating, sep) -> pl.DataFrame:
-    import scipy.sparse as sp
-
     if sp.issparse(data):
         return _from_matrix(data, rating_col, min_rating)
     if isinstance(data, (str, os.PathLike)):
@@ -220,7 +217,7 @@ def fit(
     from vaecf.recommender import Recommender
     from vaecf.trainer import train
 
-    if min_rating is not None and rating_col is None and not _is_matrix(data):
+    if min_rating is not None and rating_col is None and not sp.issparse(data):
         raise DataError("min_rating needs rating_col, the column that holds the ratings")
     train_cfg, model_cfg = _split_settings(model, settings)
     frame = _read(data, user_col, item_col, rating_col, min_rating, sep)
@@ -253,11 +250,5 @@ def fit(
             item_names=_names_frame(item_names),
         )
         run_dir = Path(out) if out is not None else Path(tmp) / "run"
-        train(ds, train_cfg, run_dir, model_config=model_cfg, model=model, test=test > 0)
+        train(ds, train_cfg, run_dir, model_config=model_cfg, model=model)  # no test users: none
         return Recommender.load(run_dir, device=train_cfg.device, precision=serve_precision)
-
-
-def _is_matrix(data) -> bool:
-    import scipy.sparse as sp
-
-    return sp.issparse(data)

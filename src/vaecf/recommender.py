@@ -100,7 +100,10 @@ class Recommender:
         pop = rundir.load_popularity(run_dir, model.n_items)
         rec = cls(model, items, precision, cfg, rundir.load_item_names(run_dir), pop)
         if os.path.isfile(os.path.join(run_dir, rundir.RESULTS)):
-            rec.results = rundir.load_results(run_dir)
+            try:  # metadata only: a damaged results.json does not stop the model loading
+                rec.results = rundir.load_results(run_dir)
+            except RunError:
+                rec.results = None
         return rec
 
     def save(self, run_dir: str | os.PathLike) -> None:

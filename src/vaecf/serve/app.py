@@ -111,8 +111,7 @@ class Guard:
                     "admin_disabled",
                     "admin routes need --admin-key-file on a server that is not loopback-only",
                 )
-            ctype = headers.get(b"content-type", b"").split(b";")[0].strip().lower()
-            if scope["method"] == "POST" and ctype != b"application/json":
+            if scope["method"] == "POST" and _content_type(headers) != b"application/json":
                 # a web page can make a browser send text/plain without asking; JSON it cannot
                 return error(
                     415,
@@ -203,8 +202,7 @@ class Guard:
             return await receive()
 
         if self.fast is not None and scope["path"] in SCORING and scope["method"] == "POST":
-            ctype = headers.get(b"content-type", b"").split(b";")[0].strip().lower()
-            if ctype == b"application/json":
+            if _content_type(headers) == b"application/json":
                 resp = await self.fast(scope["path"], body)
                 if resp is not None:
                     scope["route"] = _Routed(scope["path"])  # the metrics' route label
@@ -219,6 +217,11 @@ class Guard:
             limits={"max_body_bytes": self.max_body},
         )
         await resp(scope, receive, send)
+
+
+def _content_type(headers: dict[bytes, bytes]) -> bytes:
+    """The media type of the Content-Type header, lower case, without its parameters."""
+    return headers.get(b"content-type", b"").split(b";")[0].strip().lower()
 
 
 class _Routed:

@@ -40,12 +40,7 @@ def _version(run_dir: Path, rec: Recommender) -> dict[str, Any]:
     ck = run_dir / rundir.BEST
     stat = ck.stat()
     mtime = dt.datetime.fromtimestamp(stat.st_mtime, dt.timezone.utc)
-    best_epoch = None
-    if (run_dir / rundir.RESULTS).is_file():
-        try:
-            best_epoch = rundir.load_results(run_dir).get("best_epoch")
-        except RunError:
-            best_epoch = None
+    best_epoch = (rec.results or {}).get("best_epoch")  # read once, by Recommender.load
     ident = f"{run_dir.resolve()}|{stat.st_mtime_ns}|{stat.st_size}"
     return {
         "id": hashlib.sha256(ident.encode()).hexdigest()[:12],
