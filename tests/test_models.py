@@ -164,6 +164,22 @@ def test_edlae_matches_numpy_and_p0_is_ease(dtype, tol):
     assert torch.equal(e0.weight, ease.weight)
 
 
+def test_dlae_matches_numpy():
+    """emphasis "none": DLAE's B = (G + Lambda)^-1 G = I - P Lambda, off the diagonal."""
+    rng = np.random.default_rng(2)
+    x = (rng.random((90, 25)) < 0.3).astype(np.float64)
+    g = x.T @ x
+    for p in (0.0, 0.4):
+        big_lambda = 6.0 * np.eye(25) + p / (1 - p) * np.diag(np.diag(g))
+        want = np.linalg.solve(g + big_lambda, g)
+        np.fill_diagonal(want, 0.0)
+        cfg = {"l2": 6.0, "dropout": p, "emphasis": "none", "solve_dtype": "float64"}
+        model = models.build("edlae", 25, cfg)
+        model.fit(sp.csr_matrix(x))
+        assert np.abs(model.weight.numpy() - want).max() < 5e-8
+        assert np.abs(model.weight.numpy() - _edlae_numpy(x, 6.0, p)).max() > 1e-3  # not EDLAE
+
+
 @pytest.mark.parametrize("use", [True, False])
 def test_fold_in_rows_join_the_gram_only_when_asked(use):
     rng = np.random.default_rng(3)
@@ -230,12 +246,53 @@ def test_hybrid_starts_where_edlae_ends(ds):
     torch.testing.assert_close(got, record["alpha"] * want, rtol=1e-5, atol=1e-5)
 
 
-def test_ease_refuses_what_does_not_fit(monkeypatch):
+def test_trained_linear_path_moves_and_never_uses_its_diagonal(ds, tmp_path):
+    """--train-linear: B is trained with the decoder; its diagonal (which the gradient does
+    reach) never enters a score, sparse or dense."""
+    cfg = models.config_from_dict("recvae-edlae", {**vars(model_cfg("recvae-edlae"))})
+    cfg.train_linear = True
+    run = vaecf.train(ds, cfg_for("recvae-edlae", epochs=2), tmp_path / "t", cfg)
+    model = vaecf.Recommender.load(run.run_dir).model
+    edlae = models.build("edlae", ds.n_items, {"l2": 30.0, "dropout": 0.2})
+    edlae.fit(ds.split("train"))
+    off = ~torch.eye(ds.n_items, dtype=torch.bool)
+    assert (model.shallow[off] - edlae.weight[off]).abs().max() > 1e-4  # trained
+    x = CSR.from_scipy(ds.split("test_tr"))
+    batch = x.batch(torch.arange(30))
+    dense = torch.from_numpy(ds.split("test_tr")[:30].toarray()).float()
+    with torch.no_grad():
+        before = model.scores(batch)
+        torch.testing.assert_close(model.dense_scores(dense), before, rtol=1e-4, atol=1e-4)
+        model.shallow.diagonal().add_(5.0)
+        torch.testing.assert_close(model.scores(batch), before, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(model.dense_scores(dense), before, rtol=1e-4, atol=1e-4)
+
+
+def test_ease_refuses_what_does_not_fit_before_allocating_with_advice_that_helps(monkeypatch):
     from vaecf.models import ease
 
-    monkeypatch.setattr(ease, "available_bytes", lambda device: 10**6)
-    with pytest.raises(vaecf.RunError, match=r"needs about .* GiB.*--min-item-users"):
-        models.build("ease", 2000, {"l2": 10.0}).fit(sp.csr_matrix((5, 2000), dtype=np.float32))
+    n = 2000
+    model = models.build("ease", n, {"l2": 10.0})
+    # item j has j // 10 users: the 500 most popular items have >= 150
+    rows = [u for j in range(n) for u in range(j // 10)]
+    cols = [j for j in range(n) for _ in range(j // 10)]
+    x = sp.csr_matrix((np.ones(len(rows), np.float32), (rows, cols)), shape=(200, n))
+    free = ease.linear_bytes(500, torch.float32, False)  # room for 500 items' arrays
+    monkeypatch.setattr(ease, "available_bytes", lambda device: free)
+    with pytest.raises(vaecf.RunError) as e:
+        model.fit(x)
+    msg = str(e.value)
+    assert f"needs about {ease.linear_bytes(n, torch.float32, False) / 2**30:.1f} GiB" in msg
+    assert "keep the 500 items with at least 150 users" in msg and "--min-item-users 150" in msg
+    assert "float32" not in msg.split("free;")[1]  # already float32: no such advice
+    assert model.weight.numel() == 0  # the placeholder went first; nothing large was made
+    model.config.solve_dtype = "float64"
+    with pytest.raises(vaecf.RunError, match=r"solve in float32"):
+        model.fit(x)
+    searching = models.build("ease", n, {"l2_grid": [1.0, 10.0]})
+    monkeypatch.setattr(ease, "available_bytes", lambda device: free * 16 + 1)  # one solve fits
+    with pytest.raises(vaecf.RunError, match=r"give --l2 \(one solve needs"):
+        searching.fit(x, validate=lambda m: {})
 
 
 # -- RecVAE -----------------------------------------------------------------------------------

@@ -92,6 +92,11 @@ class HybridConfig(RecVAEConfig):
         "initial weight of the EDLAE path's scores (then trained); unset: the likeliest on "
         "the training users",
     )
+    train_linear: bool = setting(
+        False,
+        "train the EDLAE path's item-item matrix B jointly with the decoder (its diagonal "
+        "held at zero; VASP-style, Vančura & Kordík 2021); false: B stays frozen",
+    )
 
 
 @dataclass
@@ -140,6 +145,11 @@ class EDLAEConfig(EASEConfig):
     dropout_grid: list[float] = setting(
         help="dropout rates to try when --dropout is unset",
         factory=lambda: list(DEFAULT_DROPOUT_GRID),
+    )
+    emphasis: Literal["full", "none"] = setting(
+        "full",
+        "full: EDLAE, B = I - P diagMat(1/diag P), zero diagonal (p = 0 is EASE); none: DLAE, "
+        "B = I - P Lambda, the denoising without emphasis (Steck, NeurIPS 2020)",
     )
 
     def __post_init__(self) -> None:

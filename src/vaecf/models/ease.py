@@ -60,18 +60,56 @@ def available_bytes(device: torch.device) -> int:
     return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_AVPHYS_PAGES")
 
 
-def check_memory(n_items: int, dtype: torch.dtype, device: torch.device, copies: int) -> int:
-    """Refuse, with the figures and what to do, when `copies` n_items^2 arrays do not fit."""
-    need = copies * n_items * n_items * torch.empty((), dtype=dtype).element_size()
+def linear_bytes(n_items: int, dtype: torch.dtype, search: bool) -> int:
+    """Peak bytes of a fit's n_items^2 arrays: the Gram and the array solved in place (in the
+    solve's dtype), a float32 copy of B when solving in float64, and the best B kept while a
+    search goes on."""
+    elem = torch.empty((), dtype=dtype).element_size()
+    return n_items * n_items * (2 * elem + (4 if elem != 4 else 0) + (4 if search else 0))
+
+
+def check_memory(
+    n_items: int,
+    dtype: torch.dtype,
+    device: torch.device,
+    search: bool,
+    item_users: np.ndarray | None = None,
+) -> int:
+    """Refuse, before anything large is allocated, with the figures and only the advice that
+    would make the fit go through. `item_users`: each item's number of users (rows)."""
+    need = linear_bytes(n_items, dtype, search)
     free = available_bytes(device)
-    if need > free:
-        raise RunError(
-            f"EASE on {n_items:,} items needs about {need / 2**30:.1f} GiB "
-            f"({copies} arrays of {n_items:,}^2 {str(dtype).removeprefix('torch.')}) but "
-            f"{device} has {free / 2**30:.1f} GiB free; drop rare items when preparing "
-            "(--min-item-users), solve in float32, or use a device with more memory"
+    if need <= free:
+        return need
+    advice = []
+    fits = math.isqrt(free * n_items * n_items // need)  # items whose arrays would fit
+    kept = 0
+    if item_users is not None and 0 < fits < n_items:
+        # the smallest per-item user count whose items fit (ties at the cut are all dropped)
+        cut = int(np.sort(item_users)[::-1][fits]) + 1
+        kept = int((item_users >= cut).sum())
+    if kept:
+        advice.append(
+            f"keep the {kept:,} items with at least {cut} users (prepare again with "
+            f"--min-item-users {cut}; counted there over every user, a few more may stay)"
         )
-    return need
+    else:
+        advice.append("drop rare items when preparing (--min-item-users)")
+    if dtype != torch.float32:
+        advice.append("solve in float32 (--solve-dtype float32)")
+    if search:
+        one = linear_bytes(n_items, dtype, False)
+        if one <= free:
+            advice.append(f"give --l2 (one solve needs {one / 2**30:.1f} GiB, no search)")
+    advice.append(
+        "use a device with more memory, or an autoencoder (its memory grows with "
+        "the items, not their square)"
+    )
+    raise RunError(
+        f"EASE on {n_items:,} items needs about {need / 2**30:.1f} GiB for its "
+        f"{n_items:,} x {n_items:,} arrays but {device} has {free / 2**30:.1f} GiB free; "
+        + "; or ".join(advice)
+    )
 
 
 def _spd_inverse(a: torch.Tensor, l2: float) -> torch.Tensor:
@@ -112,16 +150,24 @@ def _mirror_upper(m: torch.Tensor, tile: int = 512) -> None:
             m[i : i + tile, j : j + tile].copy_(m[j : j + tile, i : i + tile].T)
 
 
-def linear_weights(gram: torch.Tensor, l2: float, dropout: float = 0.0) -> torch.Tensor:
-    """B for one (lambda, p) from the Gram matrix X^T X (not modified): EASE at p = 0."""
+def linear_weights(
+    gram: torch.Tensor, l2: float, dropout: float = 0.0, emphasis: str = "full"
+) -> torch.Tensor:
+    """B for one (lambda, p) from the Gram matrix X^T X (not modified): EASE at p = 0 with
+    full emphasis (EDLAE); with none, DLAE's B = I - P Lambda (its diagonal then set to 0:
+    a history's own items are never ranked, so it changes no recommendation)."""
     a = gram.clone()
     d = a.diagonal()
     if dropout:
         d.div_(1.0 - dropout)  # G_ii + p/(1-p) G_ii
     d.add_(l2)
+    lam = d - gram.diagonal() if emphasis == "none" else None  # Lambda: l2 + p/(1-p) G_ii
     p = _spd_inverse(a, l2)  # (n_items, n_items), in a's memory where it can
-    b = p.div_(-p.diagonal().clone())  # -P / diag(P), column-wise
-    b.diagonal().zero_()  # I - P diag(1/diag P): the diagonal cancels exactly
+    if lam is not None:
+        b = p.mul_(-lam)  # -P Lambda, column-wise
+    else:
+        b = p.div_(-p.diagonal().clone())  # -P / diag(P), column-wise
+    b.diagonal().zero_()  # with full emphasis, I - P diag(1/diag P) cancels exactly
     return b
 
 
@@ -141,7 +187,9 @@ class EASE(Model):
 
     def __init__(self, n_items: int, config: EASEConfig | None = None):
         super().__init__(n_items, config)
-        self.register_buffer("weight", torch.zeros(n_items, n_items))  # B (n_items, n_items)
+        # B (n_items, n_items); fit replaces it. Not zero-filled: untouched pages cost no
+        # memory until a checkpoint is loaded into them
+        self.register_buffer("weight", torch.empty(n_items, n_items))
         self.register_buffer("l2", torch.tensor(float("nan"), dtype=torch.float64))
 
     def scores(self, batch: SparseBatch) -> torch.Tensor:
@@ -156,6 +204,9 @@ class EASE(Model):
 
     def _dropouts(self) -> list[float]:
         return [0.0]
+
+    def _emphasis(self) -> str:
+        return getattr(self.config, "emphasis", "full")
 
     def _keep(self, l2: float, dropout: float) -> None:
         self.l2 = torch.tensor(l2, dtype=torch.float64)
@@ -180,11 +231,14 @@ class EASE(Model):
         single = len(l2s) == 1 and len(dropouts) == 1
         if not single and validate is None:
             raise ConfigError(f"{self.name} needs validation data to choose lambda; give --l2")
-        check_memory(self.n_items, dtype, device, 3 if single else 4)  # gram, inverse, B, best
+        self.weight = torch.empty(0, device=device)  # the placeholder's memory back first
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
         t0 = time.perf_counter()
         x = train.tocsr()
         if cfg.fold_in_rows and fold_in is not None and fold_in.nnz:
             x = sp.vstack([x, fold_in.tocsr()]).tocsr()
+        check_memory(self.n_items, dtype, device, not single, x.getnnz(axis=0))
         x = x.astype(np.float64 if dtype == torch.float64 else np.float32)
         gram = torch.from_numpy((x.T @ x).toarray()).to(device)  # (n_items, n_items)
         t_gram = time.perf_counter() - t0
@@ -214,7 +268,7 @@ class EASE(Model):
             curve: dict[tuple[float, float], float] = {}
             for l2, p in full:
                 t1 = time.perf_counter()
-                m = _metrics_of(linear_weights(sub, l2, p).float(), *sub_val)
+                m = _metrics_of(linear_weights(sub, l2, p, self._emphasis()).float(), *sub_val)
                 row = {"stage": "coarse", "n_items": len(cols), "l2": l2, "dropout": p}
                 note({**row, "seconds": round(time.perf_counter() - t1, 3), "validation": m})
                 curve[(l2, p)] = m[select_metric]
@@ -229,7 +283,8 @@ class EASE(Model):
         best = None
         for l2, p in full:
             t1 = time.perf_counter()
-            self.weight = linear_weights(gram, l2, p).to(torch.float32)
+            self.weight = torch.empty(0, device=device)  # the last B goes before the next
+            self.weight = linear_weights(gram, l2, p, self._emphasis()).to(torch.float32)
             row = {"stage": "full", "n_items": self.n_items, "l2": l2, "dropout": p}
             value = 0.0
             if not single:

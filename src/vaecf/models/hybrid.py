@@ -34,7 +34,11 @@ class RecVAEEDLAE(RecVAE):
 
     def __init__(self, n_items: int, config: HybridConfig | None = None):
         super().__init__(n_items, config)
-        self.register_buffer("shallow", torch.zeros(n_items, n_items))  # EDLAE's B
+        b = torch.zeros(n_items, n_items)  # EDLAE's B
+        if self.config.train_linear:
+            self.shallow = nn.Parameter(b)  # the same state-dict key as the frozen buffer
+        else:
+            self.register_buffer("shallow", b)
         self.alpha = nn.Parameter(torch.tensor(float(self.config.alpha or 1.0)))
 
     def prepare(self, train: sp.csr_matrix, validation) -> dict:
@@ -79,19 +83,31 @@ class RecVAEEDLAE(RecVAE):
     def param_groups(self) -> dict[str, list[nn.Parameter]]:
         groups = super().param_groups()
         groups["decoder"].append(self.alpha)
+        if self.config.train_linear:
+            groups["decoder"].append(self.shallow)
         return groups
 
-    def _offset(self, batch: SparseBatch, alpha: torch.Tensor) -> torch.Tensor:
-        return alpha * _sparse_rows(self.shallow, batch)  # (B, n_items)
+    def _offset(self, batch: SparseBatch, alpha: torch.Tensor, shallow: torch.Tensor):
+        s = _sparse_rows(shallow, batch)  # (B, n_items)
+        if self.config.train_linear:  # B's diagonal is trained away: take it back out
+            own = batch.values.to(s.dtype) * shallow.diagonal()[batch.indices]
+            s = s.index_put((batch.row_ids, batch.indices), -own, accumulate=True)
+        return alpha * s
+
+    def _linear(self) -> torch.Tensor:
+        """B with a zero diagonal."""
+        b = self.shallow.detach()
+        return b - torch.diag(b.diagonal()) if self.config.train_linear else b
 
     def scores(self, batch: SparseBatch) -> torch.Tensor:
-        return super().scores(batch) + self._offset(batch, self.alpha).to(self.alpha.dtype)
+        offset = self._offset(batch, self.alpha, self.shallow)
+        return super().scores(batch) + offset.to(self.alpha.dtype)
 
     def dense_scores(self, x: torch.Tensor) -> torch.Tensor:
-        return super().dense_scores(x) + self.alpha * (x @ self.shallow)
+        return super().dense_scores(x) + self.alpha * (x @ self._linear())
 
     def nll(self, z, w, b, batch: SparseBatch, phase: Phase | None) -> torch.Tensor:
-        alpha = self.alpha
+        alpha, shallow = self.alpha, self.shallow
         if phase is not None and phase.name == "encoder":
-            alpha = alpha.detach()
-        return linear_multinomial_nll(z, w, b, batch, self._offset(batch, alpha))
+            alpha, shallow = alpha.detach(), shallow.detach()
+        return linear_multinomial_nll(z, w, b, batch, self._offset(batch, alpha, shallow))
