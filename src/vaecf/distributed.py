@@ -38,6 +38,23 @@ class DistContext:
             dist.all_reduce(t, op=dist.ReduceOp.SUM)
         return t
 
+    def from_main(self, obj):
+        """Rank 0's `obj` on every rank (pickled): what rank 0 read from its own file system,
+        which the other ranks (other nodes) need not share."""
+        if not self.enabled:
+            return obj
+        box = [obj]
+        dist.broadcast_object_list(box, src=0)
+        return box[0]
+
+    def gather(self, obj) -> list:
+        """Every rank's `obj`, in rank order, on every rank."""
+        if not self.enabled:
+            return [obj]
+        out = [None] * self.world
+        dist.all_gather_object(out, obj)
+        return out
+
     def barrier(self) -> None:
         if self.enabled:
             dist.barrier()

@@ -231,6 +231,19 @@ def _train(ds, config, out, model_config, resume, model, on_epoch, test) -> RunR
     started = not torch.distributed.is_initialized()
     ctx, device = distributed.setup(config.device)
     try:
+        if resume and ctx.enabled:
+            held = ctx.gather(rundir.is_run(out))
+            if not held[0] and any(held):
+                raise RunError(
+                    f"--resume: rank 0, which writes the run, is on a machine without {out} "
+                    f"(rank {held.index(True)} has it); launch so that the machine holding it "
+                    "gets rank 0 (torchrun's c10d rendezvous ranks machines by host name; "
+                    "static rendezvous: --node-rank 0 there), or keep --out on a shared file "
+                    "system"
+                )
+        # every rank trains rank 0's settings: on a resume the other nodes may not hold the run
+        # directory that rank 0 read them from
+        config, model_config, name = ctx.from_main((config, model_config, name))
         if ctx.enabled and config.batch_size and config.batch_size < ctx.world:
             raise ConfigError(
                 f"--batch-size {config.batch_size} is below the {ctx.world} "
@@ -346,16 +359,18 @@ class _Run:
         )
 
     def _finished(self) -> bool:
-        """results.json exists and is this state's (not a shorter run's, before an extension)."""
-        if not (self.out / rundir.RESULTS).is_file():
-            return False
-        try:
-            return rundir.load_results(self.out).get("epochs") == self.epoch
-        except RunError:
-            return False
+        """results.json exists and is this state's (not a shorter run's, before an extension);
+        rank 0's answer on every rank."""
+        done = False
+        if self.ctx.is_main and (self.out / rundir.RESULTS).is_file():
+            try:
+                done = rundir.load_results(self.out).get("epochs") == self.epoch
+            except RunError:
+                pass
+        return self.ctx.from_main(done)
 
     def _result(self) -> RunResult:
-        res = rundir.load_results(self.out)
+        res = self.ctx.from_main(rundir.load_results(self.out) if self.ctx.is_main else None)
         return RunResult(self.out, res["best_epoch"], res["validation"], res["test"], self.history)
 
 
@@ -446,8 +461,33 @@ class Trainer(_Run):
                     f.writelines(json.dumps(row) + "\n" for row in self.history)
             self._metrics_file = open(path, "a")  # noqa: SIM115 (closed in fit)
 
-    def _load_last(self) -> None:
-        ck = checkpoint.load(self.out / rundir.LAST, map_location=self.device)
+    def _read_last(self) -> dict | None:
+        """last.pt's state if the run has one; under torchrun rank 0's, sent to every rank (a
+        node other than rank 0's needs only its copy of the prepared data, not the run
+        directory). A finished run whose last.pt was removed is refused: starting over would
+        overwrite its model."""
+        ck, error = None, None
+        if self.ctx.is_main:
+            if (self.out / rundir.LAST).is_file():
+                try:
+                    ck = checkpoint.load(self.out / rundir.LAST, map_location="cpu")
+                except RunError as e:
+                    error = str(e)
+            elif (self.out / rundir.BEST).is_file() and (self.out / rundir.RESULTS).is_file():
+                # (a best.pt without last.pt or results.json is one whose last.pt write was cut
+                # short, by a kill or a full disk: training from the start finds it again)
+                error = (
+                    f"{self.out} has a {rundir.BEST} but no {rundir.LAST} to continue from "
+                    "(vaecf tune keeps only best.pt of finished and pruned trials); train a new "
+                    f"run with its settings: vaecf train --config "
+                    f"{self.out / rundir.CONFIG_TOML} --out NEW"
+                )
+        ck, error = self.ctx.from_main((ck, error))
+        if error:
+            raise RunError(error)
+        return ck
+
+    def _load_last(self, ck: dict) -> None:
         self.model.load_state_dict(ck["model"])
         opt_state = ck["optimizer"]
         if "state" in opt_state:  # vaecf 0.1: one optimizer
@@ -522,17 +562,9 @@ class Trainer(_Run):
     def fit(self) -> RunResult:
         cfg = self.cfg
         t_setup = time.perf_counter()
-        if (self.out / rundir.LAST).is_file():
-            self._load_last()
-        elif (self.out / rundir.BEST).is_file() and (self.out / rundir.RESULTS).is_file():
-            # a finished run whose last.pt was removed: starting over would overwrite its model
-            # (a best.pt without last.pt or results.json is one whose last.pt write was cut
-            # short, by a kill or a full disk: training from the start finds it again)
-            raise RunError(
-                f"{self.out} has a {rundir.BEST} but no {rundir.LAST} to continue from (vaecf "
-                "tune keeps only best.pt of finished and pruned trials); train a new run with "
-                f"its settings: vaecf train --config {self.out / rundir.CONFIG_TOML} --out NEW"
-            )
+        ck = self._read_last()
+        if ck is not None:
+            self._load_last(ck)
         self._write_config()
         if self.epoch >= cfg.epochs and self._finished():
             return self._result()
