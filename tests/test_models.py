@@ -19,6 +19,7 @@ import vaecf
 from vaecf import models
 from vaecf.data import synthetic
 from vaecf.data.matrix import CSR
+from vaecf.errors import ConfigError
 from vaecf.evaluate import evaluate_model
 from vaecf.models.multvae import auto_batch_size, scaled_anneal_steps
 from vaecf.trainer import resolve_config
@@ -268,11 +269,82 @@ def test_trained_linear_path_moves_and_never_uses_its_diagonal(ds, tmp_path):
         torch.testing.assert_close(model.dense_scores(dense), before, rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.parametrize("p", [0.0, 0.3])
+def test_sparse_solver_with_every_item_as_neighbour_is_the_dense_solution(p):
+    """Where every pair of items co-occurs, the neighbourhood regression over all other items
+    is EASE's (EDLAE's) column exactly."""
+    rng = np.random.default_rng(5)
+    x = (rng.random((120, 25)) < 0.5).astype(np.float64)
+    assert ((x.T @ x) > 0).all()
+    cfg = {"l2": 7.0, "dropout": p, "solver": "sparse", "neighbours": 24}
+    model = models.build("edlae", 25, {**cfg, "solve_dtype": "float64"})
+    record = model.fit(sp.csr_matrix(x))
+    assert record["solver"] == "sparse" and model.sparse and model.weight.numel() == 0
+    b = model.item_vectors().to_dense().double().numpy()
+    assert np.abs(b - _edlae_numpy(x, 7.0, p)).max() < 1e-5  # B's values kept in float32
+
+
+def test_sparse_solver_scores_rank_and_round_trip(ds, tmp_path):
+    """Fewer neighbours than items: B has at most n_items x k non-zeros, its zero diagonal
+    kept; scores, dense scores, similar items and a saved run agree with the dense product of
+    the same B; and its accuracy is close to the dense solver's."""
+    k = 20
+    base = {"l2_grid": [10.0, 100.0], "dropout_grid": [0.0, 0.3]}
+    runs = {
+        s: vaecf.train(
+            ds,
+            cfg_for("edlae"),
+            tmp_path / s,
+            models.config_from_dict("edlae", {**base, "solver": s, "neighbours": k}),
+            model="edlae",
+        )
+        for s in ("sparse", "dense")
+    }
+    rec = vaecf.Recommender.load(runs["sparse"].run_dir)
+    model = rec.model
+    assert model.sparse and model.b_values.numel() <= ds.n_items * k
+    b = model.item_vectors().to_dense()
+    assert (b.count_nonzero(dim=0) <= k).all() and not b.diagonal().any()
+    fold_in = ds.split("test_tr")
+    batch = CSR.from_scipy(fold_in).batch(torch.arange(25))
+    dense_x = torch.from_numpy(fold_in[:25].toarray()).float()
+    with torch.no_grad():
+        torch.testing.assert_close(model.scores(batch), dense_x @ b, rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(model.dense_scores(dense_x), dense_x @ b, rtol=1e-5, atol=1e-6)
+    from vaecf.models.base import cosine_neighbours
+
+    got = rec.similar_items(rec.items.id_of([3])[0], k=5)
+    want = cosine_neighbours(b, 3, 5)
+    assert rec.items.index_of(got.item_ids)[0] == want[0]
+    results = json.loads((runs["sparse"].run_dir / "results.json").read_text())
+    row = json.loads((runs["sparse"].run_dir / "metrics.jsonl").read_text().splitlines()[0])
+    assert row["solver"] == "sparse" and row["neighbours"] == k
+    dense = runs["dense"].test_metrics["ndcg@100"]
+    assert abs(results["test"]["ndcg@100"] - dense) < 0.03
+
+
+def test_auto_solver_goes_sparse_where_dense_does_not_fit(ds, monkeypatch):
+    from vaecf.models import ease
+
+    n, x = ds.n_items, ds.split("train")
+    monkeypatch.setattr(ease, "available_bytes", lambda device: 10**9)
+    assert models.build("ease", n, {"l2": 30.0}).fit(x)["solver"] == "dense"
+    monkeypatch.setattr(ease, "linear_bytes", lambda *a: 10**12)  # the dense arrays never fit
+    record = models.build("ease", n, {"l2": 30.0, "neighbours": 10}).fit(x)
+    assert record["solver"] == "sparse" and record["nnz"] <= n * 10
+    monkeypatch.setattr(ease, "available_bytes", lambda device: 10**6)
+    with pytest.raises(vaecf.RunError, match=r"sparse solver on .* needs about .* GiB"):
+        models.build("ease", n, {"l2": 30.0}).fit(x)  # neither fits: refused with figures
+    with pytest.raises(ConfigError, match="not --emphasis none"):
+        cfg = {"l2": 3.0, "dropout": 0.2, "emphasis": "none", "solver": "sparse"}
+        models.build("edlae", n, cfg).fit(x)
+
+
 def test_ease_refuses_what_does_not_fit_before_allocating_with_advice_that_helps(monkeypatch):
     from vaecf.models import ease
 
     n = 2000
-    model = models.build("ease", n, {"l2": 10.0})
+    model = models.build("ease", n, {"l2": 10.0, "solver": "dense"})
     # item j has j // 10 users: the 500 most popular items have >= 150
     rows = [u for j in range(n) for u in range(j // 10)]
     cols = [j for j in range(n) for _ in range(j // 10)]
@@ -289,7 +361,7 @@ def test_ease_refuses_what_does_not_fit_before_allocating_with_advice_that_helps
     model.config.solve_dtype = "float64"
     with pytest.raises(vaecf.RunError, match=r"solve in float32"):
         model.fit(x)
-    searching = models.build("ease", n, {"l2_grid": [1.0, 10.0]})
+    searching = models.build("ease", n, {"l2_grid": [1.0, 10.0], "solver": "dense"})
     monkeypatch.setattr(ease, "available_bytes", lambda device: free * 16 + 1)  # one solve fits
     with pytest.raises(vaecf.RunError, match=r"give --l2 \(one solve needs"):
         searching.fit(x, validate=lambda m: {})

@@ -193,3 +193,26 @@ def test_onnx_of_composite_models_through_the_contract(name, tmp_path):
     res = check_onnx(path, model, histories)
     assert res["top100_equal"]
     assert res["max_abs_diff"] <= 1e-4 * max(1.0, res["max_abs_score"])
+
+
+def test_onnx_of_a_sparse_solver_ease(tmp_path):
+    """The sparse solver's B (CSR parts, no n_items^2 weight) exports as a dense product."""
+    import scipy.sparse as sp
+
+    from vaecf import models
+
+    n = 120
+    rng = np.random.default_rng(4)
+    x = sp.csr_matrix((rng.random((300, n)) < 0.1).astype(np.float32))
+    run_dir = fresh_run(tmp_path / "run", n, "ease", {"l2": 20.0, "solver": "sparse"}, seed=1)
+    model, _ = rundir.load_model(run_dir)
+    model.fit(x)
+    assert model.sparse and model.weight.numel() == 0
+    rundir.save_model(run_dir, model, epoch=0, metrics={})
+    path = export_onnx(run_dir, tmp_path / "ease.onnx")
+    loaded, _ = rundir.load_model(run_dir)
+    assert loaded.sparse and isinstance(loaded, models.MODELS["ease"])
+    histories = [rng.choice(n, size=rng.integers(1, 20), replace=False).tolist() for _ in range(9)]
+    res = check_onnx(path, loaded, histories)
+    assert res["top100_equal"] and res["max_abs_score"] > 0
+    assert res["max_abs_diff"] <= 1e-4 * max(1.0, res["max_abs_score"])

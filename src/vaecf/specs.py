@@ -124,12 +124,23 @@ class EASEConfig:
     solve_dtype: Literal["float32", "float64"] = setting(
         "float32", "dtype of the solve (float32 is ample for lambda >= 1)"
     )
+    solver: Literal["auto", "dense", "sparse"] = setting(
+        "auto",
+        "dense: the exact n_items^2 solve; sparse: each item's column of B solved over its "
+        "--neighbours most co-occurring items (no n_items^2 array; for large catalogues); "
+        "auto: dense where its arrays fit the device's free memory, else sparse",
+    )
+    neighbours: int = setting(
+        256, "the sparse solver's items per column of B (its cost grows with the cube)"
+    )
 
     def __post_init__(self) -> None:
         if self.l2 is not None and self.l2 <= 0:
             raise ConfigError("l2 (lambda) must be positive")
         if not self.l2_grid or min(self.l2_grid) <= 0:
             raise ConfigError("l2_grid must hold positive values")
+        if self.neighbours < 1:
+            raise ConfigError("neighbours must be at least 1")
         if self.coarse_items < 10:
             raise ConfigError("coarse_items must be at least 10")
         validate_fields(self)

@@ -168,6 +168,12 @@ def l2_rows(x: torch.Tensor) -> torch.Tensor:
 def vector_norms(vectors: torch.Tensor, rows: int = 4096) -> torch.Tensor:
     """(n,) float32 row norms, floored away from 0 (what `cosine_neighbours` divides by), in
     blocks of `rows` (a half-width EASE B is never copied whole to float32)."""
+    if vectors.is_sparse:  # a sparse COO matrix (the sparse EASE solver's B)
+        v = vectors.coalesce()
+        sq = torch.zeros(v.shape[0], device=v.device).index_add_(
+            0, v.indices()[0], v.values().float() ** 2
+        )
+        return sq.sqrt().clamp_min(1e-12)
     norms = [torch.linalg.vector_norm(b.float(), dim=1) for b in vectors.split(rows)]
     return torch.cat(norms).clamp_min(1e-12)
 
@@ -179,7 +185,9 @@ def cosine_neighbours(
     excluded), best first. With `norms` (from `vector_norms`, kept by the caller) a call costs
     one matrix-vector product and no copy of `vectors`."""
     norms = vector_norms(vectors) if norms is None else norms
-    sim = (vectors @ vectors[idx]).float() / (norms * norms[idx])
+    row = vectors[idx].to_dense() if vectors.is_sparse else vectors[idx]
+    sim = (vectors @ row[:, None])[:, 0].to_dense() if vectors.is_sparse else vectors @ row
+    sim = sim.float() / (norms * norms[idx])
     sim[idx] = -torch.inf
     top = sim.topk(min(k, sim.numel() - 1))
     return top.indices.tolist(), top.values.tolist()

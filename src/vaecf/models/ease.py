@@ -30,6 +30,13 @@ from vaecf import specs
 from vaecf.data.matrix import CSR, SparseBatch
 from vaecf.errors import ConfigError, RunError
 from vaecf.models.base import Model
+from vaecf.models.neighbourhood import (
+    block_bytes,
+    dense_block,
+    gram_bytes,
+    neighbour_weights,
+    sparse_b_rows,
+)
 from vaecf.specs import DEFAULT_DROPOUT_GRID, DEFAULT_GRID, EASEConfig, EDLAEConfig  # noqa: F401
 
 REFINE_STEP = 10**0.25  # the fast search's step around the coarse best: half a grid step
@@ -187,20 +194,76 @@ class EASE(Model):
 
     def __init__(self, n_items: int, config: EASEConfig | None = None):
         super().__init__(n_items, config)
-        # B (n_items, n_items); fit replaces it. Not zero-filled: untouched pages cost no
-        # memory until a checkpoint is loaded into them
-        self.register_buffer("weight", torch.empty(n_items, n_items))
+        # B: dense (n_items, n_items) `weight`, or from the sparse solver CSR rows (b_indptr,
+        # b_indices, b_values) with `weight` empty. Fit (or a checkpoint) sets them; until
+        # then they are empty, so that building a model allocates nothing n_items^2.
+        self.register_buffer("weight", torch.empty(0))
+        self.register_buffer("b_indptr", torch.empty(0, dtype=torch.int64))
+        self.register_buffer("b_indices", torch.empty(0, dtype=torch.int64))
+        self.register_buffer("b_values", torch.empty(0))
         self.register_buffer("l2", torch.tensor(float("nan"), dtype=torch.float64))
 
+    _B = ("weight", "b_indptr", "b_indices", "b_values")
+
+    def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
+        """B's tensors are taken as they come (their shapes depend on the solver), without a
+        copy; a checkpoint from before the sparse solver has no CSR parts."""
+        if prefix + "weight" in state_dict:
+            for name in self._B:
+                value = state_dict.setdefault(prefix + name, getattr(self, name)[:0])
+                setattr(self, name, value)
+        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
+
+    @property
+    def sparse(self) -> bool:
+        return self.b_indptr.numel() > 0
+
+    def _set_sparse(self, parts: tuple[torch.Tensor, torch.Tensor, torch.Tensor]) -> None:
+        self.b_indptr, self.b_indices, self.b_values = parts
+        self.weight = self.b_values.new_empty(0)
+
+    def _b_coo(self) -> torch.Tensor:
+        """B as a sparse COO tensor (rows: history items)."""
+        rows = torch.repeat_interleave(
+            torch.arange(self.n_items, device=self.b_indptr.device), self.b_indptr.diff()
+        )
+        return torch.sparse_coo_tensor(
+            torch.stack([rows, self.b_indices]),
+            self.b_values,
+            (self.n_items, self.n_items),
+            check_invariants=False,  # built from a valid CSR
+        ).coalesce()
+
     def scores(self, batch: SparseBatch) -> torch.Tensor:
+        if not self.weight.numel() and not self.sparse:  # not fitted: B = 0
+            return self.b_values.new_zeros(batch.batch_size, self.n_items)
+        if self.sparse:
+            return sparse_b_rows(self.b_indptr, self.b_indices, self.b_values, batch, self.n_items)
         return _sparse_rows(self.weight, batch)  # (B, n_items) = X_batch B
 
     def dense_scores(self, x: torch.Tensor) -> torch.Tensor:
+        if not self.weight.numel() and not self.sparse:  # not fitted: B = 0
+            return x * 0.0
+        if self.sparse:
+            if torch.onnx.is_in_onnx_export():  # ONNX has no sparse product: B goes dense
+                size = self.n_items**2 * 4
+                if size > 2e9:
+                    raise ConfigError(
+                        f"the sparse solver's B exports to ONNX as a dense matrix of "
+                        f"{size / 1e9:.1f} GB, more than one ONNX file holds (2 GB); serve "
+                        "it with vaecf serve or vaecf score instead"
+                    )
+                csr = [t.detach().cpu().numpy() for t in (self.b_values, self.b_indices)]
+                csr.append(self.b_indptr.detach().cpu().numpy())
+                b = sp.csr_matrix(tuple(csr), shape=(self.n_items, self.n_items)).toarray()
+                return x @ torch.from_numpy(b).to(x.dtype)  # through numpy: a graph constant
+            return torch.sparse.mm(self._b_coo().t(), x.t().to(self.b_values.dtype)).t()
         return x @ self.weight
 
     def item_vectors(self) -> torch.Tensor:
-        """Rows of B: item j's weights for predicting every other item."""
-        return self.weight
+        """Rows of B: item j's weights for predicting every other item (a sparse tensor
+        from the sparse solver)."""
+        return self._b_coo() if self.sparse else self.weight
 
     def _dropouts(self) -> list[float]:
         return [0.0]
@@ -231,16 +294,16 @@ class EASE(Model):
         single = len(l2s) == 1 and len(dropouts) == 1
         if not single and validate is None:
             raise ConfigError(f"{self.name} needs validation data to choose lambda; give --l2")
-        self.weight = torch.empty(0, device=device)  # the placeholder's memory back first
-        if device.type == "cuda":
-            torch.cuda.empty_cache()
         t0 = time.perf_counter()
         x = train.tocsr()
         if cfg.fold_in_rows and fold_in is not None and fold_in.nnz:
             x = sp.vstack([x, fold_in.tocsr()]).tocsr()
-        check_memory(self.n_items, dtype, device, not single, x.getnnz(axis=0))
+        solver = self._solver(x, dtype, device, single)
         x = x.astype(np.float64 if dtype == torch.float64 else np.float32)
-        gram = torch.from_numpy((x.T @ x).toarray()).to(device)  # (n_items, n_items)
+        gram_sp = (x.T @ x).tocsr()  # sparse: at most the sum of squared history lengths
+        gram_sp.sort_indices()
+        diag = torch.from_numpy(gram_sp.diagonal())
+        gram = torch.from_numpy(gram_sp.toarray()).to(device) if solver == "dense" else None
         t_gram = time.perf_counter() - t0
         tried: list[dict] = []
 
@@ -261,9 +324,9 @@ class EASE(Model):
             and self.n_items > cfg.coarse_items
         ):
             # coarse: the whole grid on the most popular items (their own sub-problem)
-            keep = torch.topk(gram.diagonal(), cfg.coarse_items).indices.sort().values
-            sub = gram.index_select(0, keep).index_select(1, keep)
-            cols = keep.cpu().numpy()
+            keep = torch.topk(diag, cfg.coarse_items).indices.sort().values
+            cols = keep.numpy()
+            sub = torch.from_numpy(dense_block(gram_sp, cols)).to(device=device, dtype=dtype)
             sub_val = [CSR.from_scipy(m.tocsr()[:, cols], device) for m in validation]
             curve: dict[tuple[float, float], float] = {}
             for l2, p in full:
@@ -283,8 +346,12 @@ class EASE(Model):
         best = None
         for l2, p in full:
             t1 = time.perf_counter()
-            self.weight = torch.empty(0, device=device)  # the last B goes before the next
-            self.weight = linear_weights(gram, l2, p, self._emphasis()).to(torch.float32)
+            if solver == "sparse":
+                k = cfg.neighbours
+                self._set_sparse(neighbour_weights(x, l2, p, k, device, dtype, gram_sp))
+            else:
+                self.weight = torch.empty(0, device=device)  # the last B goes before the next
+                self.weight = linear_weights(gram, l2, p, self._emphasis()).to(torch.float32)
             row = {"stage": "full", "n_items": self.n_items, "l2": l2, "dropout": p}
             value = 0.0
             if not single:
@@ -292,21 +359,59 @@ class EASE(Model):
                 value = row["validation"][select_metric]
             note({**row, "seconds": round(time.perf_counter() - t1, 3)})
             if best is None or value > best[0]:
-                best = (value, l2, p, self.weight if single else self.weight.clone())
-        del gram
-        _, l2, p, self.weight = best
+                best = (value, l2, p, [getattr(self, n) for n in self._B])
+        del gram, gram_sp
+        _, l2, p, b = best
+        for name, t in zip(self._B, b):
+            setattr(self, name, t)
         self._keep(l2, p)
         return {
             "l2": l2,
             **({"dropout": p} if isinstance(cfg, EDLAEConfig) else {}),
             "grid": tried if not single else None,
             "search": None if single else cfg.search,
+            "solver": solver,
+            **(
+                {"neighbours": cfg.neighbours, "nnz": int(self.b_values.numel())}
+                if self.sparse
+                else {}
+            ),
             "gram_rows": x.shape[0],
             "gram_seconds": round(t_gram, 3),
             "seconds": round(time.perf_counter() - t0, 3),
             "solve_dtype": str(dtype).removeprefix("torch."),
             "device": str(device),
         }
+
+    def _solver(self, x: sp.csr_matrix, dtype: torch.dtype, device: torch.device, single: bool):
+        """The solver to use ("dense" or "sparse"), after checking that it fits in memory;
+        before anything large is allocated."""
+        cfg, n = self.config, self.n_items
+        self.weight = torch.empty(0, device=device)  # a previous B's memory back first
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+        solver = cfg.solver
+        if solver == "auto":
+            dense_fits = linear_bytes(n, dtype, not single) <= available_bytes(device)
+            solver = "dense" if dense_fits or self._emphasis() == "none" else "sparse"
+        if solver == "dense":
+            check_memory(n, dtype, device, not single, x.getnnz(axis=0))
+            return solver
+        if self._emphasis() == "none":
+            raise ConfigError("the sparse solver fits EASE and EDLAE, not --emphasis none")
+        k = min(cfg.neighbours, n)
+        # the sparse Gram (and its copy while built), B twice (the best kept while searching),
+        # and a block's work: its dense part of G, its systems, their factors and copies
+        need = gram_bytes(x) + 2 * n * k * 16 + block_bytes(n, k)
+        host = available_bytes(torch.device("cpu"))
+        if need > host:
+            raise RunError(
+                f"{self.title}'s sparse solver on {n:,} items needs about {need / 2**30:.1f} GiB "
+                f"(the sparse X^T X and B with {k} neighbours per item) but the host has "
+                f"{host / 2**30:.1f} GiB free; drop rare items when preparing "
+                "(--min-item-users) or lower --neighbours"
+            )
+        return solver
 
 
 class EDLAE(EASE):

@@ -44,7 +44,8 @@ class RecVAEEDLAE(RecVAE):
     def prepare(self, train: sp.csr_matrix, validation) -> dict:
         """Fit the EDLAE path on the training users (before the first epoch)."""
         c = self.config
-        linear = EDLAE(self.n_items, EDLAE.Config(l2=c.linear_l2, dropout=c.linear_dropout))
+        cfg = EDLAE.Config(l2=c.linear_l2, dropout=c.linear_dropout, solver="dense")
+        linear = EDLAE(self.n_items, cfg)
         linear = linear.to(self.shallow.device)
         val = tuple(CSR.from_scipy(m, self.shallow.device) for m in validation)
         record = linear.fit(

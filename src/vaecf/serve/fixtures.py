@@ -12,6 +12,7 @@ import torch
 
 from vaecf import __version__, models, rundir
 from vaecf.data.vocab import Vocabulary
+from vaecf.models.ease import EASE
 
 
 def fresh_run(
@@ -29,8 +30,9 @@ def fresh_run(
     out.mkdir(parents=True, exist_ok=True)
     torch.manual_seed(seed)
     net = models.build(model, n_items, config)
-    if model == "ease":  # an identity-free random item-item matrix, as a fit would leave
-        net.weight.normal_(0.0, 0.01).fill_diagonal_(0.0)
+    for m in net.modules():  # EASE-family parts: an identity-free random item-item matrix
+        if isinstance(m, EASE):
+            m.weight = torch.randn(m.n_items, m.n_items).mul_(0.01).fill_diagonal_(0.0)
     if model == "popular":
         net.counts.uniform_(0.0, 100.0)
     ids = list(range(n_items)) if item_ids is None else list(item_ids)

@@ -1,0 +1,161 @@
+"""EASE and EDLAE without an n_items x n_items array: the sparse solver.
+
+EASE's column j is the ridge regression of item j's column of X on every other item's (its
+zero-diagonal constraint is exactly that), and EDLAE's the same with a per-item ridge
+Lambda_i = lambda + p/(1-p) G_ii. The sparse solver restricts item j's regression to its
+`neighbours` items of highest co-occurrence G_ij (a neighbourhood-restricted EASE):
+
+    b_j = (G[N_j, N_j] + diagMat(Lambda[N_j]))^-1 G[N_j, j],   B[N_j, j] = b_j,
+
+so B holds at most n_items x neighbours non-zeros, G is kept sparse (its non-zeros are at most
+the sum of squared history lengths), and no n_items^2 array is ever made. With every
+co-occurring item as a neighbour it is the dense solution up to items that never co-occur
+with j (tests/test_models.py compares both). The solves are batched Cholesky factorisations of
+(neighbours x neighbours) systems, a block of items at a time: O(n_items neighbours^3) time.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import scipy.sparse as sp
+import torch
+
+from vaecf.data.matrix import SparseBatch
+from vaecf.errors import RunError
+
+BLOCK_UNION = 4096  # a block's neighbourhoods' union at most this many items (dense G on it)
+BLOCK_SYSTEM_BYTES = 2**28  # a block's (items x k x k) systems: at most this many bytes
+
+
+def gram_bytes(x: sp.csr_matrix) -> int:
+    """Upper bound on the bytes of the sparse Gram X^T X (and its copy while built): the sum
+    of squared row lengths, 16 bytes each."""
+    lengths = np.diff(x.indptr).astype(np.int64)
+    return int((lengths * lengths).sum()) * 16
+
+
+def block_bytes(n_items: int, k: int) -> int:
+    """Bytes of one block's work: its dense part of G, its systems, their factors and a copy."""
+    return 3 * min(BLOCK_SYSTEM_BYTES, n_items * k * k * 8) + min(BLOCK_UNION, n_items) ** 2 * 8
+
+
+def neighbours_of(gram: sp.csr_matrix, k: int) -> np.ndarray:
+    """(n_items, k) each item's k other items of highest co-occurrence (ties: lower index
+    first), padded with n_items where an item co-occurs with fewer."""
+    n = gram.shape[0]
+    out = np.full((n, k), n, dtype=np.int64)
+    for j in range(n):
+        lo, hi = gram.indptr[j], gram.indptr[j + 1]
+        cols, vals = gram.indices[lo:hi], gram.data[lo:hi]
+        keep = cols != j
+        cols, vals = cols[keep], vals[keep]
+        if len(cols) > k:
+            order = np.lexsort((cols, -vals))[:k]
+            cols = cols[order]
+        out[j, : len(cols)] = np.sort(cols)
+    return out
+
+
+def dense_block(gram: sp.csr_matrix, items: np.ndarray) -> np.ndarray:
+    """G[items, items] as a dense array, from the rows of `items` only."""
+    n = gram.shape[0]
+    where = np.full(n + 1, -1, dtype=np.int64)
+    where[items] = np.arange(len(items))
+    rows = gram[items]  # CSR row gather
+    r = np.repeat(np.arange(len(items)), np.diff(rows.indptr))
+    c = where[rows.indices]
+    keep = c >= 0
+    sub = np.zeros((len(items), len(items)), dtype=np.float64)
+    sub[r[keep], c[keep]] = rows.data[keep]
+    return sub
+
+
+def _blocks(nbrs: np.ndarray, limit: int, max_items: int):
+    """Consecutive item ranges, at most `max_items` long, whose neighbourhoods (and
+    themselves) span at most `limit` items (a single item always forms a block)."""
+    n = nbrs.shape[0]
+    start = 0
+    while start < n:
+        stop, span = start + 1, set(nbrs[start].tolist()) | {start}
+        while stop < n and stop - start < max_items:
+            more = (set(nbrs[stop].tolist()) | {stop}) - span
+            if len(span) + len(more) > limit:
+                break
+            span |= more
+            stop += 1
+        span.discard(n)  # the padding index
+        yield start, stop, np.array(sorted(span), dtype=np.int64)
+        start = stop
+
+
+def neighbour_weights(
+    x: sp.csr_matrix,
+    l2: float,
+    dropout: float,
+    k: int,
+    device: torch.device,
+    dtype: torch.dtype = torch.float32,
+    gram: sp.csr_matrix | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """B as (indptr, indices, values) of a CSR matrix whose row i holds item i's weights
+    for predicting the other items (scores = X B), float32 values. `gram` (X^T X, CSR) may
+    be given to reuse it across a search. The systems are solved in `dtype`."""
+    if gram is None:
+        gram = (x.T @ x).tocsr()
+    gram.sort_indices()
+    n = gram.shape[0]
+    k = max(1, min(k, n - 1))
+    diag = gram.diagonal().astype(np.float64)
+    lam = l2 + (dropout / (1.0 - dropout)) * diag if dropout else np.full(n, float(l2))
+    nbrs = neighbours_of(gram, k)  # (n, k), padded with n
+    rows_out, cols_out, vals_out = [], [], []
+    np_dtype = np.float64 if dtype == torch.float64 else np.float32
+    max_items = max(1, BLOCK_SYSTEM_BYTES // (8 * k * k))
+    for start, stop, span in _blocks(nbrs, BLOCK_UNION, max_items):
+        pos = np.full(n + 1, len(span), dtype=np.int64)  # padding -> an extra zero row/column
+        pos[span] = np.arange(len(span))
+        full = np.zeros((len(span) + 1, len(span) + 1), dtype=np_dtype)
+        full[:-1, :-1] = dense_block(gram, span)  # (|span|, |span|)
+        lam_span = np.append(lam[span], 1.0).astype(np_dtype)  # padding: 1 * b = 0
+        p = pos[nbrs[start:stop]]  # (J, k) positions in `full`
+        a = full[p[:, :, None], p[:, None, :]]  # (J, k, k)
+        a[:, np.arange(k), np.arange(k)] += lam_span[p]
+        rhs = full[p, pos[np.arange(start, stop)][:, None]]  # (J, k): G[N_j, j]
+        at = torch.from_numpy(a).to(device=device, dtype=dtype)
+        chol, info = torch.linalg.cholesky_ex(at)
+        if int(info.max()):
+            raise RunError(f"a neighbourhood system with lambda {l2} is not positive definite")
+        bt = torch.cholesky_solve(torch.from_numpy(rhs).to(at)[:, :, None], chol)[:, :, 0]
+        b = bt.cpu().numpy()
+        real = nbrs[start:stop] < n
+        j = np.broadcast_to(np.arange(start, stop)[:, None], real.shape)
+        rows_out.append(nbrs[start:stop][real])
+        cols_out.append(j[real])
+        vals_out.append(b[real])
+    rows, cols = np.concatenate(rows_out), np.concatenate(cols_out)
+    b = sp.csr_matrix((np.concatenate(vals_out).astype(np.float32), (rows, cols)), shape=(n, n))
+    b.sort_indices()
+    return (
+        torch.from_numpy(b.indptr.astype(np.int64)).to(device),
+        torch.from_numpy(b.indices.astype(np.int64)).to(device),
+        torch.from_numpy(b.data).to(device),
+    )
+
+
+def sparse_b_rows(
+    indptr: torch.Tensor, indices: torch.Tensor, values: torch.Tensor, batch: SparseBatch, n: int
+) -> torch.Tensor:
+    """(B, n) X_batch B for a B held as CSR rows (history item -> weights on other items)."""
+    items = batch.indices
+    starts = indptr[items]
+    lens = indptr[items + 1] - starts
+    out = torch.zeros(batch.batch_size, n, dtype=values.dtype, device=values.device)
+    total = int(lens.sum())
+    if total == 0:
+        return out
+    entry = torch.repeat_interleave(torch.arange(len(items), device=items.device), lens)
+    first = torch.cumsum(lens, 0) - lens
+    at = starts[entry] + torch.arange(total, device=items.device) - first[entry]
+    weight = batch.values.to(values.dtype)[entry] * values[at]
+    out.view(-1).index_add_(0, batch.row_ids[entry] * n + indices[at], weight)
+    return out
