@@ -298,7 +298,9 @@ class EASE(Model):
         x = train.tocsr()
         if cfg.fold_in_rows and fold_in is not None and fold_in.nnz:
             x = sp.vstack([x, fold_in.tocsr()]).tocsr()
-        solver = self._solver(x, dtype, device, single)
+        solver, plan = self._solver(x, dtype, device, single)
+        if log:
+            log(f"{self.title}: {plan}")
         x = x.astype(np.float64 if dtype == torch.float64 else np.float32)
         gram_sp = (x.T @ x).tocsr()  # sparse: at most the sum of squared history lengths
         gram_sp.sort_indices()
@@ -384,19 +386,20 @@ class EASE(Model):
         }
 
     def _solver(self, x: sp.csr_matrix, dtype: torch.dtype, device: torch.device, single: bool):
-        """The solver to use ("dense" or "sparse"), after checking that it fits in memory;
-        before anything large is allocated."""
+        """The solver to use ("dense" or "sparse") and a line on what it will need, after
+        checking that it fits in memory; before anything large is allocated."""
         cfg, n = self.config, self.n_items
         self.weight = torch.empty(0, device=device)  # a previous B's memory back first
         if device.type == "cuda":
             torch.cuda.empty_cache()
         solver = cfg.solver
+        dense, free = linear_bytes(n, dtype, not single), available_bytes(device)
         if solver == "auto":
-            dense_fits = linear_bytes(n, dtype, not single) <= available_bytes(device)
-            solver = "dense" if dense_fits or self._emphasis() == "none" else "sparse"
+            solver = "dense" if dense <= free or self._emphasis() == "none" else "sparse"
         if solver == "dense":
             check_memory(n, dtype, device, not single, x.getnnz(axis=0))
-            return solver
+            gib = f"{dense / 2**30:.1f} GiB of {free / 2**30:.1f} GiB free on {device}"
+            return solver, f"dense solve, {n:,} x {n:,} arrays: about {gib}"
         if self._emphasis() == "none":
             raise ConfigError("the sparse solver fits EASE and EDLAE, not --emphasis none")
         k = min(cfg.neighbours, n)
@@ -411,7 +414,13 @@ class EASE(Model):
                 f"{host / 2**30:.1f} GiB free; drop rare items when preparing "
                 "(--min-item-users) or lower --neighbours"
             )
-        return solver
+        why = (
+            f" (the dense arrays would need {dense / 2**30:.1f} GiB)"
+            if cfg.solver == "auto"
+            else ""
+        )
+        plan = f"sparse solver, {k} neighbours per item{why}: about {need / 2**30:.1f} GiB"
+        return solver, f"{plan} of {host / 2**30:.1f} GiB free on the host"
 
 
 class EDLAE(EASE):

@@ -1,0 +1,105 @@
+"""A large catalogue through the CLI: wall time and peak memory of every stage.
+
+    python benchmarks/catalogue_scale.py --out DIR [--users 300000] [--items 60000]
+        [--mean-items 24] [--models ease,edlae,popular] [--heldout-users 10000]
+
+Generates `vaecf.data.synthetic` data (planted taste groups, power-law popularity; written
+once to DIR/data.csv), then runs `vaecf prepare csv`, `vaecf train --model M` for each model
+(EASE and EDLAE pick their solver themselves: the sparse one where the dense n_items^2
+arrays do not fit) and `vaecf score` over 10,000 users' histories, each as its own process
+under /usr/bin/time. Prints one row per stage: seconds, peak RSS, and for the models their
+solver and test NDCG@100. Finished stages are reused when run again (delete DIR to redo).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+VAECF = [sys.executable, "-m", "vaecf"]
+
+
+def timed(cmd: list[str], log: Path) -> tuple[float, float]:
+    """(seconds, peak RSS in GiB) of `cmd` run to completion; its output goes to `log`."""
+    t0 = time.perf_counter()
+    with open(log, "w") as f:
+        p = subprocess.run(["/usr/bin/time", "-f", "MAXRSS %M", *cmd], stdout=f, stderr=f)
+    seconds = time.perf_counter() - t0
+    text = log.read_text()
+    if p.returncode != 0:
+        sys.exit(f"{' '.join(cmd)} failed ({p.returncode}); see {log}:\n{text[-2000:]}")
+    rss = [int(line.split()[1]) for line in text.splitlines() if line.startswith("MAXRSS")]
+    return seconds, rss[-1] / 2**20  # KiB -> GiB
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--users", type=int, default=300_000)
+    ap.add_argument("--items", type=int, default=60_000)
+    ap.add_argument("--mean-items", type=float, default=24.0)  # median; mean ~30: ~9M in all
+    ap.add_argument("--groups", type=int, default=200)
+    ap.add_argument("--heldout-users", type=int, default=10_000)
+    ap.add_argument("--models", default="ease,edlae,popular")
+    a = ap.parse_args()
+    a.out.mkdir(parents=True, exist_ok=True)
+    rows = []
+    csv = a.out / "data.csv"
+    if not csv.is_file():
+        from vaecf.data import synthetic
+
+        t0 = time.perf_counter()
+        df = synthetic.generate(
+            n_users=a.users, n_items=a.items, n_groups=a.groups, mean_items=a.mean_items, seed=0
+        )
+        df.write_csv(csv)
+        print(f"generated {df.height:,} interactions in {time.perf_counter() - t0:.0f} s")
+    prep = a.out / "prep"
+    if not (prep / "manifest.json").is_file():
+        cmd = [*VAECF, "prepare", "csv", "--path", str(csv), "--out", str(prep)]
+        cmd += ["--user-col", "user_id", "--item-col", "item_id"]
+        cmd += ["--heldout-users", str(a.heldout_users)]
+        s, rss = timed(cmd, a.out / "prepare.log")
+        rows.append(("prepare", s, rss, "", ""))
+    counts = json.loads((prep / "manifest.json").read_text())["counts"]
+    for name in a.models.split(","):
+        run = a.out / "runs" / name
+        if not (run / "results.json").is_file():
+            cmd = [*VAECF, "train", "--data", str(prep), "--out", str(run), "--model", name]
+            s, rss = timed([*cmd, "--quiet"], a.out / f"train-{name}.log")
+            res = json.loads((run / "results.json").read_text())
+            first = json.loads((run / "metrics.jsonl").read_text().splitlines()[0])
+            solver = first.get("solver", "")
+            rows.append((f"train {name}", s, rss, solver, f"{res['test']['ndcg@100']:.4f}"))
+    histories = a.out / "histories.csv"  # the test users' fold-in histories, raw ids
+    if not histories.is_file():
+        import polars as pl
+
+        from vaecf.data.prepare import PreparedDataset
+
+        ds = PreparedDataset(prep)
+        x = ds.split("test_tr").tocoo()
+        pl.DataFrame({"user": x.row, "item": ds.items.id_of(x.col)}).write_csv(histories)
+    for name in a.models.split(","):
+        scored = a.out / f"scores-{name}.csv"
+        if not scored.is_file():
+            cmd = [*VAECF, "score", str(a.out / "runs" / name), "--input", str(histories)]
+            cmd += ["--out", str(scored), "--user-col", "user", "--item-col", "item"]
+            s, rss = timed(cmd, a.out / f"score-{name}.log")
+            rows.append((f"score {name}", s, rss, "", ""))
+    print(
+        f"{a.items:,} items, {counts['n_train_users']:,} training users, "
+        f"{counts['nnz_train']:,} training interactions; {os.cpu_count()} CPUs"
+    )
+    print(f"{'stage':<16s} {'seconds':>9s} {'peak RSS GiB':>13s} {'solver':>7s} {'NDCG@100':>9s}")
+    for stage, s, rss, solver, ndcg in rows:
+        print(f"{stage:<16s} {s:9.1f} {rss:13.2f} {solver:>7s} {ndcg:>9s}")
+
+
+if __name__ == "__main__":
+    main()
