@@ -2,6 +2,7 @@
 
     python benchmarks/catalogue_scale.py --out DIR [--users 300000] [--items 60000]
         [--mean-items 24] [--models ease,edlae,popular] [--heldout-users 10000]
+        [--train-args "--solver sparse"]
 
 Generates `vaecf.data.synthetic` data (planted taste groups, power-law popularity; written
 once to DIR/data.csv), then runs `vaecf prepare csv`, `vaecf train --model M` for each model
@@ -46,6 +47,7 @@ def main() -> None:
     ap.add_argument("--groups", type=int, default=200)
     ap.add_argument("--heldout-users", type=int, default=10_000)
     ap.add_argument("--models", default="ease,edlae,popular")
+    ap.add_argument("--train-args", default="", help='more `vaecf train` flags: "--solver sparse"')
     a = ap.parse_args()
     a.out.mkdir(parents=True, exist_ok=True)
     rows = []
@@ -71,7 +73,8 @@ def main() -> None:
         run = a.out / "runs" / name
         if not (run / "results.json").is_file():
             cmd = [*VAECF, "train", "--data", str(prep), "--out", str(run), "--model", name]
-            s, rss = timed([*cmd, "--quiet"], a.out / f"train-{name}.log")
+            cmd += [*a.train_args.split(), "--quiet"]
+            s, rss = timed(cmd, a.out / f"train-{name}.log")
             res = json.loads((run / "results.json").read_text())
             first = json.loads((run / "metrics.jsonl").read_text().splitlines()[0])
             solver = first.get("solver", "")
