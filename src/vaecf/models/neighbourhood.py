@@ -16,6 +16,8 @@ with j (tests/test_models.py compares both). The solves are batched Cholesky fac
 
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 import scipy.sparse as sp
 import torch
@@ -23,7 +25,7 @@ import torch
 from vaecf.data.matrix import SparseBatch
 from vaecf.errors import RunError
 
-BLOCK_UNION = 4096  # a block's neighbourhoods' union at most this many items (dense G on it)
+BLOCK_UNION = 8192  # a block's neighbourhoods' union at most this many items (dense G on it)
 BLOCK_SYSTEM_BYTES = 2**28  # a block's (items x k x k) systems: at most this many bytes
 
 
@@ -36,28 +38,34 @@ def gram_bytes(x: sp.csr_matrix) -> int:
 
 def block_bytes(n_items: int, k: int) -> int:
     """Bytes of one block's work: its dense part of G, its systems, their factors and a copy."""
-    return 3 * min(BLOCK_SYSTEM_BYTES, n_items * k * k * 8) + min(BLOCK_UNION, n_items) ** 2 * 8
+    return (
+        3 * min(BLOCK_SYSTEM_BYTES, n_items * k * k * 8) + (min(BLOCK_UNION, n_items) + 1) ** 2 * 8
+    )
 
 
-def neighbours_of(gram: sp.csr_matrix, k: int) -> np.ndarray:
+def neighbours_of(gram: sp.csr_matrix, k: int) -> tuple[np.ndarray, np.ndarray]:
     """(n_items, k) each item's k other items of highest co-occurrence (ties: lower index
-    first), padded with n_items where an item co-occurs with fewer."""
+    first; in index order, padded with n_items where an item co-occurs with fewer), and
+    (n_items,) each item's strongest one (itself where it co-occurs with none)."""
     n = gram.shape[0]
     out = np.full((n, k), n, dtype=np.int64)
+    strongest = np.arange(n)
     for j in range(n):
         lo, hi = gram.indptr[j], gram.indptr[j + 1]
         cols, vals = gram.indices[lo:hi], gram.data[lo:hi]
         keep = cols != j
         cols, vals = cols[keep], vals[keep]
-        if len(cols) > k:
+        if len(cols):
             order = np.lexsort((cols, -vals))[:k]
+            strongest[j] = cols[order[0]]
             cols = cols[order]
         out[j, : len(cols)] = np.sort(cols)
-    return out
+    return out, strongest
 
 
-def dense_block(gram: sp.csr_matrix, items: np.ndarray) -> np.ndarray:
-    """G[items, items] as a dense array, from the rows of `items` only."""
+def dense_block(gram: sp.csr_matrix, items: np.ndarray, out: np.ndarray | None = None):
+    """G[items, items] as a dense array (written into the top-left of `out` if given), from
+    the rows of `items` only."""
     n = gram.shape[0]
     where = np.full(n + 1, -1, dtype=np.int64)
     where[items] = np.arange(len(items))
@@ -65,26 +73,28 @@ def dense_block(gram: sp.csr_matrix, items: np.ndarray) -> np.ndarray:
     r = np.repeat(np.arange(len(items)), np.diff(rows.indptr))
     c = where[rows.indices]
     keep = c >= 0
-    sub = np.zeros((len(items), len(items)), dtype=np.float64)
-    sub[r[keep], c[keep]] = rows.data[keep]
-    return sub
+    if out is None:
+        out = np.zeros((len(items), len(items)))
+    out[r[keep], c[keep]] = rows.data[keep]
+    return out
 
 
-def _blocks(nbrs: np.ndarray, limit: int, max_items: int):
-    """Consecutive item ranges, at most `max_items` long, whose neighbourhoods (and
-    themselves) span at most `limit` items (a single item always forms a block)."""
+def _blocks(nbrs: np.ndarray, order: np.ndarray, limit: int, max_items: int):
+    """Runs of `order` (item ids), at most `max_items` long, whose neighbourhoods (and
+    themselves) span at most `limit` items (a single item always forms a block); with the
+    span's items, sorted."""
     n = nbrs.shape[0]
     start = 0
     while start < n:
-        stop, span = start + 1, set(nbrs[start].tolist()) | {start}
+        stop, span = start + 1, set(nbrs[order[start]].tolist()) | {int(order[start])}
         while stop < n and stop - start < max_items:
-            more = (set(nbrs[stop].tolist()) | {stop}) - span
+            more = (set(nbrs[order[stop]].tolist()) | {int(order[stop])}) - span
             if len(span) + len(more) > limit:
                 break
             span |= more
             stop += 1
         span.discard(n)  # the padding index
-        yield start, stop, np.array(sorted(span), dtype=np.int64)
+        yield order[start:stop], np.array(sorted(span), dtype=np.int64)
         start = stop
 
 
@@ -107,29 +117,32 @@ def neighbour_weights(
     k = max(1, min(k, n - 1))
     diag = gram.diagonal().astype(np.float64)
     lam = l2 + (dropout / (1.0 - dropout)) * diag if dropout else np.full(n, float(l2))
-    nbrs = neighbours_of(gram, k)  # (n, k), padded with n
+    nbrs, strongest = neighbours_of(gram, k)  # (n, k), padded with n
+    # items that share their strongest neighbour share much of their neighbourhoods: in
+    # that order, a block's span covers more items, and fewer of G's rows are gathered
+    order = np.lexsort((np.arange(n), strongest))
     rows_out, cols_out, vals_out = [], [], []
     np_dtype = np.float64 if dtype == torch.float64 else np.float32
     max_items = max(1, BLOCK_SYSTEM_BYTES // (8 * k * k))
-    for start, stop, span in _blocks(nbrs, BLOCK_UNION, max_items):
+    for items, span in _blocks(nbrs, order, BLOCK_UNION, max_items):
         pos = np.full(n + 1, len(span), dtype=np.int64)  # padding -> an extra zero row/column
         pos[span] = np.arange(len(span))
         full = np.zeros((len(span) + 1, len(span) + 1), dtype=np_dtype)
-        full[:-1, :-1] = dense_block(gram, span)  # (|span|, |span|)
+        dense_block(gram, span, full)  # G[span, span], then the padding's zero row/column
         lam_span = np.append(lam[span], 1.0).astype(np_dtype)  # padding: 1 * b = 0
-        p = pos[nbrs[start:stop]]  # (J, k) positions in `full`
+        p = pos[nbrs[items]]  # (J, k) positions in `full`
         a = full[p[:, :, None], p[:, None, :]]  # (J, k, k)
         a[:, np.arange(k), np.arange(k)] += lam_span[p]
-        rhs = full[p, pos[np.arange(start, stop)][:, None]]  # (J, k): G[N_j, j]
+        rhs = full[p, pos[items][:, None]]  # (J, k): G[N_j, j]
         at = torch.from_numpy(a).to(device=device, dtype=dtype)
         chol, info = torch.linalg.cholesky_ex(at)
         if int(info.max()):
             raise RunError(f"a neighbourhood system with lambda {l2} is not positive definite")
         bt = torch.cholesky_solve(torch.from_numpy(rhs).to(at)[:, :, None], chol)[:, :, 0]
         b = bt.cpu().numpy()
-        real = nbrs[start:stop] < n
-        j = np.broadcast_to(np.arange(start, stop)[:, None], real.shape)
-        rows_out.append(nbrs[start:stop][real])
+        real = nbrs[items] < n
+        j = np.broadcast_to(items[:, None], real.shape)
+        rows_out.append(nbrs[items][real])
         cols_out.append(j[real])
         vals_out.append(b[real])
     rows, cols = np.concatenate(rows_out), np.concatenate(cols_out)
@@ -145,17 +158,20 @@ def neighbour_weights(
 def sparse_b_rows(
     indptr: torch.Tensor, indices: torch.Tensor, values: torch.Tensor, batch: SparseBatch, n: int
 ) -> torch.Tensor:
-    """(B, n) X_batch B for a B held as CSR rows (history item -> weights on other items)."""
-    items = batch.indices
-    starts = indptr[items]
-    lens = indptr[items + 1] - starts
-    out = torch.zeros(batch.batch_size, n, dtype=values.dtype, device=values.device)
-    total = int(lens.sum())
-    if total == 0:
-        return out
-    entry = torch.repeat_interleave(torch.arange(len(items), device=items.device), lens)
-    first = torch.cumsum(lens, 0) - lens
-    at = starts[entry] + torch.arange(total, device=items.device) - first[entry]
-    weight = batch.values.to(values.dtype)[entry] * values[at]
-    out.view(-1).index_add_(0, batch.row_ids[entry] * n + indices[at], weight)
-    return out
+    """(B, n) X_batch B for a B held as CSR rows (history item -> weights on other items): a
+    sparse x sparse product (scipy's on the CPU, torch's CSR product elsewhere), made dense."""
+    offsets = torch.cat([batch.offsets, batch.offsets.new_tensor([batch.indices.numel()])])
+    if values.device.type == "cpu":
+        x = sp.csr_matrix(
+            (batch.values.float().numpy(), batch.indices.numpy(), offsets.numpy()),
+            shape=(batch.batch_size, n),
+        )
+        b = sp.csr_matrix((values.float().numpy(), indices.numpy(), indptr.numpy()), (n, n))
+        return torch.from_numpy((x @ b).toarray()).to(values.dtype)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # torch's "sparse CSR support is in beta"
+        x = torch.sparse_csr_tensor(
+            offsets, batch.indices, batch.values.to(values.dtype), size=(batch.batch_size, n)
+        )
+        b = torch.sparse_csr_tensor(indptr, indices, values, size=(n, n))
+        return (x @ b).to_dense()
