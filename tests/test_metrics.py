@@ -94,3 +94,31 @@ def test_parse_metric_rejects_nonsense():
     for bad in ("ndcg", "map@10", "recall@0", "recall@x"):
         with pytest.raises(ValueError):
             parse_metric(bad)
+
+
+def test_evaluation_batches_are_sized_by_memory(monkeypatch):
+    """With room for 7 users' scores per batch, batches shrink to 7 and the metrics stay."""
+    from vaecf import evaluate
+
+    rng = np.random.default_rng(9)
+    n_users, n_items = 40, 120
+    fold_in = sp.csr_matrix((rng.random((n_users, n_items)) < 0.1).astype(np.float32))
+    target = sp.csr_matrix((rng.random((n_users, n_items)) < 0.1).astype(np.float32))
+    target = (target - target.multiply(fold_in)).tocsr()
+    target.eliminate_zeros()
+    table = torch.tensor(rng.standard_normal((n_items, n_items)), dtype=torch.float32)
+    sizes = []
+
+    def score_fn(batch):
+        sizes.append(batch.batch_size)
+        x = torch.zeros(batch.batch_size, n_items)
+        x[batch.row_ids, batch.indices] = batch.values
+        return x @ table
+
+    fi, te = CSR.from_scipy(fold_in), CSR.from_scipy(target)
+    want = evaluate_scores(score_fn, fi, te, batch_size=2000)
+    assert sizes == [n_users]
+    sizes.clear()
+    monkeypatch.setattr(evaluate, "SCORE_BUDGET", 7 * 4 * n_items)
+    assert evaluate_scores(score_fn, fi, te, batch_size=2000) == pytest.approx(want)
+    assert max(sizes) == 7 and sum(sizes) == n_users

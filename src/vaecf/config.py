@@ -58,7 +58,9 @@ class TrainConfig:
         "seconds of training between writes of last.pt (written in the background; also after "
         "the last epoch and on SIGINT/SIGTERM); 0: after every epoch",
     )
-    eval_batch_size: int = setting(2000, "users per evaluation batch")
+    eval_batch_size: int = setting(
+        2000, "users per evaluation batch (fewer where their scores would pass 512 MiB)"
+    )
     select_metric: str = setting(
         "ndcg@100", "validation metric that picks the best model (recall@K or ndcg@K)"
     )

@@ -15,6 +15,7 @@ from vaecf.metrics import parse_metric, ranking_metrics
 DEFAULT_METRICS = ("recall@20", "recall@50", "ndcg@100")
 
 ScoreFn = Callable[[SparseBatch], torch.Tensor]  # batch -> (B, n_items) scores
+SCORE_BUDGET = 2**29  # bytes of float32 scores per evaluation batch: fewer users at 67k+ items
 
 
 def _batch_metrics(score_fn, fold_in, target, metrics, batch_size, rows):
@@ -25,6 +26,7 @@ def _batch_metrics(score_fn, fold_in, target, metrics, batch_size, rows):
     k_max = min(max(parse_metric(m)[1] for m in metrics), n_items)
     tkeys = target.keys()
     n_target_all = target.row_nnz()
+    batch_size = max(1, min(batch_size, SCORE_BUDGET // (4 * n_items)))  # sized by memory
     for part in rows.split(batch_size):
         batch = fold_in.batch(part)
         scores = score_fn(batch).float()
