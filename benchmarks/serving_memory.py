@@ -1,20 +1,27 @@
-"""Bytes held by a serving copy's tensors (parameters and buffers, each storage counted once)
-per `--precision`, for an untrained Mult-VAE of ML-20M's size (20,108 items, [600] hidden,
-200-d latent; trained weights take the same bytes).
+"""Memory held by a serving copy per `--precision`, for an untrained Mult-VAE of ML-20M's size
+(20,108 items, [600] hidden, 200-d latent; trained weights take the same bytes):
 
-    python benchmarks/serving_memory.py [--items 20108]
+- tensors: the model's parameters and buffers (each storage counted once);
+- resident: what the process's resident set grew by from loading the copy and answering a
+  recommendation and a similar-items call, which includes what the score function and the
+  similar-items vectors hold beside the model, and the same after glibc's malloc_trim (heap
+  the loading freed but the allocator kept). Each precision in a fresh process (Linux).
+
+    python benchmarks/serving_memory.py [--items 20108] [--model multvae|recvae]
 """
 
 from __future__ import annotations
 
 import argparse
+import ctypes
+import json
 import platform
+import subprocess
+import sys
 import tempfile
 from pathlib import Path
 
-from vaecf import precision as prec
-from vaecf.recommender import Recommender
-from vaecf.serve.fixtures import fresh_run
+PRECISIONS = ("fp32", "bf16", "int8")
 
 
 def tensor_bytes(model) -> int:
@@ -26,21 +33,63 @@ def tensor_bytes(model) -> int:
     return total
 
 
+def rss() -> int:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+    raise RuntimeError("no VmRSS in /proc/self/status")
+
+
+def child(run: str, precision: str) -> None:
+    import torch
+
+    from vaecf.recommender import Recommender
+
+    torch.zeros(1) @ torch.zeros(1, 1)  # the BLAS library's own buffers count as before
+    before = rss()
+    rec = Recommender.load(run, precision=precision)
+    rec.recommend([1, 2, 3], k=10)
+    rec.similar_items(1, k=10)
+    grew = rss() - before
+    ctypes.CDLL("libc.so.6").malloc_trim(0)  # freed heap (load's temporaries) back to the OS
+    held = rss() - before
+    print(json.dumps({"tensors": tensor_bytes(rec.model), "resident": grew, "trimmed": held}))
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--items", type=int, default=20_108)
+    p.add_argument("--model", default="multvae")
+    p.add_argument("--child", nargs=2, help=argparse.SUPPRESS)
     a = p.parse_args()
+    if a.child:
+        return child(*a.child)
     import torch
 
+    from vaecf import precision as prec
+    from vaecf.serve.fixtures import fresh_run
+
     native = prec.native_bf16(torch.device("cpu"))
-    print(f"{platform.processor() or platform.machine()}, native bf16: {native}, {a.items} items\n")
-    print("| precision | MiB of tensors |")
-    print("|---|---:|")
+    cpu = platform.processor() or platform.machine()
+    print(f"{cpu}, native bf16: {native}, {a.model}, {a.items} items\n")
+    print("| precision | MiB of tensors | MiB resident (load + calls) | after malloc_trim |")
+    print("|---|---:|---:|---:|")
     with tempfile.TemporaryDirectory() as tmp:
-        run = fresh_run(Path(tmp) / "a", a.items, "multvae", seed=0)
-        for precision in ("fp32", "bf16", "int8"):
-            model = Recommender.load(run, precision=precision).model
-            print(f"| {precision} | {tensor_bytes(model) / 2**20:.1f} |")
+        run = fresh_run(Path(tmp) / "a", a.items, a.model, seed=0)
+        for precision in PRECISIONS:
+            out = subprocess.run(
+                [sys.executable, __file__, "--child", str(run), precision],
+                check=True,
+                capture_output=True,
+                text=True,
+            ).stdout
+            got = json.loads(out.strip().splitlines()[-1])
+            mib = {k: v / 2**20 for k, v in got.items()}
+            print(
+                f"| {precision} | {mib['tensors']:.1f} | {mib['resident']:.1f} "
+                f"| {mib['trimmed']:.1f} |"
+            )
 
 
 if __name__ == "__main__":

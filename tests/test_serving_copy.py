@@ -9,6 +9,9 @@ import vaecf
 from vaecf import models
 from vaecf.data.vocab import Vocabulary
 from vaecf.errors import ConfigError
+from vaecf.models import serving
+from vaecf.models.base import cosine_neighbours, vector_norms
+from vaecf.models.multvae import Scorer
 from vaecf.models.serving import INT8_KERNEL_ROWS, Int8Linear, serving_copy
 
 
@@ -30,21 +33,44 @@ def _reference(lin, x):
 
 @pytest.mark.parametrize("n_in", [600, 200, 37, 64])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_int8_linear_matches_the_reference_at_every_batch_size(n_in, dtype):
+@pytest.mark.parametrize("deq_rows", [2048, 64])
+def test_int8_linear_matches_the_reference_at_every_batch_size(n_in, dtype, deq_rows, monkeypatch):
+    monkeypatch.setattr(serving, "DEQ_ROWS", deq_rows)  # 64: 301 rows in five blocks
     lin = _linear(n_in, 301)
     q = Int8Linear(lin, dtype)
     assert q.q.dtype == torch.int8 and q.q.shape[1] % 64 == 0
     w = lin.weight.detach().double()
-    err = (w - q.deq.double()).abs().max(dim=1).values
+    err = (w - q.dequantized().double()).abs().max(dim=1).values
     rel = 2**-8 if dtype == torch.bfloat16 else 1e-6
     assert bool((err <= w.abs().max(dim=1).values * (0.5 / 127 + rel)).all())
     for rows in (1, INT8_KERNEL_ROWS, INT8_KERNEL_ROWS + 1, 50):
         x = torch.randn(rows, n_in)
-        want = _reference(lin, x.to(dtype).float())
-        got = q(x).double().numpy()
+        kernel = q.kernel and rows <= INT8_KERNEL_ROWS  # the kernel takes bf16 activations
+        want = _reference(lin, x.to(torch.bfloat16 if kernel else dtype).float())
+        got = q(x)
+        assert got.dtype == dtype and got.shape == (rows, 301)
         scale = np.abs(want).max()
-        tol = 0.02 * scale if dtype == torch.bfloat16 else 1e-4 * scale
-        np.testing.assert_allclose(got, want, atol=tol, rtol=0)
+        tol = 0.02 * scale if dtype == torch.bfloat16 or kernel else 1e-4 * scale
+        np.testing.assert_allclose(got.double().numpy(), want, atol=tol, rtol=0)
+
+
+def test_int8_linear_keeps_one_copy_of_the_weight():
+    lin = _linear(600, 2000)
+    q = Int8Linear(lin, torch.float32)
+    held = sum(t.untyped_storage().nbytes() for t in q.buffers())
+    # int8 rows (600 padded to 640) + fp32 and bf16 scales + fp32 bias: no float copy
+    assert held == 2000 * 640 + 2000 * (4 + 2 + 4)
+    assert held < 0.3 * lin.weight.numel() * 4
+    assert q.weight.dtype == torch.int8 and q.weight.data_ptr() == q.q.data_ptr()
+
+
+def test_similar_items_from_int8_rows_are_the_dequantized_weights_cosines():
+    q = Int8Linear(_linear(600, 500), torch.float32)
+    for idx in (0, 123, 499):
+        i8, s8 = cosine_neighbours(q.weight, idx, 20, vector_norms(q.weight))
+        ref, sr = cosine_neighbours(q.dequantized(), idx, 20)
+        np.testing.assert_allclose(s8, sr, atol=1e-5)  # the same similarities, scale-free
+        assert len(set(i8) & set(ref)) >= 18  # the same items, up to near-ties
 
 
 def test_a_kernel_that_gives_wrong_answers_is_not_used(monkeypatch):
@@ -62,13 +88,18 @@ def test_the_int8_kernel_is_used_where_it_works():
     assert Int8Linear(_linear(600, 500), torch.bfloat16).kernel
 
 
-@pytest.mark.parametrize("name", ["multvae", "multdae", "recvae"])
-def test_int8_copy_quantizes_the_item_layers_only(name):
+def _model_batch_scores(name):
+    """An untrained `name` over 300 items, a batch of two histories and its fp32 scores."""
     torch.manual_seed(0)
     net = models.build(name, 300)
     batch = vaecf.Recommender(net, Vocabulary(list(range(300))))._batch([[1, 2, 3], [4, 5]])
     with torch.no_grad():
-        want = net.scores(batch)
+        return net, batch, net.scores(batch)
+
+
+@pytest.mark.parametrize("name", ["multvae", "multdae", "recvae"])
+def test_int8_copy_quantizes_the_item_layers_only(name):
+    net, batch, want = _model_batch_scores(name)
     net8, fn = serving_copy(net, "int8")
     q = [m for m in net8.modules() if isinstance(m, Int8Linear)]
     assert len(q) == 1 and q[0].q.shape[0] == 300
@@ -85,3 +116,15 @@ def test_int8_is_refused_for_models_without_an_item_layer():
         serving_copy(models.build("popular", 10), "int8")
     with pytest.raises(ConfigError, match="precision must be one of"):
         serving_copy(models.build("multvae", 10), "int4")
+
+
+@pytest.mark.parametrize("name", ["multvae", "recvae"])
+def test_fp32_copy_keeps_one_copy_of_the_item_layer(name):
+    net, batch, want = _model_batch_scores(name)
+    net32, fn = serving_copy(net, "fp32")
+    outs = [m for m in net32.modules() if isinstance(m, nn.Linear) and m.out_features == 300]
+    assert len(outs) == 1 and outs[0].weight.t().is_contiguous()  # stored transposed
+    if name == "multvae":  # its score function reads that storage, not a transposed copy
+        assert Scorer(net32).weight_t.data_ptr() == outs[0].weight.data_ptr()
+    with torch.no_grad():
+        torch.testing.assert_close(fn(batch), want, rtol=1e-5, atol=1e-5)

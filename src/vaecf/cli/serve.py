@@ -67,8 +67,8 @@ def _precision_option(parser) -> None:
         choices=SERVING_PRECISIONS,
         help="fp32 (default: the scores the run was evaluated with), tf32, bf16, fp16, or int8: "
         "the item-sized layers in int8 with one scale per item (Mult-VAE, Mult-DAE, RecVAE): "
-        "each call reads a quarter of the bytes, but the copy also keeps the dequantized "
-        "weights for large batches, so it holds more memory than fp32, not less",
+        "a quarter of their fp32 bytes, held and read per call (the other layers stay in "
+        "fp32, or bf16 on a CPU with native bf16)",
     )
 
 

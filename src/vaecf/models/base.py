@@ -167,7 +167,7 @@ def l2_rows(x: torch.Tensor) -> torch.Tensor:
 
 def vector_norms(vectors: torch.Tensor, rows: int = 4096) -> torch.Tensor:
     """(n,) float32 row norms, floored away from 0 (what `cosine_neighbours` divides by), in
-    blocks of `rows` (a half-width EASE B is never copied whole to float32)."""
+    blocks of `rows` (a half-width EASE B or int8 rows are never copied whole to float32)."""
     if vectors.is_sparse:  # a sparse COO matrix (the sparse EASE solver's B)
         v = vectors.coalesce()
         sq = torch.zeros(v.shape[0], device=v.device).index_add_(
@@ -186,7 +186,12 @@ def cosine_neighbours(
     one matrix-vector product and no copy of `vectors`."""
     norms = vector_norms(vectors) if norms is None else norms
     row = vectors[idx].to_dense() if vectors.is_sparse else vectors[idx]
-    sim = (vectors @ row[:, None])[:, 0].to_dense() if vectors.is_sparse else vectors @ row
+    if vectors.is_sparse:
+        sim = (vectors @ row[:, None])[:, 0].to_dense()
+    elif vectors.is_floating_point():
+        sim = vectors @ row
+    else:  # int8 rows (an int8 serving copy): in float, a block at a time
+        sim = torch.cat([b.float() @ row.float() for b in vectors.split(4096)])
     sim = sim.float() / (norms * norms[idx])
     sim[idx] = -torch.inf
     top = sim.topk(min(k, sim.numel() - 1))

@@ -5,20 +5,23 @@ weight on ML-20M: 20,108 x 600 floats, 48 MB). A serving copy keeps those layers
 
 - "bf16" / "fp16": the whole model cast to half width (half the bytes);
 - "int8": every layer with one output per item keeps its weight as int8 with one float scale per
-  item (row), w ~= scale * q with scale = max|w_row| / 127 (a quarter of the bytes read per
-  small-batch call); the rest of the model runs in bf16 where the device does bf16 in hardware,
-  else in fp32. Memory: the copy keeps the dequantized weights too (for large batches and for
-  similar items), so it holds more than the fp32 model, not less: an ML-20M-sized Mult-VAE
-  holds 93.5 MiB of tensors in fp32, 46.8 in bf16 and 105.9 in int8 on a CPU without native
-  bf16 (int8 weights plus an fp32 copy; `benchmarks/serving_memory.py`). Keeping one copy is
-  left to do.
+  item (row), w ~= scale * q with scale = max|w_row| / 127, and nothing else: a quarter of the
+  fp32 bytes for those layers, read per small-batch call and held. The rest of the model runs
+  in bf16 where the device does bf16 in hardware, else in fp32. An ML-20M-sized Mult-VAE holds
+  59.9 MiB of tensors in int8 on a CPU without native bf16 (the input layer stays fp32), 93.5
+  in fp32 and 46.8 in bf16 (`benchmarks/serving_memory.py` gives tensors and resident memory).
 
 Small batches (what a server scores) go through PyTorch's weight-only int8 kernel
-(`torch._weight_int8pack_mm`); large ones (batch scoring) through an ordinary matrix product
-with the dequantized weights, which is faster there. Both compute with the same int8 weights.
-The int8 kernel is checked against the dequantized product when the copy is made: where it is
-missing or disagrees (a PyTorch build or device without it), the copy uses the dequantized path
-for every batch size, which gives the same scores, only slower.
+(`torch._weight_int8pack_mm`) with bf16 activations: with fp32 ones, the CPU kernel is several
+times slower than an fp32 product (measured on an AVX2 CPU: 10 ms against 5 ms for the layer at
+batch 1; 2 ms with bf16 activations). Larger batches (batch scoring) dequantize DEQ_ROWS weight
+rows at a time into an ordinary product, which is faster there; both compute with the same int8
+weights. The kernel is checked against the dequantized product when the copy is made: where it
+is missing or disagrees (a PyTorch build or device without it), the copy uses the dequantized
+path for every batch size, which gives the same scores, only slower.
+
+"fp32" / "tf32" on a CPU store the item layers' weights transposed (see
+`transpose_item_layers`): the fast layout for small batches, without a second copy.
 """
 
 from __future__ import annotations
@@ -32,43 +35,76 @@ from vaecf.errors import ConfigError
 from vaecf.models.base import Model, ScoreFn
 from vaecf.settings import SERVING_PRECISIONS
 
-INT8_KERNEL_ROWS = 8  # batches up to this many histories use the int8 kernel
+INT8_KERNEL_ROWS = 16  # batches up to this many histories use the int8 kernel
+DEQ_ROWS = 2048  # larger batches dequantize this many weight rows at a time
+_TINY = torch.finfo(torch.float32).tiny
 _PAD = 64  # the int8 kernel wants the input width in multiples of 64 (garbage otherwise)
 
 
 class Int8Linear(nn.Module):
-    """nn.Linear with a weight-only int8 copy (per-row scales) of `linear`'s weight."""
+    """nn.Linear's product from a weight-only int8 copy (per-row scales) of `linear`'s weight.
+
+    It keeps one copy of the weight: the int8 rows and a scale per row (no dequantized copy).
+    Small batches go through PyTorch's int8 kernel with bf16 activations (the kernel's fast
+    path on every CPU; with fp32 activations it is several times slower than an fp32 product
+    where there is no native bf16); larger ones dequantize DEQ_ROWS rows at a time into an
+    ordinary product in `dtype`.
+    """
 
     def __init__(self, linear: nn.Linear, dtype: torch.dtype):
         super().__init__()
-        w = linear.weight.detach().float()
+        w = linear.weight.detach()
         n_out, n_in = w.shape
-        scale = w.abs().amax(dim=1).clamp_min(torch.finfo(torch.float32).tiny) / 127.0
-        q = torch.round(w / scale[:, None]).clamp_(-127, 127).to(torch.int8)
-        self.n_in = n_in
+        self.n_in, self.dtype = n_in, dtype
         self.pad = -n_in % _PAD
-        self.register_buffer("q", F.pad(q, (0, self.pad)).contiguous())
-        self.register_buffer("scale", scale.to(dtype))
-        self.register_buffer("deq", (q.float() * scale[:, None]).to(dtype))
+        q = torch.zeros(n_out, n_in + self.pad, dtype=torch.int8, device=w.device)
+        scale = torch.empty(n_out, device=w.device)
+        for s in range(0, n_out, DEQ_ROWS):  # a block at a time: no weight-sized temporaries
+            rows = w[s : s + DEQ_ROWS].float()
+            scale[s : s + DEQ_ROWS] = rows.abs().amax(dim=1).clamp_min(_TINY) / 127.0
+            rows = torch.round(rows / scale[s : s + DEQ_ROWS, None]).clamp_(-127, 127)
+            q[s : s + DEQ_ROWS, :n_in] = rows.to(torch.int8)
+        self.register_buffer("q", q)
+        self.register_buffer("scale", scale)  # fp32 (n_out floats): exact dequantized rows
+        self.register_buffer("scale16", scale.to(torch.bfloat16))  # the kernel's scales
         bias = linear.bias.detach() if linear.bias is not None else torch.zeros(n_out)
         self.register_buffer("bias", bias.to(dtype))
         self.kernel = self._kernel_works()
 
     @property
     def weight(self) -> torch.Tensor:
-        """The dequantized weight (what the int8 copy computes with)."""
-        return self.deq
+        """The int8 rows (a view, no copy; zero columns pad the width to a multiple of 64).
+        Each row is the weight's row over its scale, so cosines between rows are the
+        dequantized weight's: what similar items use."""
+        return self.q
+
+    def dequantized(self, start: int = 0, stop: int | None = None) -> torch.Tensor:
+        """Rows start:stop of the dequantized weight, (rows, n_in) in `dtype` (a new tensor)."""
+        rows = self.q[start:stop, : self.n_in].float() * self.scale[start:stop, None]
+        return rows.to(self.dtype)
 
     def _int8(self, x: torch.Tensor) -> torch.Tensor:
+        x = x.to(torch.bfloat16)
         x = F.pad(x, (0, self.pad)) if self.pad else x
-        return torch._weight_int8pack_mm(x.contiguous(), self.q, self.scale) + self.bias
+        out = torch._weight_int8pack_mm(x.contiguous(), self.q, self.scale16)
+        return out.to(self.dtype) + self.bias
+
+    def _blocks(self, x: torch.Tensor) -> torch.Tensor:
+        n_out = self.q.shape[0]
+        if n_out <= DEQ_ROWS:
+            return F.linear(x, self.dequantized(), self.bias)
+        out = torch.empty(x.shape[0], n_out, dtype=self.dtype, device=x.device)
+        for s in range(0, n_out, DEQ_ROWS):
+            e = min(s + DEQ_ROWS, n_out)
+            out[:, s:e] = F.linear(x, self.dequantized(s, e), self.bias[s:e])
+        return out
 
     def _kernel_works(self) -> bool:
         if not hasattr(torch, "_weight_int8pack_mm"):
             return False
         gen = torch.Generator(device="cpu").manual_seed(0)
-        x = torch.randn(2, self.n_in, generator=gen).to(self.deq)
-        want = F.linear(x, self.deq, self.bias).float()
+        x = torch.randn(2, self.n_in, generator=gen).to(self.q.device, torch.bfloat16)
+        want = self._blocks(x.to(self.dtype)).float()
         try:
             got = self._int8(x).float()
         except (RuntimeError, NotImplementedError):
@@ -77,10 +113,9 @@ class Int8Linear(nn.Module):
         return bool(torch.isfinite(got).all()) and float((got - want).abs().max()) <= tol
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = x.to(self.deq.dtype)
         if self.kernel and x.shape[0] <= INT8_KERNEL_ROWS:
             return self._int8(x)
-        return F.linear(x, self.deq, self.bias)
+        return self._blocks(x.to(self.dtype))
 
 
 def quantize_item_layers(model: Model, dtype: torch.dtype) -> int:
@@ -94,6 +129,18 @@ def quantize_item_layers(model: Model, dtype: torch.dtype) -> int:
     return done
 
 
+def transpose_item_layers(model: Model) -> int:
+    """Store, in place, the weight of every nn.Linear with one output per item transposed
+    (a (in, out) contiguous tensor seen as its (out, in) transpose): the layout an fp32 product
+    on a CPU reads fastest at small batches, so a score function needs no second copy."""
+    done = 0
+    for m in model.modules():
+        if isinstance(m, nn.Linear) and m.out_features == model.n_items:
+            m.weight.data = m.weight.data.t().contiguous().t()
+            done += 1
+    return done
+
+
 def serving_copy(model: Model, precision: str = "fp32") -> tuple[Model, ScoreFn]:
     """`model` made ready to serve in `precision` (one of SERVING_PRECISIONS; converted in
     place) and its score function, in eval mode."""
@@ -104,6 +151,8 @@ def serving_copy(model: Model, precision: str = "fp32") -> tuple[Model, ScoreFn]
     model.eval()
     if precision in ("bf16", "fp16"):  # a half-width copy: no casts per call
         model = model.to(torch.bfloat16 if precision == "bf16" else torch.float16)
+    elif model.device.type == "cpu" and precision in ("fp32", "tf32"):
+        transpose_item_layers(model)
     elif precision == "int8":
         dtype = torch.bfloat16 if prec.native_bf16(model.device) else torch.float32
         model = model.to(dtype)
