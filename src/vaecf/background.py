@@ -68,6 +68,16 @@ class CheckpointWriter:
         self._jobs.put((Path(path), payload))
         self.wait_seconds += time.perf_counter() - t0
 
+    def write_now(self, path: str | os.PathLike, payload: dict) -> None:
+        """Write `payload` (live tensors, no copy) to `path` in the calling thread, after
+        every submitted write."""
+        self.flush()
+        t0 = time.perf_counter()
+        checkpoint.save(Path(path), payload)
+        self.wait_seconds += time.perf_counter() - t0
+        self.bytes_written += os.path.getsize(path)
+        self.writes += 1
+
     def flush(self) -> None:
         """Wait until every submitted write is on disk; raise a failed write's error."""
         t0 = time.perf_counter()

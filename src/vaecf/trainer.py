@@ -21,7 +21,7 @@ import scipy.sparse as sp
 import torch
 from tqdm.auto import tqdm
 
-from vaecf import checkpoint, distributed, models, rundir
+from vaecf import checkpoint, distributed, memory, models, rundir
 from vaecf import precision as prec
 from vaecf._io import atomic_file, write_json, writer_lock
 from vaecf.background import CheckpointWriter, snapshot
@@ -289,6 +289,7 @@ class _Run:
             CSR.from_scipy(ds.split("validation_tr"), self.device),
             CSR.from_scipy(ds.split("validation_te"), self.device),
         )
+        self._check_memory()
         torch.manual_seed(cfg.seed)
         self.model: Model = models.build(model_name, ds.n_items, model_cfg).to(self.device)
         self.best = {"epoch": 0, "value": -math.inf, "metrics": {}}
@@ -296,6 +297,10 @@ class _Run:
         self.epoch, self.step = 0, 0
         self.on_epoch: Callable[[dict], None] | None = None
         self.score_test = True
+
+    def _check_memory(self) -> None:
+        """Before the model is built: refuse what will not fit (closed-form models check
+        inside their fit, where the solver is chosen)."""
 
     def _write_config(self) -> None:
         if not self.ctx.is_main:
@@ -410,6 +415,7 @@ class Trainer(_Run):
     """Gradient models: epochs of phases, checkpoints, resume, model selection."""
 
     def __init__(self, *args, **kwargs):
+        self.background_checkpoints = True
         super().__init__(*args, **kwargs)
         cfg = self.cfg
         host = cfg.data_on == "host"
@@ -423,6 +429,34 @@ class Trainer(_Run):
         self.step_module: torch.nn.Module = _LossModule(self.model)  # DDP-wrapped in fit()
         self._best_state: dict | None = None  # a best model not yet written to best.pt
 
+    def _check_memory(self) -> None:
+        """What training will hold (weights, gradients, Adam, a batch, the data, checkpoint
+        copies), stated, and refused with the figures before anything large is allocated;
+        where the background checkpoints' copies do not fit, last.pt is written in the
+        foreground (see vaecf.memory)."""
+        cfg, ds = self.cfg, self.ds
+        counts = ds.manifest["counts"]
+        mem = memory.train_memory(
+            self.model_name,
+            ds.n_items,
+            self.model_cfg,
+            cfg.batch_size,
+            cfg.precision,
+            counts.get("nnz_train", 0),
+            ddp=self.ctx.enabled,
+        )
+        title = models.get(self.model_name).title
+        self.background_checkpoints, plan = memory.check_train_memory(
+            mem,
+            self.device,
+            title,
+            cfg.batch_size,
+            lambda: ds.split("train").getnnz(axis=0),
+            memory.local_processes() if self.ctx.enabled else 1,
+        )
+        if cfg.progress and self.ctx.is_main:
+            tqdm.write(plan)
+
     # -- run directory ------------------------------------------------------------------------
     def _save_last(self) -> None:
         """Queue last.pt (a snapshot of everything a resume needs) for the background writer,
@@ -433,6 +467,7 @@ class Trainer(_Run):
         self._last_saved = time.perf_counter()
         if not self.ctx.is_main:
             return
+        self.writer.flush()  # the last save's copies are written and freed before new ones
         if self._best_state is not None:
             self.writer.submit(self.out / rundir.BEST, self._best_state)
             self._best_state = None
@@ -448,7 +483,10 @@ class Trainer(_Run):
             "history": self.history,
             "rng": _rng_state(self.gen),
         }
-        self.writer.submit(self.out / rundir.LAST, snapshot(state))
+        if self.background_checkpoints:
+            self.writer.submit(self.out / rundir.LAST, snapshot(state))
+        else:  # no memory for a copy: written from the live tensors while training waits
+            self.writer.write_now(self.out / rundir.LAST, state)
 
     def _open_metrics(self) -> None:
         """metrics.jsonl holds exactly the epochs of the state trained from (after a kill it may

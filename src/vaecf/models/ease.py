@@ -17,7 +17,6 @@ metrics are recorded.
 from __future__ import annotations
 
 import math
-import os
 import time
 from collections.abc import Callable
 
@@ -29,6 +28,7 @@ import torch.nn.functional as F
 from vaecf import specs
 from vaecf.data.matrix import CSR, SparseBatch
 from vaecf.errors import ConfigError, RunError
+from vaecf.memory import available_bytes
 from vaecf.models.base import Model
 from vaecf.models.neighbourhood import (
     block_bytes,
@@ -51,20 +51,6 @@ def _sparse_rows(table: torch.Tensor, batch: SparseBatch) -> torch.Tensor:
         mode="sum",
         per_sample_weights=batch.values.to(table.dtype),
     )
-
-
-def available_bytes(device: torch.device) -> int:
-    """Memory free for new arrays on `device` (MemAvailable on the host)."""
-    if device.type == "cuda":
-        return torch.cuda.mem_get_info(device)[0]
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_AVPHYS_PAGES")
 
 
 def linear_bytes(n_items: int, dtype: torch.dtype, search: bool) -> int:
