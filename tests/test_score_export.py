@@ -11,9 +11,9 @@ import polars as pl
 import pytest
 import torch
 
-from vaecf import rundir
+from vaecf import rundir, score
 from vaecf.cli import main
-from vaecf.errors import ConfigError, DataError
+from vaecf.errors import ConfigError, DataError, WriteError
 from vaecf.export import check_onnx, export_onnx
 from vaecf.recommender import Recommender
 from vaecf.score import score_file
@@ -216,3 +216,33 @@ def test_onnx_of_a_sparse_solver_ease(tmp_path):
     res = check_onnx(path, loaded, histories)
     assert res["top100_equal"] and res["max_abs_score"] > 0
     assert res["max_abs_diff"] <= 1e-4 * max(1.0, res["max_abs_score"])
+
+
+def test_score_refuses_before_scoring_when_the_disk_is_too_small(run, tmp_path, monkeypatch):
+    src = tmp_path / "in.parquet"
+    interactions().write_parquet(src)
+    rec = Recommender.load(run)
+    out = tmp_path / "recs.csv"
+    assert score.check_disk(out, 37, 7) == 37 * 7 * 50  # a part row and a CSV row
+    assert score.check_disk(tmp_path / "r.parquet", 10, 80) == 10 * 80 * 20
+    monkeypatch.setattr(score, "_free_bytes", lambda path: 5_000)
+    monkeypatch.setattr(rec, "top_k", lambda *a, **kw: pytest.fail("scored before the check"))
+    with pytest.raises(
+        WriteError,
+        match=r"no space for .*recs.csv: scoring 37 users at k=7 writes up to 259 rows",
+    ):
+        score_file(rec, src, "uid", "movie", out, k=7)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["in.parquet"]  # nothing left
+
+
+def test_score_batches_are_sized_by_memory(run, tmp_path, monkeypatch):
+    src = tmp_path / "in.parquet"
+    interactions().write_parquet(src)
+    rec = Recommender.load(run)
+    sizes, top_k = [], rec.top_k
+    monkeypatch.setattr(
+        rec, "top_k", lambda b, *a, **kw: (sizes.append(b.batch_size), top_k(b, *a, **kw))[1]
+    )
+    monkeypatch.setattr(score, "SCORE_BUDGET", 4 * len(IDS) * 3)  # three users' scores
+    res = score_file(rec, src, "uid", "movie", tmp_path / "r.parquet", k=5, batch_users=1024)
+    assert max(sizes) == 3 and sum(sizes) == res["users"] == 37
