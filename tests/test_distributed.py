@@ -71,34 +71,14 @@ def _run(cmd):
     return p
 
 
-def test_two_processes_match_one(ds, tmp_path):
-    # Mult-DAE without dropout is deterministic given the batches: the only differences left
-    # are the gradient all-reduce and the loss scaling, which must reproduce the global mean.
-    extra = ("--model", "multdae", "--dropout", "0")
-    _run(_train_cmd(ds, tmp_path / "one", 1, *extra))
-    _run(_train_cmd(ds, tmp_path / "two", 2, *extra))
-    a = torch.load(tmp_path / "one/last.pt", weights_only=True)
-    b = torch.load(tmp_path / "two/last.pt", weights_only=True)
-    assert a["step"] == b["step"] > 0
-    for k in a["model"]:
-        torch.testing.assert_close(a["model"][k], b["model"][k], rtol=1e-4, atol=1e-5)
-    ra = json.loads((tmp_path / "one/results.json").read_text())
-    rb = json.loads((tmp_path / "two/results.json").read_text())
-    assert rb["test"]["n_users"] == ra["test"]["n_users"]  # all-reduced over both ranks
-    assert rb["test"]["ndcg@100"] == pytest.approx(ra["test"]["ndcg@100"], abs=1e-3)
-    assert rb["validation"]["ndcg@100"] == pytest.approx(ra["validation"]["ndcg@100"], abs=1e-3)
-
-
-def test_torchrun_vae_and_resume(ds, tmp_path):
+def test_torchrun_vae(ds, tmp_path):
+    """Mult-VAE (sampling, dropout) under two standalone processes: rank 0 alone writes. That two
+    processes train what one does, and resume, is the two-launcher drill below."""
     p = _run(_train_cmd(ds, tmp_path / "vae", 2))
     res = json.loads(p.stdout)
     assert 0 < res["test"]["ndcg@100"] <= 1
     lines = (tmp_path / "vae/metrics.jsonl").read_text().splitlines()
     assert len(lines) == 2  # rank 0 alone writes
-    cmd = _train_cmd(ds, tmp_path / "vae", 2, "--resume")
-    cmd[cmd.index("--epochs") + 1] = "3"
-    _run(cmd)
-    assert len((tmp_path / "vae/metrics.jsonl").read_text().splitlines()) == 3
 
 
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 CUDA GPUs")
@@ -226,7 +206,9 @@ def test_two_launchers_on_loopback_survive_a_killed_node(ds, tmp_path):
         torch.testing.assert_close(a["model"][k], b["model"][k], rtol=1e-4, atol=1e-5)
     ra = json.loads((tmp_path / "one/results.json").read_text())
     rb = json.loads((run / "results.json").read_text())
+    assert rb["test"]["n_users"] == ra["test"]["n_users"]  # all-reduced over both ranks
     assert rb["test"]["ndcg@100"] == pytest.approx(ra["test"]["ndcg@100"], abs=1e-3)
+    assert rb["validation"]["ndcg@100"] == pytest.approx(ra["validation"]["ndcg@100"], abs=1e-3)
     # ranked the other way round, rank 0 would start a new run on the machine without it
     procs = launch("--resume", first=nodes.index(other))
     outs = [p.communicate(timeout=240) for p in procs]
