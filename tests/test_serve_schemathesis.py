@@ -1,7 +1,7 @@
 """The API fuzzed from its own OpenAPI schema (schemathesis) against a real server on 127.0.0.1:
 every operation, requests valid by the schema and (negative mode) invalid; no 5xx, invalid ones
-refused with a documented 4xx, and every answer conforms to
-what the schema documents (status codes, content type, body)."""
+refused with a documented 4xx, and every answer conforms to what the schema documents (status
+codes, content type, body)."""
 
 from __future__ import annotations
 
