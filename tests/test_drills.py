@@ -261,6 +261,19 @@ def test_score_export_compare_on_a_full_disk_fail_cleanly(runner, tmp_path, tmpf
     _assert_clean(t, seed)
 
 
+def test_tune_on_a_full_disk_fails_cleanly_and_resumes(runner, tmp_path, tmpfs):
+    """tune on a disk with 0..1.5x its study's bytes free: it finishes, or exits 2 naming the
+    path and 'no space' with every finished trial intact; `tune --resume` then completes the
+    study with the kill drill's invariants (no trial lost, none twice, values as retrained)."""
+    pytest.importorskip("optuna")
+    d = TuneDrill()
+    d.setup(tmp_path, runner, out_parent=tmpfs.path)
+    d.fs = tmpfs
+    need = int(1.5 * _bytes(d.ref_new))
+    t = disk_full_drill(d, runner, 3, SEED + 33, need)
+    _assert_clean(t, SEED + 33)
+
+
 # -- two trainer issues the drills found (now fixed), reproduced deterministically ---------
 @pytest.fixture(scope="module")
 def short_run(runner, tmp_path_factory):

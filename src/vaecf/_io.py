@@ -65,6 +65,7 @@ def _no_space_error(e: BaseException, path: Path, free: int | None) -> WriteErro
         isinstance(e, OSError)
         and e.errno in (errno.ENOSPC, errno.EDQUOT)
         or "No space left" in str(e)
+        or "database or disk is full" in str(e)  # SQLite's (Optuna's study storage)
         or (free is not None and free < 1 << 16 and isinstance(e, (OSError, RuntimeError)))
     )
     if full:
@@ -74,6 +75,18 @@ def _no_space_error(e: BaseException, path: Path, free: int | None) -> WriteErro
             "Nothing already there was changed"
         )
     return None
+
+
+def disk_full_in(e: BaseException, path: Path) -> bool:
+    """Whether `e`, or an exception it was raised from (libraries wrap the OSError or SQLite's
+    error in their own), means the disk holding `path` is full."""
+    free, seen = _free_bytes(path), set()
+    while e is not None and id(e) not in seen:
+        seen.add(id(e))
+        if _no_space_error(e, path, free) is not None:
+            return True
+        e = e.__cause__ or e.__context__
+    return False
 
 
 @contextlib.contextmanager

@@ -38,8 +38,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from vaecf import configfile, models, rundir
-from vaecf._io import atomic_file, write_json
-from vaecf.errors import ConfigError, RunError
+from vaecf._io import atomic_file, disk_full_in, write_json
+from vaecf.errors import ConfigError, RunError, VaecfError, WriteError
 
 STUDY_DB = "study.db"
 TRIALS = "trials"
@@ -187,6 +187,24 @@ def locked(study_dir: Path, verb: str = "tune"):
         f.close()
 
 
+@contextlib.contextmanager
+def _no_space_to_resume(study_dir: Path):
+    """A full disk (wrapped by Optuna's storage, SQLite or a writer) as a WriteError that says
+    how to finish the study."""
+    try:
+        yield
+    except VaecfError:
+        raise
+    except Exception as e:
+        if not disk_full_in(e, study_dir):
+            raise
+        raise WriteError(
+            f"no space left on the device holding {study_dir}; free some space and run the "
+            "same `vaecf tune ... --resume` to finish the study (finished trials are kept; "
+            "the interrupted one runs again)"
+        ) from None
+
+
 def _counts(trials) -> int:
     """Trials that count towards --trials: finished, not interrupted."""
     from optuna.trial import TrialState
@@ -307,7 +325,7 @@ def tune(
         if any(p.name != LOCK for p in study_dir.iterdir()):
             raise RunError(f"{study_dir} holds no study ({STUDY_DB}) to resume")
     study_dir.mkdir(parents=True, exist_ok=True)
-    with locked(study_dir):
+    with locked(study_dir), _no_space_to_resume(study_dir):
         info = {
             "model": model,
             "data": str(ds.path.resolve()),
