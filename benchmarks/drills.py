@@ -109,6 +109,12 @@ def fuzz_cli(name: str, n: int, seed: int) -> tuple[int, int, int, list[str]]:
     return counts["inputs"], counts["exit2"], counts["failures"], examples
 
 
+def _bytes(path) -> int:
+    """Bytes of a file, or of every file under a directory."""
+    path = Path(path)
+    return path.stat().st_size if path.is_file() else sum(_bytes(p) for p in path.iterdir())
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--seed", type=int, help="base seed (default: random, printed)")
@@ -169,18 +175,28 @@ def main() -> int:
         if "disk" in only:
             if not dk.can_mount():
                 print("disk-full drills skipped: they mount a tmpfs (root on Linux only)")
-            for i, d in enumerate([dk.PrepareDrill(), dk.TrainDrill(epochs=2)]):
+            # each verb with the bytes it may need: its reference output times what it keeps
+            # beside it while writing (score: its parts too; tune: a study grows as it goes)
+            verbs = [
+                (dk.PrepareDrill(), lambda d: 1.3 * _bytes(d.ref_b)),
+                (dk.TrainDrill(epochs=2), lambda d: 1.3 * _bytes(d.ref)),
+                (dk.ScoreDrill(), lambda d: 3 * _bytes(d.ref_new)),
+                (dk.ExportDrill(), lambda d: 3 * _bytes(d.ref_new)),
+                (dk.CompareDrill(), lambda d: 3 * _bytes(d.ref_new)),
+                (dk.TuneDrill(), lambda d: 1.5 * _bytes(d.ref_new)),
+            ]
+            for i, (d, need_of) in enumerate(verbs):
                 if not dk.can_mount():
                     break
                 fs = dk.Tmpfs(48 << 20)
                 try:
                     d.setup(work / f"disk-{d.name}", runner, out_parent=fs.path)
                     d.fs = fs
-                    ref = d.ref_b if d.name == "prepare" else d.ref
-                    need = int(1.3 * sum(f.stat().st_size for f in ref.iterdir()))
+                    need = int(need_of(d))
                     tallies.append(
                         dk.disk_full_drill(d, runner, a.disk_trials, seed + 20 + i, need)
                     )
+                    print(dk.format_table(tallies[-1:]).splitlines()[-1], flush=True)
                 finally:
                     fs.close()
     finally:
