@@ -110,14 +110,16 @@ def check_train_memory(
     batch_size: int,
     item_users: Callable[[], np.ndarray] | None = None,
     processes: int = 1,
+    world: int = 1,
 ) -> tuple[bool, str]:
     """Whether checkpoints can be written in the background, and a line saying what training
     will hold; refuses (RunError), with the figures and what would help, when even foreground
-    checkpoints do not fit. `item_users()`: each item's number of users (called only to advise
-    a cut); `processes`: training processes sharing this machine's memory."""
+    checkpoints do not fit. `batch_size`: a process's users per step; `item_users()`: each
+    item's number of users (called only to advise a cut); `processes`: training processes
+    sharing this machine's memory; `world`: all of them (--batch-size is split across them)."""
     free = available_bytes(device)
     host = available_bytes(torch.device("cpu")) if device.type != "cpu" else free
-    share = f" (x {processes} processes)" if processes > 1 else ""
+    share = f" a process, x {processes} processes on this machine" if processes > 1 else ""
     on_device = mem.state + mem.batch
     on_host = mem.data + RUNTIME_BYTES
 
@@ -156,7 +158,9 @@ def check_train_memory(
             )
     smaller = max(1, batch_size // 4)
     if batch_size > 1 and mem.need(False) - mem.batch * (1 - smaller / batch_size) <= limit:
-        advice.append(f"--batch-size {smaller} ({gib(mem.batch * smaller / batch_size)} a batch)")
+        advice.append(
+            f"--batch-size {smaller * world} ({gib(mem.batch * smaller / batch_size)} a batch)"
+        )
     if processes > 1:
         advice.append("fewer processes per machine")
     advice.append("a narrower first hidden layer, or a machine/device with more memory")

@@ -436,24 +436,37 @@ class Trainer(_Run):
         foreground (see vaecf.memory)."""
         cfg, ds = self.cfg, self.ds
         counts = ds.manifest["counts"]
+        # a step's users: the batch (at most every training user), split across the processes
+        batch = min(cfg.batch_size, max(counts.get("n_train_users", 0), 1))
+        batch = -(-batch // self.ctx.world) if self.ctx.enabled else batch
         mem = memory.train_memory(
             self.model_name,
             ds.n_items,
             self.model_cfg,
-            cfg.batch_size,
+            batch,
             cfg.precision,
             counts.get("nnz_train", 0),
             ddp=self.ctx.enabled,
         )
         title = models.get(self.model_name).title
-        self.background_checkpoints, plan = memory.check_train_memory(
-            mem,
-            self.device,
-            title,
-            cfg.batch_size,
-            lambda: ds.split("train").getnnz(axis=0),
-            memory.local_processes() if self.ctx.enabled else 1,
-        )
+        refused = plan = None
+        try:
+            self.background_checkpoints, plan = memory.check_train_memory(
+                mem,
+                self.device,
+                title,
+                batch,
+                lambda: ds.split("train").getnnz(axis=0),
+                memory.local_processes() if self.ctx.enabled else 1,
+                self.ctx.world if self.ctx.enabled else 1,
+            )
+        except RunError as e:
+            refused = str(e)
+        if self.ctx.enabled:  # every rank stops if one machine cannot hold it (none waits)
+            said = self.ctx.gather(refused)
+            refused = refused or next((f"rank {i}: {m}" for i, m in enumerate(said) if m), None)
+        if refused:
+            raise RunError(refused)
         if cfg.progress and self.ctx.is_main:
             tqdm.write(plan)
 
