@@ -3,9 +3,10 @@
 Prints GFLOP/s of a square product (the machine's ceiling) and of the output layer's three
 products at batch 500 (forward, input gradient, weight gradient), in each weight layout, for
 fp32 and bf16; then the batch-1 and batch-1,024 scoring product in both layouts, which is what
-`vaecf.models.multvae.Scorer` chooses between. The element-wise softmax sweep of a training
-step is timed as vaecf does it (one exp per logit) and as a logsumexp in forward plus an exp in
-backward would (two), to show what that pass costs.
+`vaecf.models.multvae.Scorer` chooses between, and the serving copies' output layer (fp32,
+bf16, and the int8 one of `--precision int8`) at batch 1 to 1,024. The element-wise softmax
+sweep of a training step is timed as vaecf does it (one exp per logit) and as a logsumexp in
+forward plus an exp in backward would (two), to show what that pass costs.
 
     python benchmarks/matmul.py [--items 20108] [--reps 5] [--bf16]
 """
@@ -18,6 +19,7 @@ import time
 
 import torch
 
+from vaecf.models.serving import INT8_KERNEL_ROWS, Int8Linear
 from vaecf.precision import native_bf16
 from vaecf.runtime import tune_cpu_allocator
 
@@ -83,6 +85,20 @@ def main() -> int:
         lin = seconds(torch.nn.functional.linear, a.reps * 4, x, w, bias) * 1e3
         tr = seconds(torch.addmm, a.reps * 4, bias, x, wt) * 1e3
         print(f"batch {bs:5d}: nn.Linear layout {lin:8.2f}   transposed {tr:8.2f}")
+
+    print("\nserving output layer, ms (vaecf.models.serving.Int8Linear against fp32 and bf16)")
+    lin32 = torch.nn.Linear(d, n)
+    lin16 = torch.nn.Linear(d, n).to(torch.bfloat16)
+    q8 = Int8Linear(lin32, torch.float32)
+    lin32.weight.data = lin32.weight.data.t().contiguous().t()  # the fp32 serving copy's layout
+    with torch.no_grad():
+        for bs in (1, 8, 16, 64, 1024):
+            x = torch.randn(bs, d)
+            t32 = seconds(lin32, a.reps * 4, x) * 1e3
+            t16 = seconds(lin16, a.reps * 4, x.bfloat16()) * 1e3
+            t8 = seconds(q8, a.reps * 4, x) * 1e3
+            how = "kernel" if q8.kernel and bs <= INT8_KERNEL_ROWS else "dequantized blocks"
+            print(f"batch {bs:5d}: fp32 {t32:8.2f}   bf16 {t16:8.2f}   int8 {t8:8.2f} ({how})")
 
     logits = torch.randn(b, n) * 3
     coef = torch.rand(b, 1)
