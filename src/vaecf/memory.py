@@ -49,6 +49,13 @@ def available_bytes(device: torch.device) -> int:
     return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_AVPHYS_PAGES")
 
 
+def items_cut(item_users: np.ndarray, fits: int) -> tuple[int, int]:
+    """(cut, kept): the smallest per-item user count whose items fit when `fits` items do (ties
+    at the cut are all dropped), and how many items have at least that many users."""
+    cut = int(np.sort(item_users)[::-1][fits]) + 1
+    return cut, int((item_users >= cut).sum())
+
+
 def gib(n: float) -> str:
     """`n` bytes for a person: GiB from 1 GiB up, else MiB."""
     return f"{n / GiB:.1f} GiB" if n >= GiB else f"{n / 2**20:.1f} MiB"
@@ -120,11 +127,10 @@ def check_train_memory(
     free = available_bytes(device)
     host = available_bytes(torch.device("cpu")) if device.type != "cpu" else free
     share = f" a process, x {processes} processes on this machine" if processes > 1 else ""
-    on_device = mem.state + mem.batch
     on_host = mem.data + RUNTIME_BYTES
 
-    def fits(background: bool) -> bool:  # rank 0 alone keeps checkpoint copies
-        copies = mem.copies(background)
+    def fits(background: bool, batch: float = mem.batch) -> bool:  # rank 0 alone keeps copies
+        copies, on_device = mem.copies(background), mem.state + batch
         if device.type == "cpu":
             return processes * (on_device + on_host) + copies <= free
         return on_device <= free and processes * on_host + copies <= host
@@ -148,16 +154,14 @@ def check_train_memory(
     advice = []
     fit_items = int(max(limit / processes - mem.data - RUNTIME_BYTES, 0) / mem.per_item)
     if item_users is not None and 0 < fit_items < mem.n_items:
-        users = item_users()  # each item's number of training users
-        cut = int(np.sort(users)[::-1][fit_items]) + 1
-        kept = int((users >= cut).sum())
+        cut, kept = items_cut(item_users(), fit_items)
         if kept:
             advice.append(
                 f"keep the {kept:,} items with at least {cut} users (prepare again with "
                 f"--min-item-users {cut})"
             )
     smaller = max(1, batch_size // 4)
-    if batch_size > 1 and mem.need(False) - mem.batch * (1 - smaller / batch_size) <= limit:
+    if batch_size > 1 and fits(False, mem.batch * smaller / batch_size):
         advice.append(
             f"--batch-size {smaller * world} ({gib(mem.batch * smaller / batch_size)} a batch)"
         )

@@ -28,7 +28,7 @@ import torch.nn.functional as F
 from vaecf import specs
 from vaecf.data.matrix import CSR, SparseBatch
 from vaecf.errors import ConfigError, RunError
-from vaecf.memory import available_bytes
+from vaecf.memory import available_bytes, items_cut
 from vaecf.models.base import Model
 from vaecf.models.neighbourhood import (
     block_bytes,
@@ -78,9 +78,7 @@ def check_memory(
     fits = math.isqrt(free * n_items * n_items // need)  # items whose arrays would fit
     kept = 0
     if item_users is not None and 0 < fits < n_items:
-        # the smallest per-item user count whose items fit (ties at the cut are all dropped)
-        cut = int(np.sort(item_users)[::-1][fits]) + 1
-        kept = int((item_users >= cut).sum())
+        cut, kept = items_cut(item_users, fits)
     if kept:
         advice.append(
             f"keep the {kept:,} items with at least {cut} users (prepare again with "
