@@ -139,26 +139,35 @@ def test_ease_grid_is_recorded_and_best_chosen(runs, ds):
     assert results["validation"]["ndcg@100"] == pytest.approx(best["validation"]["ndcg@100"])
 
 
-def _edlae_numpy(x: np.ndarray, lam: float, p: float) -> np.ndarray:
-    """EDLAE's full-rank closed form in float64, as Steck (NeurIPS 2020) writes it."""
+def _edlae_numpy(x: np.ndarray, lam: float, p: float, beta: float = 0.0) -> np.ndarray:
+    """EDLAE's full-rank closed form in float64, as Steck (NeurIPS 2020) writes it; with
+    beta, column j then divided by item j's count (at least 1) to the power beta."""
     g = x.T @ x
     big_lambda = lam * np.eye(len(g)) + p / (1 - p) * np.diag(np.diag(g))
     pm = np.linalg.inv(g + big_lambda)
-    return np.eye(len(g)) - pm @ np.diag(1 / np.diag(pm))
+    b = np.eye(len(g)) - pm @ np.diag(1 / np.diag(pm))
+    return b / np.maximum(np.diag(g), 1.0)[None, :] ** beta
 
 
 @pytest.mark.parametrize("dtype,tol", [("float64", 5e-8), ("float32", 2e-4)])  # B kept in fp32
 def test_edlae_matches_numpy_and_p0_is_ease(dtype, tol):
     rng = np.random.default_rng(1)
     x = (rng.random((80, 30)) < 0.25).astype(np.float64)
-    for p in (0.25, 0.5):
-        model = models.build("edlae", 30, {"l2": 5.0, "dropout": p, "solve_dtype": dtype})
+    beta = models.build("edlae", 30).config.popularity_exponent  # the default penalty
+    for p, b in ((0.25, 0.0), (0.5, 0.0), (0.25, beta), (0.5, 0.7)):
+        cfg = {"l2": 5.0, "dropout": p, "solve_dtype": dtype, "popularity_exponent": b}
+        model = models.build("edlae", 30, cfg)
         record = model.fit(sp.csr_matrix(x))
         assert record["dropout"] == p and float(model.dropout) == p
-        assert np.abs(model.weight.double().numpy() - _edlae_numpy(x, 5.0, p)).max() < tol
+        assert record["popularity_exponent"] == b
+        assert np.abs(model.weight.double().numpy() - _edlae_numpy(x, 5.0, p, b)).max() < tol
     # p > 0 shrinks the weights against EASE's (the emphasized ridge is larger)
     assert np.abs(_edlae_numpy(x, 5.0, 0.5)).sum() < np.abs(_edlae_numpy(x, 5.0, 0.0)).sum()
-    e0 = models.build("edlae", 30, {"l2": 5.0, "dropout": 0.0, "solve_dtype": dtype})
+    e0 = models.build(
+        "edlae",
+        30,
+        {"l2": 5.0, "dropout": 0.0, "solve_dtype": dtype, "popularity_exponent": 0.0},
+    )
     ease = models.build("ease", 30, {"l2": 5.0, "solve_dtype": dtype})
     e0.fit(sp.csr_matrix(x))
     ease.fit(sp.csr_matrix(x))
@@ -175,7 +184,7 @@ def test_dlae_matches_numpy():
         want = np.linalg.solve(g + big_lambda, g)
         np.fill_diagonal(want, 0.0)
         cfg = {"l2": 6.0, "dropout": p, "emphasis": "none", "solve_dtype": "float64"}
-        model = models.build("edlae", 25, cfg)
+        model = models.build("edlae", 25, {**cfg, "popularity_exponent": 0.0})
         model.fit(sp.csr_matrix(x))
         assert np.abs(model.weight.numpy() - want).max() < 5e-8
         assert np.abs(model.weight.numpy() - _edlae_numpy(x, 6.0, p)).max() > 1e-3  # not EDLAE
@@ -189,17 +198,20 @@ def test_fold_in_rows_join_the_gram_only_when_asked(use):
     model = models.build("edlae", 20, {"l2": 4.0, "dropout": 0.3, "fold_in_rows": use})
     model.config.solve_dtype = "float64"
     record = model.fit(sp.csr_matrix(x), fold_in=sp.csr_matrix(extra))
-    want = _edlae_numpy(np.vstack([x, extra]) if use else x, 4.0, 0.3)
+    beta = model.config.popularity_exponent  # counted in the same Gram
+    want = _edlae_numpy(np.vstack([x, extra]) if use else x, 4.0, 0.3, beta)
     assert np.abs(model.weight.double().numpy() - want).max() < 5e-8
     assert record["gram_rows"] == (85 if use else 70)
 
 
 def test_edlae_search_holds_ease_and_records_every_pair(ds, tmp_path):
-    """Both on the same full grid: p = 0 is on EDLAE's, so it validates at least as well."""
+    """Both on the same full grid: p = 0 is on EDLAE's, so without the popularity penalty
+    (which EASE does not have) it validates at least as well."""
     grid = {"l2_grid": [3.0, 30.0, 300.0], "search": "grid"}
     ease_cfg = models.config_from_dict("ease", grid)
     ease = vaecf.train(ds, cfg_for("ease"), tmp_path / "e", ease_cfg, model="ease")
-    edlae_cfg = models.config_from_dict("edlae", {**grid, "dropout_grid": [0.0, 0.2, 0.5]})
+    grid = {**grid, "dropout_grid": [0.0, 0.2, 0.5], "popularity_exponent": 0.0}
+    edlae_cfg = models.config_from_dict("edlae", grid)
     edlae = vaecf.train(ds, cfg_for("edlae"), tmp_path / "d", edlae_cfg, model="edlae")
     assert edlae.validation_metrics["ndcg@100"] >= ease.validation_metrics["ndcg@100"] - 1e-9
     row = json.loads((edlae.run_dir / "metrics.jsonl").read_text().splitlines()[0])
@@ -238,7 +250,9 @@ def test_hybrid_starts_where_edlae_ends(ds):
     val = (ds.split("validation_tr"), ds.split("validation_te"))
     record = hybrid.prepare(ds.split("train"), val)
     assert (record["linear_l2"], record["linear_dropout"]) == (30.0, 0.2)
-    edlae = models.build("edlae", ds.n_items, {"l2": 30.0, "dropout": 0.2})
+    # its path is EDLAE without the popularity penalty (a score scale the training learns)
+    plain = {"l2": 30.0, "dropout": 0.2, "popularity_exponent": 0.0}
+    edlae = models.build("edlae", ds.n_items, plain)
     edlae.fit(ds.split("train"))
     assert torch.equal(hybrid.shallow, edlae.weight)
     batch = CSR.from_scipy(ds.split("test_tr")).batch(torch.arange(20))
@@ -254,7 +268,8 @@ def test_trained_linear_path_moves_and_never_uses_its_diagonal(ds, tmp_path):
     cfg.train_linear = True
     run = vaecf.train(ds, cfg_for("recvae-edlae", epochs=2), tmp_path / "t", cfg)
     model = vaecf.Recommender.load(run.run_dir).model
-    edlae = models.build("edlae", ds.n_items, {"l2": 30.0, "dropout": 0.2})
+    plain = {"l2": 30.0, "dropout": 0.2, "popularity_exponent": 0.0}
+    edlae = models.build("edlae", ds.n_items, plain)
     edlae.fit(ds.split("train"))
     off = ~torch.eye(ds.n_items, dtype=torch.bool)
     assert (model.shallow[off] - edlae.weight[off]).abs().max() > 1e-4  # trained
@@ -281,7 +296,8 @@ def test_sparse_solver_with_every_item_as_neighbour_is_the_dense_solution(p):
     record = model.fit(sp.csr_matrix(x))
     assert record["solver"] == "sparse" and model.sparse and model.weight.numel() == 0
     b = model.item_vectors().to_dense().double().numpy()
-    assert np.abs(b - _edlae_numpy(x, 7.0, p)).max() < 1e-5  # B's values kept in float32
+    want = _edlae_numpy(x, 7.0, p, model.config.popularity_exponent)
+    assert np.abs(b - want).max() < 1e-5  # B's values kept in float32
 
 
 def test_sparse_solver_scores_rank_and_round_trip(ds, tmp_path):

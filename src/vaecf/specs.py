@@ -20,10 +20,19 @@ GRADIENT_SETTINGS = ("epochs", "batch_size", "lr", "data_on", "eval_every", "che
 ANNEAL_SETTINGS = ("total_anneal_steps", "anneal_cap")
 FAMILIES = ("autoencoder", "linear", "baseline", "selection")
 
-# EASE's lambda grid; p = 0 (EASE) is on EDLAE's dropout grid, so the search can only match or
-# beat EASE up to noise; Steck's notebook used 0.25 (MSD) and 0.33 (ML-20M, Netflix).
+# EASE's lambda grid; p = 0 (EASE) is on EDLAE's dropout grid, so without the popularity
+# penalty the search can only match or beat EASE up to noise; Steck's notebook used 0.25 (MSD)
+# and 0.33 (ML-20M, Netflix).
 DEFAULT_GRID = [1.0, 3.0, 10.0, 30.0, 100.0, 300.0, 1000.0, 3000.0, 10000.0]
 DEFAULT_DROPOUT_GRID = [0.0, 0.1, 0.2, 0.33, 0.5]
+# EDLAE's default popularity penalty (beta); measured on two real datasets, see the README's
+# "Accuracy" section. EASE keeps 0: it is the reference baseline.
+POPULARITY_EXPONENT = 0.25
+POPULARITY_HELP = (
+    "beta: B's column j divided by item j's count in X^T X to the power beta after each "
+    "solve, so that lambda and p are chosen with it (a popularity penalty, as RP3beta's, "
+    f"Paudel et al. 2017); 0: none (EASE's default; EDLAE's {POPULARITY_EXPONENT})"
+)
 
 
 # -- settings -------------------------------------------------------------------------------------
@@ -133,8 +142,11 @@ class EASEConfig:
     neighbours: int = setting(
         256, "the sparse solver's items per column of B (its cost grows with the cube)"
     )
+    popularity_exponent: float = setting(0.0, POPULARITY_HELP)
 
     def __post_init__(self) -> None:
+        if not 0.0 <= self.popularity_exponent <= 1.0:
+            raise ConfigError("popularity_exponent must be in [0, 1]")
         if self.l2 is not None and self.l2 <= 0:
             raise ConfigError("l2 (lambda) must be positive")
         if not self.l2_grid or min(self.l2_grid) <= 0:
@@ -162,6 +174,7 @@ class EDLAEConfig(EASEConfig):
         "full: EDLAE, B = I - P diagMat(1/diag P), zero diagonal (p = 0 is EASE); none: DLAE, "
         "B = I - P Lambda, the denoising without emphasis (Steck, NeurIPS 2020)",
     )
+    popularity_exponent: float = setting(POPULARITY_EXPONENT, POPULARITY_HELP)
 
     def __post_init__(self) -> None:
         super().__post_init__()

@@ -4,7 +4,9 @@ closed form with options.
 With G = X^T X and a dropout rate p (EDLAE's emphasized denoising; p = 0 is EASE exactly):
     P = (G + lambda I + p/(1-p) diagMat(diag G))^-1,   B = I - P diagMat(1 / diag P),
 and scores = X B (diag B = 0, so an item never predicts itself). The solve is a Cholesky
-factorisation and inverse on the run's device.
+factorisation and inverse on the run's device. A popularity penalty beta (EDLAE's default
+0.25, EASE's 0) then divides column j of B by item j's count G_jj^beta, at every point the
+search tries, so lambda and p are chosen with it.
 
 Unset lambda (and p) are chosen on validation. The default `fast` search scores the whole grid
 on the `coarse_items` most popular items (an n^3 solve there is ~(n_items / coarse_items)^3
@@ -289,6 +291,8 @@ class EASE(Model):
         gram_sp = (x.T @ x).tocsr()  # sparse: at most the sum of squared history lengths
         gram_sp.sort_indices()
         diag = torch.from_numpy(gram_sp.diagonal())
+        # the popularity penalty: column j of B times count_j^-beta (1 for beta 0)
+        penalty = diag.double().clamp(min=1.0).pow(-cfg.popularity_exponent).float()
         gram = torch.from_numpy(gram_sp.toarray()).to(device) if solver == "dense" else None
         t_gram = time.perf_counter() - t0
         tried: list[dict] = []
@@ -317,7 +321,8 @@ class EASE(Model):
             curve: dict[tuple[float, float], float] = {}
             for l2, p in full:
                 t1 = time.perf_counter()
-                m = _metrics_of(linear_weights(sub, l2, p, self._emphasis()).float(), *sub_val)
+                b = linear_weights(sub, l2, p, self._emphasis()).float()
+                m = _metrics_of(b.mul_(penalty[cols].to(b)), *sub_val)
                 row = {"stage": "coarse", "n_items": len(cols), "l2": l2, "dropout": p}
                 note({**row, "seconds": round(time.perf_counter() - t1, 3), "validation": m})
                 curve[(l2, p)] = m[select_metric]
@@ -335,9 +340,11 @@ class EASE(Model):
             if solver == "sparse":
                 k = cfg.neighbours
                 self._set_sparse(neighbour_weights(x, l2, p, k, device, dtype, gram_sp))
+                self.b_values.mul_(penalty.to(device)[self.b_indices])
             else:
                 self.weight = torch.empty(0, device=device)  # the last B goes before the next
                 self.weight = linear_weights(gram, l2, p, self._emphasis()).to(torch.float32)
+                self.weight.mul_(penalty.to(device))
             row = {"stage": "full", "n_items": self.n_items, "l2": l2, "dropout": p}
             value = 0.0
             if not single:
@@ -362,6 +369,7 @@ class EASE(Model):
                 if self.sparse
                 else {}
             ),
+            "popularity_exponent": cfg.popularity_exponent,
             "gram_rows": x.shape[0],
             "gram_seconds": round(t_gram, 3),
             "seconds": round(time.perf_counter() - t0, 3),
@@ -415,9 +423,12 @@ class EDLAE(EASE):
 
     @classmethod
     def search_space(cls, trial, n_train_users: int) -> dict[str, dict]:
-        """lambda log-uniform over 1 to 30,000 and p uniform over 0 to 0.6."""
+        """lambda log-uniform over 1 to 30,000, p uniform over 0 to 0.6 and the popularity
+        penalty beta over 0 to 0.5."""
         space = super().search_space(trial, n_train_users)
         space["model"]["dropout"] = trial.suggest_float("dropout", 0.0, 0.6)
+        beta = trial.suggest_float("popularity_exponent", 0.0, 0.5)
+        space["model"]["popularity_exponent"] = beta
         return space
 
     def __init__(self, n_items: int, config: EDLAEConfig | None = None):

@@ -44,7 +44,9 @@ class RecVAEEDLAE(RecVAE):
     def prepare(self, train: sp.csr_matrix, validation) -> dict:
         """Fit the EDLAE path on the training users (before the first epoch)."""
         c = self.config
-        cfg = EDLAE.Config(l2=c.linear_l2, dropout=c.linear_dropout, solver="dense")
+        cfg = EDLAE.Config(
+            l2=c.linear_l2, dropout=c.linear_dropout, solver="dense", popularity_exponent=0.0
+        )
         linear = EDLAE(self.n_items, cfg)
         linear = linear.to(self.shallow.device)
         val = tuple(CSR.from_scipy(m, self.shallow.device) for m in validation)
