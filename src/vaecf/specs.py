@@ -27,7 +27,7 @@ DEFAULT_GRID = [1.0, 3.0, 10.0, 30.0, 100.0, 300.0, 1000.0, 3000.0, 10000.0]
 DEFAULT_DROPOUT_GRID = [0.0, 0.1, 0.2, 0.33, 0.5]
 # EDLAE's default popularity penalty (beta); measured on two real datasets, see the README's
 # "Accuracy" section. EASE keeps 0: it is the reference baseline.
-POPULARITY_EXPONENT = 0.25
+POPULARITY_EXPONENT = 0.1
 POPULARITY_HELP = (
     "beta: B's column j divided by item j's count in X^T X to the power beta after each "
     "solve, so that lambda and p are chosen with it (a popularity penalty, as RP3beta's, "

@@ -5,7 +5,7 @@ With G = X^T X and a dropout rate p (EDLAE's emphasized denoising; p = 0 is EASE
     P = (G + lambda I + p/(1-p) diagMat(diag G))^-1,   B = I - P diagMat(1 / diag P),
 and scores = X B (diag B = 0, so an item never predicts itself). The solve is a Cholesky
 factorisation and inverse on the run's device. A popularity penalty beta (EDLAE's default
-0.25, EASE's 0) then divides column j of B by item j's count G_jj^beta, at every point the
+0.1, EASE's 0) then divides column j of B by item j's count G_jj^beta, at every point the
 search tries, so lambda and p are chosen with it.
 
 Unset lambda (and p) are chosen on validation. The default `fast` search scores the whole grid
