@@ -96,6 +96,9 @@ class HybridConfig(RecVAEConfig):
     linear_dropout: float | None = setting(
         None, "EDLAE path: dropout rate p; unset: searched on validation"
     )
+    linear_popularity_exponent: float = setting(
+        0.0, "EDLAE path: its popularity penalty beta (--popularity-exponent); 0: none"
+    )
     alpha: float | None = setting(
         None,
         "initial weight of the EDLAE path's scores (then trained); unset: the likeliest on "

@@ -45,7 +45,10 @@ class RecVAEEDLAE(RecVAE):
         """Fit the EDLAE path on the training users (before the first epoch)."""
         c = self.config
         cfg = EDLAE.Config(
-            l2=c.linear_l2, dropout=c.linear_dropout, solver="dense", popularity_exponent=0.0
+            l2=c.linear_l2,
+            dropout=c.linear_dropout,
+            solver="dense",
+            popularity_exponent=c.linear_popularity_exponent,
         )
         linear = EDLAE(self.n_items, cfg)
         linear = linear.to(self.shallow.device)
@@ -64,6 +67,7 @@ class RecVAEEDLAE(RecVAE):
         return {
             "linear_l2": record["l2"],
             "linear_dropout": record["dropout"],
+            "linear_popularity_exponent": record["popularity_exponent"],
             "alpha": float(self.alpha.detach()),
         }
 
