@@ -8,7 +8,7 @@ Generates `vaecf.data.synthetic` data (planted taste groups, power-law popularit
 once to DIR/data.csv), then runs `vaecf prepare csv`, `vaecf train --model M` for each model
 (EASE and EDLAE pick their solver themselves: the sparse one where the dense n_items^2
 arrays do not fit) and `vaecf score` over 10,000 users' histories, each as its own process
-under /usr/bin/time. Prints one row per stage: seconds, peak RSS, and for the models their
+(peak RSS from wait4). Prints one row per stage: seconds, peak RSS, and for the models their
 solver and test NDCG@100. Finished stages are reused when run again (delete DIR to redo).
 """
 
@@ -29,13 +29,13 @@ def timed(cmd: list[str], log: Path) -> tuple[float, float]:
     """(seconds, peak RSS in GiB) of `cmd` run to completion; its output goes to `log`."""
     t0 = time.perf_counter()
     with open(log, "w") as f:
-        p = subprocess.run(["/usr/bin/time", "-f", "MAXRSS %M", *cmd], stdout=f, stderr=f)
+        p = subprocess.Popen(cmd, stdout=f, stderr=f)
+        _, status, usage = os.wait4(p.pid, 0)  # the child's own peak RSS (KiB on Linux)
+        p.returncode = os.waitstatus_to_exitcode(status)
     seconds = time.perf_counter() - t0
-    text = log.read_text()
     if p.returncode != 0:
-        sys.exit(f"{' '.join(cmd)} failed ({p.returncode}); see {log}:\n{text[-2000:]}")
-    rss = [int(line.split()[1]) for line in text.splitlines() if line.startswith("MAXRSS")]
-    return seconds, rss[-1] / 2**20  # KiB -> GiB
+        sys.exit(f"{' '.join(cmd)} failed ({p.returncode}); see {log}:\n{log.read_text()[-2000:]}")
+    return seconds, usage.ru_maxrss / 2**20  # KiB -> GiB
 
 
 def main() -> None:

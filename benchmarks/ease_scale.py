@@ -2,6 +2,7 @@
 
     python benchmarks/ease_scale.py [--items 20108] [--users 136677] [--nnz 10000000]
                                     [--l2 500] [--dtype float32]
+                                    [--model ease|edlae] [--device cuda]
 
 The data is `vaecf.bench.synthetic_csr` (power-law items); the solve's cost depends only on the
 item count. Prints the CPU, the thread count, the dtype and the phases' seconds.
@@ -24,17 +25,28 @@ def main() -> int:
     ap.add_argument("--users", type=int, default=ML20M["users"])
     ap.add_argument("--nnz", type=int, default=ML20M["nnz"])
     ap.add_argument("--l2", type=float, default=500.0, help="lambda (Steck's for ML-20M: 500)")
+    ap.add_argument("--dropout", type=float, default=0.33, help="EDLAE's p (Steck's ML-20M: 0.33)")
     ap.add_argument("--dtype", default="float32", choices=["float32", "float64"])
+    ap.add_argument("--model", default="ease", choices=["ease", "edlae"])
+    ap.add_argument("--device", default="cpu", help="cpu (default), cuda, cuda:N")
     a = ap.parse_args()
+    dev = torch.device(a.device)
     t0 = time.perf_counter()
     x = synthetic_csr(a.users, a.items, a.nnz, seed=0)
     t_data = time.perf_counter() - t0
-    model = models.build("ease", a.items, {"l2": a.l2, "solve_dtype": a.dtype})
+    settings = {"solve_dtype": a.dtype, "l2": a.l2}
+    if a.model == "edlae":
+        settings["dropout"] = a.dropout
+    model = models.build(a.model, a.items, settings).to(dev)
+    t0 = time.perf_counter()
     record = model.fit(x)
+    wall = time.perf_counter() - t0
+    on = torch.cuda.get_device_name(dev) if dev.type == "cuda" else cpu_name()
     print(
-        f"EASE fit, {a.items:,} items, {x.shape[0]:,} users, {x.nnz:,} interactions, "
-        f"lambda {a.l2:g}, {record['solve_dtype']} on {cpu_name()} ({torch.get_num_threads()} "
-        f"threads); data generated in {t_data:.1f} s (not counted)"
+        f"{a.model} fit, {a.items:,} items, {x.shape[0]:,} users, {x.nnz:,} interactions, "
+        f"lambda {a.l2:g}{f', p {a.dropout:g}' if a.model == 'edlae' else ''}, "
+        f"{record['solve_dtype']} on {on} ({torch.get_num_threads()} CPU threads); data "
+        f"generated in {t_data:.1f} s (not counted); wall {wall:.1f} s"
     )
     print(f"{'gram s':>8s} {'solve s':>8s} {'total s':>8s}")
     solve = record["seconds"] - record["gram_seconds"]

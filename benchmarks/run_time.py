@@ -1,6 +1,7 @@
 """Where a whole `vaecf train` spends its wall time, and how many bytes it writes.
 
-    python benchmarks/run_time.py [--before SRC_DIR] [--epochs 200]
+    python benchmarks/run_time.py [--before SRC_DIR] [--epochs 200] [--precision auto]
+                                  [--datasets ml-latest-small,citeulike-a] [--device cuda]
 
 Runs `vaecf train` as a separate process on two datasets: ml-latest-small (the accuracy
 protocol, split seed 98765; skipped when ../shared is absent) and a synthetic dataset of
@@ -13,6 +14,9 @@ Columns: the process's wall time; the time in training steps (the sum of metrics
 `train_seconds`); wall / steps; the other phases from results.json's `timing` where the code
 records it (setup, validation, checkpoint waits, test; start-up = wall - total: imports, reading
 the data, exit); and the bytes the process wrote (`wchar` of /proc/self/io).
+
+`--datasets ml-20m` adds a synthetic set of ML-20M's shape (136,677 users, 20,108 items, 10M
+interactions; 10,000 + 10,000 held-out users as in the paper): the paper's whole ML-20M run.
 """
 
 from __future__ import annotations
@@ -46,9 +50,9 @@ sys.exit(code)
 """
 
 
-def datasets(tmp: Path) -> dict[str, Path]:
+def datasets(tmp: Path, names: list[str]) -> dict[str, Path]:
     out = {}
-    if SHARED.is_file():
+    if "ml-latest-small" in names and SHARED.is_file():
         out["ml-latest-small"] = vaecf.prepare_csv(
             SHARED,
             tmp / "ml",
@@ -57,21 +61,32 @@ def datasets(tmp: Path) -> dict[str, Path]:
             "rating",
             settings=vaecf.PrepareSettings(min_rating=4, heldout_users=50, seed=98765),
         ).path
-    m = synthetic_csr(5_551, 16_980, 204_986, seed=0).tocoo()
-    df = pl.DataFrame({"user_id": m.row.astype(np.int64), "item_id": m.col.astype(np.int64)})
-    out["citeulike-a size"] = vaecf.prepare_frame(
-        df, tmp / "cul", vaecf.PrepareSettings(heldout_users=500, seed=0)
-    ).path
+    shapes = {
+        "citeulike-a": (5_551, 16_980, 204_986, 500),
+        "ml-20m": (136_677, 20_108, 10**7, 10**4),
+    }
+    for name in names:
+        if name in shapes:
+            users, items, nnz, heldout = shapes[name]
+            m = synthetic_csr(users, items, nnz, seed=0).tocoo()
+            df = pl.DataFrame(
+                {"user_id": m.row.astype(np.int64), "item_id": m.col.astype(np.int64)}
+            )
+            out[f"{name} size"] = vaecf.prepare_frame(
+                df, tmp / name, vaecf.PrepareSettings(heldout_users=heldout, seed=0)
+            ).path
     return out
 
 
-def run(src: Path, data: Path, out: Path, epochs: int, precision: str) -> dict:
+def run(src: Path, data: Path, out: Path, epochs: int, precision: str, device: str) -> dict:
     args = [
         "train", "--data", str(data), "--out", str(out), "--epochs", str(epochs),
         "--batch-size", "500", "--lr", "1e-3", "--total-anneal-steps", "200000",
-        "--anneal-cap", "0.2", "--seed", "98765", "--precision", precision, "--quiet",
+        "--anneal-cap", "0.2", "--seed", "98765", "--precision", precision, "--device", device,
+        "--quiet",
     ]  # fmt: skip
-    env = {**os.environ, "PYTHONPATH": str(src)}
+    path = os.pathsep.join(filter(None, [str(src), os.environ.get("PYTHONPATH")]))
+    env = {**os.environ, "PYTHONPATH": path}
     t0 = time.perf_counter()
     p = subprocess.run(
         [sys.executable, "-c", WRAPPER, *args], env=env, capture_output=True, text=True
@@ -95,19 +110,26 @@ def main() -> int:
     ap.add_argument("--before", type=Path, help="another checkout's src directory")
     ap.add_argument("--epochs", type=int, default=200)
     ap.add_argument("--precision", default="auto")
+    ap.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N")
+    ap.add_argument("--datasets", default="ml-latest-small,citeulike-a", help="also: ml-20m")
     a = ap.parse_args()
     versions = ([("before", a.before)] if a.before else []) + [("after", ROOT / "src")]
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
-        for name, data in datasets(Path(tmp)).items():
+        for name, data in datasets(Path(tmp), a.datasets.split(",")).items():
             for label, src in versions:
-                r = run(src, data, Path(tmp) / f"run-{label}-{len(rows)}", a.epochs, a.precision)
+                out = Path(tmp) / f"run-{label}-{len(rows)}"
+                r = run(src, data, out, a.epochs, a.precision, a.device)
                 rows.append((name, label, r))
                 print(f"{name} {label}: {r['wall']:.1f} s wall", file=sys.stderr, flush=True)
     cpu = next(
         (ln.split(":", 1)[1].strip() for ln in open("/proc/cpuinfo") if "model name" in ln), "?"
     )
-    print(f"\nvaecf train, {a.epochs} epochs, precision {a.precision}, on {cpu}")
+    import torch
+
+    dev = torch.device("cuda" if a.device == "auto" and torch.cuda.is_available() else a.device)
+    on = torch.cuda.get_device_name(dev) + f" (CPU {cpu})" if dev.type == "cuda" else cpu
+    print(f"\nvaecf train, {a.epochs} epochs, precision {a.precision}, on {on}")
     head = ("data", "code", "wall s", "steps s", "wall/steps", "setup", "valid.", "ckpt wait")
     print(f"{head[0]:>17s} {head[1]:>7s}" + "".join(f"{h:>11s}" for h in head[2:]) + "   written")
     for name, label, r in rows:

@@ -3,7 +3,10 @@ Mult-VAE (batches densified, log_softmax * x loss, as most public implementation
 same synthetic ML-20M-shaped data, in one run.
 
     python benchmarks/train_speed.py [--users 136677 --items 20108 --nnz 10000000] [--steps 10]
-                                     [--rounds 3]
+                                     [--rounds 3] [--device cuda] [--precision P ...]
+
+On a GPU the dense reference densifies each batch on the host and copies it over, as such
+implementations do; every step is synchronised before its clock is read.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from vaecf import bench
+from vaecf import precision as prec
 from vaecf.runtime import tune_cpu_allocator
 
 
@@ -39,20 +43,22 @@ class DenseMultVAE(nn.Module):
         return nll + beta * kl
 
 
-def dense_users_per_s(m, batch_size: int, steps: int, warmup: int = 3) -> float:
+def dense_users_per_s(m, batch_size: int, steps: int, device: torch.device, warmup: int = 3):
     torch.manual_seed(0)
-    net = DenseMultVAE(m.shape[1]).train()
+    net = DenseMultVAE(m.shape[1]).to(device).train()
     opt = torch.optim.Adam(net.parameters(), lr=1e-3)
     gen = torch.Generator().manual_seed(0)
     times = []
     for i in range(warmup + steps):
         rows = torch.randint(0, m.shape[0], (batch_size,), generator=gen).numpy()
         t0 = time.perf_counter()
-        x = torch.from_numpy(m[rows].toarray())
+        x = torch.from_numpy(m[rows].toarray()).to(device)
         loss = net.loss(x, 0.2)
         opt.zero_grad()
         loss.backward()
         opt.step()
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
         if i >= warmup:
             times.append(time.perf_counter() - t0)
     return batch_size / statistics.median(times)
@@ -66,23 +72,31 @@ def main() -> int:
     ap.add_argument("--batch-size", type=int, default=500)
     ap.add_argument("--steps", type=int, default=10, help="timed steps per round")
     ap.add_argument("--rounds", type=int, default=3, help="rounds of A, B, ... (median shown)")
+    ap.add_argument("--device", default="cpu", help="cpu (default), cuda, cuda:N")
+    ap.add_argument(
+        "--precision", action="append", help="vaecf's precisions (default fp32 [+ native bf16])"
+    )
     a = ap.parse_args()
+    dev = prec.resolve_device(a.device)
     tune_cpu_allocator()
     m = bench.synthetic_csr(a.users, a.items, a.nnz)
     # the machine is shared and its speed drifts: run the contenders in turn, several rounds
-    precisions = bench.default_precisions("cpu")
+    precisions = a.precision or bench.default_precisions(a.device)
     dense = "dense PyTorch (fp32)"
     runs: dict[str, list[float]] = {dense: [], **{f"vaecf ({p})": [] for p in precisions}}
     for _ in range(a.rounds):
-        runs[dense].append(dense_users_per_s(m, a.batch_size, a.steps))
+        runs[dense].append(dense_users_per_s(m, a.batch_size, a.steps, dev))
         for p in precisions:
-            r = bench.bench_train(p, a.batch_size, steps=a.steps, progress=False, data=m)
+            r = bench.bench_train(
+                p, a.batch_size, steps=a.steps, device=a.device, progress=False, data=m
+            )
             runs[f"vaecf ({p})"].append(r.users_per_s)
     rows = [(n, statistics.median(v)) for n, v in runs.items()]
     base = rows[0][1]
     print(
         f"{a.users} users x {a.items} items, {m.nnz} interactions, batch {a.batch_size}, "
-        f"{torch.get_num_threads()} threads"
+        f"{torch.get_num_threads()} threads, "
+        f"{torch.cuda.get_device_name(dev) if dev.type == 'cuda' else bench.cpu_name()}"
     )
     print(f"{'implementation':24s} {'users/s':>9s} {'vs dense':>9s}  per round")
     for name, ups in rows:

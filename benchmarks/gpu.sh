@@ -1,0 +1,50 @@
+#!/usr/bin/env bash
+# What a CUDA GPU is checked and timed with, in one go (for a machine lent for a short while).
+#
+#     benchmarks/gpu.sh OUTDIR [tests] [bench] [run] [suite]   (default: tests bench)
+#
+# tests: tests/test_cuda.py and the trainer's CUDA test (every model and precision on the GPU
+#        against the CPU, the linear solvers, serving precisions, resume, torchrun with NCCL);
+# bench: training users/s beside the dense-input PyTorch reference on the same GPU (ML-20M
+#        shape, batch 500, every precision), RecVAE's step, and inference latency/throughput;
+# run:   the paper's whole ML-20M run (synthetic ML-20M shape, 200 epochs) at bf16;
+# suite: the core test files with the GPU visible (models default to it there).
+# Logs and tables go to OUTDIR; run from the repository root.
+set -u
+out=${1:?usage: benchmarks/gpu.sh OUTDIR [tests] [bench] [run] [suite]}
+shift
+mkdir -p "$out"
+export PYTHONPATH=${PYTHONPATH:+$PYTHONPATH:}$PWD/src PYTHONUNBUFFERED=1
+parts=${*:-tests bench}
+py=${PYTHON:-python3}
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$out/gpu.txt"
+$py -c "import torch; print('torch', torch.__version__, torch.version.cuda)" | tee -a "$out/gpu.txt"
+all=(--precision fp32 --precision tf32 --precision bf16 --precision fp16)
+for part in $parts; do
+    case $part in
+    tests)
+        timeout 420 $py -m pytest tests/test_cuda.py \
+            tests/test_trainer.py::test_cuda_matches_cpu_closely -q -s -rA 2>&1 |
+            tee "$out/tests.log" | grep -E "passed|failed|error|overlap|cpu fp32|full |ease|edlae"
+        ;;
+    bench)
+        timeout 240 $py benchmarks/train_speed.py --device cuda "${all[@]}" --steps 20 --rounds 3 \
+            2>&1 | tee "$out/train_speed.txt"
+        timeout 120 $py -m vaecf bench train --device cuda "${all[@]}" 2>&1 |
+            tee "$out/bench_train.txt"
+        timeout 120 $py -m vaecf bench train --device cuda --model recvae --precision fp32 \
+            --precision bf16 2>&1 | tee "$out/bench_train_recvae.txt"
+        for p in fp32 bf16 fp16 int8; do
+            timeout 60 $py -m vaecf bench infer --device cuda --precision $p --seconds 3 2>&1
+        done | tee "$out/bench_infer.txt"
+        ;;
+    run)
+        timeout 590 $py benchmarks/run_time.py --datasets ml-20m --device cuda --precision bf16 \
+            2>&1 | tee "$out/run_ml20m.txt"
+        ;;
+    suite)
+        timeout 300 $py -m pytest -q -x -p no:cacheprovider tests/test_trainer.py \
+            tests/test_models.py tests/test_recommender.py 2>&1 | tee "$out/suite.log" | tail -15
+        ;;
+    esac
+done
