@@ -12,6 +12,7 @@ import uvicorn
 
 from vaecf.serve.app import create_app
 from vaecf.serve.reload import ModelHolder
+from vaecf.serve.server import uvicorn_config
 from vaecf.serve.settings import ServeSettings
 
 
@@ -40,7 +41,7 @@ def running(settings: ServeSettings, holder: ModelHolder | None = None):
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
     port = sock.getsockname()[1]
-    server = uvicorn.Server(uvicorn.Config(app, log_level="error", lifespan="on"))
+    server = uvicorn.Server(uvicorn_config(app, settings, log_level="error", lifespan="on"))
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
     thread.start()
     deadline = time.monotonic() + 30

@@ -657,3 +657,40 @@ def test_ids_beyond_64_bits_are_echoed_as_unknown(server):
         batch = c.post("/v1/recommend/batch", json={"histories": [huge], "k": 3})
     assert one.status_code == 200 and one.json()["unknown"] == huge
     assert batch.status_code == 200 and batch.json()["results"][0]["unknown"] == huge
+
+
+def test_a_response_leaves_in_one_write(server):
+    """CoalescingTransport over a real asyncio socket transport: what one event-loop step
+    writes (uvicorn's status line and headers, then the body) reaches the socket in one write;
+    close() sends what is held first; the served answer arrives whole."""
+    from vaecf.serve.server import CoalescingTransport
+
+    async def main() -> tuple[list[bytes], bytes]:
+        a, b = socket.socketpair()
+        loop = asyncio.get_running_loop()
+        transport, _ = await loop.connect_accepted_socket(asyncio.Protocol, a)
+        writes, real_write = [], transport.write
+        transport.write = lambda data: (writes.append(bytes(data)), real_write(data))
+        held = CoalescingTransport(transport, loop)
+        held.write(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\n")
+        held.write(memoryview(b"{}"))
+        assert writes == [] and held.get_write_buffer_size() == 40
+        await asyncio.sleep(0)  # the step ends: one write of both
+        assert len(writes) == 1 and writes[0].endswith(b"\r\n\r\n{}")
+        held.write(b"last")
+        held.close()  # sends it before closing
+        await asyncio.sleep(0.05)
+        b.settimeout(5)
+        got = b""
+        while chunk := b.recv(4096):
+            got += chunk
+        b.close()
+        return writes, got
+
+    writes, got = asyncio.run(main())
+    assert writes[1:] == [b"last"]
+    assert got == writes[0] + b"last"
+    base, _ = server  # the test server runs the same protocol: a whole answer over HTTP
+    with client(base) as c:
+        r = c.post("/v1/recommend", json={"items": [1, 2], "k": 3})
+    assert r.status_code == 200 and len(r.json()["items"]) == 3
