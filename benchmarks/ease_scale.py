@@ -16,7 +16,7 @@ import time
 import torch
 
 from vaecf import models
-from vaecf.bench import ML20M, cpu_name, synthetic_csr
+from vaecf.bench import ML20M, device_name, synthetic_csr
 
 
 def main() -> int:
@@ -30,23 +30,21 @@ def main() -> int:
     ap.add_argument("--model", default="ease", choices=["ease", "edlae"])
     ap.add_argument("--device", default="cpu", help="cpu (default), cuda, cuda:N")
     a = ap.parse_args()
-    dev = torch.device(a.device)
     t0 = time.perf_counter()
     x = synthetic_csr(a.users, a.items, a.nnz, seed=0)
     t_data = time.perf_counter() - t0
     settings = {"solve_dtype": a.dtype, "l2": a.l2}
     if a.model == "edlae":
         settings["dropout"] = a.dropout
-    model = models.build(a.model, a.items, settings).to(dev)
+    model = models.build(a.model, a.items, settings).to(a.device)
     t0 = time.perf_counter()
     record = model.fit(x)
     wall = time.perf_counter() - t0
-    on = torch.cuda.get_device_name(dev) if dev.type == "cuda" else cpu_name()
     print(
         f"{a.model} fit, {a.items:,} items, {x.shape[0]:,} users, {x.nnz:,} interactions, "
         f"lambda {a.l2:g}{f', p {a.dropout:g}' if a.model == 'edlae' else ''}, "
-        f"{record['solve_dtype']} on {on} ({torch.get_num_threads()} CPU threads); data "
-        f"generated in {t_data:.1f} s (not counted); wall {wall:.1f} s"
+        f"{record['solve_dtype']} on {device_name(a.device)} ({torch.get_num_threads()} CPU "
+        f"threads); data generated in {t_data:.1f} s (not counted); wall {wall:.1f} s"
     )
     print(f"{'gram s':>8s} {'solve s':>8s} {'total s':>8s}")
     solve = record["seconds"] - record["gram_seconds"]

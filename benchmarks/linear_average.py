@@ -16,10 +16,7 @@ import time
 from pathlib import Path
 
 import numpy as np
-import scipy.sparse as sp
-from linear_select_cv import linear_b, ndcg
-
-from vaecf.data.prepare import PreparedDataset
+from linear_select_cv import linear_b, load_split, ndcg
 
 L2 = [1, 3, 10, 30, 100, 300, 1000, 3000, 10000]
 PS = [0, 0.1, 0.2, 0.33, 0.5]
@@ -27,11 +24,7 @@ BETA = 0.1
 
 
 def one_split(path: Path, ms: list[int]) -> tuple[dict, list]:
-    ds = PreparedDataset(path)
-    val = ds.split("validation_tr"), ds.split("validation_te")
-    test = ds.split("test_tr"), ds.split("test_te")
-    train = ds.split("train").astype(np.float64).tocsr()
-    x = sp.vstack([train, val[0], test[0]]).tocsr()
+    _, val, test, x = load_split(path)
     g = (x.T @ x).toarray()
     penalty = np.maximum(np.diag(g), 1) ** -BETA
     points = []

@@ -22,22 +22,12 @@ from pathlib import Path
 import numpy as np
 import scipy.sparse as sp
 import torch
-from linear_select_cv import linear_b, ndcg, split_80_20
-
-from vaecf.data.prepare import PreparedDataset
-
-
-def floats(s: str) -> list[float]:
-    return [float(v) for v in s.split(",")]
+from linear_select_cv import floats, linear_b, load_split, ndcg, split_80_20
 
 
 def one_split(path: Path, a) -> tuple[dict, float | None]:
     """{(alpha, l2, p, beta): (validation, test)} and the test NDCG@100 of beta chosen by CV."""
-    ds = PreparedDataset(path)
-    val = ds.split("validation_tr"), ds.split("validation_te")
-    test = ds.split("test_tr"), ds.split("test_te")
-    train = ds.split("train").astype(np.float64).tocsr()
-    x = sp.vstack([train, val[0], test[0]]).tocsr()
+    train, val, test, x = load_split(path)
     n_hist = np.asarray(x.sum(1)).ravel()
     g0 = (x.T @ x).toarray()
     counts = np.maximum(np.diag(g0), 1.0)

@@ -27,6 +27,20 @@ from vaecf.data.prepare import PreparedDataset
 from vaecf.evaluate import evaluate_scores
 
 
+def floats(s: str) -> list[float]:
+    return [float(v) for v in s.split(",")]
+
+
+def load_split(path: Path):
+    """A prepared split's training rows, (fold-in, target) of the validation and test users,
+    and the rows the linear models' Gram holds: training plus both fold-ins (float64)."""
+    ds = PreparedDataset(path)
+    val = ds.split("validation_tr"), ds.split("validation_te")
+    test = ds.split("test_tr"), ds.split("test_te")
+    train = ds.split("train").astype(np.float64).tocsr()
+    return train, val, test, sp.vstack([train, val[0], test[0]]).tocsr()
+
+
 def linear_b(gram: np.ndarray, l2: float, p: float, family: str, dtype) -> np.ndarray:
     """EDLAE's B = I - P diagMat(1 / diag P) or DLAE's I - P Lambda, diagonal zeroed, with
     P = (G + Lambda)^-1, Lambda = l2 + p / (1 - p) diag(G) (Steck 2020)."""

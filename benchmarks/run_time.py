@@ -34,7 +34,8 @@ import numpy as np
 import polars as pl
 
 import vaecf
-from vaecf.bench import synthetic_csr
+from vaecf.bench import cpu_name, device_name, synthetic_csr
+from vaecf.precision import resolve_device
 
 ROOT = Path(__file__).resolve().parents[1]
 SHARED = ROOT.parent / "shared" / "data" / "ml-latest-small" / "ratings.csv"
@@ -122,13 +123,8 @@ def main() -> int:
                 r = run(src, data, out, a.epochs, a.precision, a.device)
                 rows.append((name, label, r))
                 print(f"{name} {label}: {r['wall']:.1f} s wall", file=sys.stderr, flush=True)
-    cpu = next(
-        (ln.split(":", 1)[1].strip() for ln in open("/proc/cpuinfo") if "model name" in ln), "?"
-    )
-    import torch
-
-    dev = torch.device("cuda" if a.device == "auto" and torch.cuda.is_available() else a.device)
-    on = torch.cuda.get_device_name(dev) + f" (CPU {cpu})" if dev.type == "cuda" else cpu
+    dev = resolve_device(a.device)
+    on = device_name(dev) + (f" (CPU {cpu_name()})" if dev.type == "cuda" else "")
     print(f"\nvaecf train, {a.epochs} epochs, precision {a.precision}, on {on}")
     head = ("data", "code", "wall s", "steps s", "wall/steps", "setup", "valid.", "ckpt wait")
     print(f"{head[0]:>17s} {head[1]:>7s}" + "".join(f"{h:>11s}" for h in head[2:]) + "   written")

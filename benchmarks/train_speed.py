@@ -96,7 +96,7 @@ def main() -> int:
     print(
         f"{a.users} users x {a.items} items, {m.nnz} interactions, batch {a.batch_size}, "
         f"{torch.get_num_threads()} threads, "
-        f"{torch.cuda.get_device_name(dev) if dev.type == 'cuda' else bench.cpu_name()}"
+        f"{bench.device_name(dev)}"
     )
     print(f"{'implementation':24s} {'users/s':>9s} {'vs dense':>9s}  per round")
     for name, ups in rows:

@@ -43,6 +43,12 @@ def cpu_name() -> str:
     return platform.processor() or "unknown"
 
 
+def device_name(device: str | torch.device) -> str:
+    """The GPU's name for a CUDA device, else the CPU's, for benchmark tables."""
+    dev = torch.device(device)
+    return torch.cuda.get_device_name(dev) if dev.type == "cuda" else cpu_name()
+
+
 def synthetic_csr(users: int, items: int, nnz: int, seed: int = 0) -> sp.csr_matrix:
     """A binary matrix of the given shape with power-law items and heavy-tailed users."""
     rng = np.random.default_rng(seed)
