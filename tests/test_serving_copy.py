@@ -23,12 +23,18 @@ def _linear(n_in, n_out, seed=0):
     return lin
 
 
-def _reference(lin, x):
-    """float64 numpy: x @ (scale * q)^T + b, q = round(w / scale), scale = max|row| / 127."""
-    w = lin.weight.detach().double().numpy()
-    scale = np.abs(w).max(axis=1) / 127
-    q = np.clip(np.round(w / scale[:, None]), -127, 127)
-    return x.double().numpy() @ (q * scale[:, None]).T + lin.bias.detach().double().numpy()
+def _quantized(a):
+    """float64 numpy: each row of `a` as scale * round(a / scale), scale = max|row| / 127."""
+    scale = np.abs(a).max(axis=1, keepdims=True) / 127
+    return np.clip(np.round(a / scale), -127, 127) * scale
+
+
+def _reference(lin, x, int8_x=False):
+    """float64 numpy: x @ (scale * q)^T + b, q = round(w / scale), scale = max|row| / 127;
+    with `int8_x`, x's rows quantized the same way first."""
+    w = _quantized(lin.weight.detach().double().numpy())
+    x = x.double().numpy()
+    return (_quantized(x) if int8_x else x) @ w.T + lin.bias.detach().double().numpy()
 
 
 @pytest.mark.parametrize("n_in", [600, 200, 37, 64])
@@ -45,13 +51,32 @@ def test_int8_linear_matches_the_reference_at_every_batch_size(n_in, dtype, deq_
     assert bool((err <= w.abs().max(dim=1).values * (0.5 / 127 + rel)).all())
     for rows in (1, INT8_KERNEL_ROWS, INT8_KERNEL_ROWS + 1, 50):
         x = torch.randn(rows, n_in)
-        kernel = q.kernel and rows <= INT8_KERNEL_ROWS  # the kernel takes bf16 activations
-        want = _reference(lin, x.to(torch.bfloat16 if kernel else dtype).float())
+        kernel = q.path == "kernel" and rows <= INT8_KERNEL_ROWS  # it takes bf16 activations
+        want = _reference(lin, x.to(torch.bfloat16 if kernel else dtype).float(), q.path == "int8")
         got = q(x)
         assert got.dtype == dtype and got.shape == (rows, 301)
         scale = np.abs(want).max()
         tol = 0.02 * scale if dtype == torch.bfloat16 or kernel else 1e-4 * scale
         np.testing.assert_allclose(got.double().numpy(), want, atol=tol, rtol=0)
+
+
+@pytest.mark.parametrize("path", ["int8", "kernel", "blocks"])
+def test_every_path_gives_the_same_scores(path):
+    """Each path multiplies by the same int8 weights; int8 x int8 also rounds the input's rows,
+    which moves the scores by less than rounding the weights did."""
+    lin = _linear(600, 301)
+    q = Int8Linear(lin, torch.float32)
+    if path != "blocks" and not (
+        serving.int8_products("cpu") if path == "int8" else hasattr(torch, "_weight_int8pack_mm")
+    ):
+        pytest.skip(f"this PyTorch has no {path} product")
+    q.path = path
+    x = torch.tanh(torch.randn(4, 600))  # a hidden layer's output
+    exact = x.double().numpy() @ lin.weight.detach().double().numpy().T
+    exact += lin.bias.detach().double().numpy()
+    err = np.abs(q(x).double().numpy() - exact).max()
+    err_w = np.abs(_reference(lin, x) - exact).max()  # from the weights' rounding alone
+    assert err <= 2 * err_w + 1e-3 * np.abs(exact).max()
 
 
 def test_int8_linear_keeps_one_copy_of_the_weight():
@@ -73,19 +98,23 @@ def test_similar_items_from_int8_rows_are_the_dequantized_weights_cosines():
         assert len(set(i8) & set(ref)) >= 18  # the same items, up to near-ties
 
 
-def test_a_kernel_that_gives_wrong_answers_is_not_used(monkeypatch):
+def test_products_that_give_wrong_answers_are_not_used(monkeypatch):
     monkeypatch.setattr(
         torch, "_weight_int8pack_mm", lambda x, q, s: torch.full((x.shape[0], q.shape[0]), 1e30)
     )
+    monkeypatch.setattr(torch, "_int_mm", lambda a, b: torch.ones(a.shape[0], b.shape[1]))
+    serving.int8_products.cache_clear()
     q = Int8Linear(_linear(40, 30), torch.float32)
-    assert not q.kernel
+    serving.int8_products.cache_clear()
+    assert q.path == "blocks"
     x = torch.randn(1, 40)
     np.testing.assert_allclose(q(x).double().numpy(), _reference(_linear(40, 30), x), atol=1e-4)
 
 
-def test_the_int8_kernel_is_used_where_it_works():
-    # the CPU build of the pinned PyTorch has it; if this fails, the fast path is lost
-    assert Int8Linear(_linear(600, 500), torch.bfloat16).kernel
+def test_int8_products_are_used_where_they_work():
+    # the CPU build of the pinned PyTorch has both; if this fails, the fast path is lost
+    assert serving.int8_products("cpu")
+    assert Int8Linear(_linear(600, 500), torch.bfloat16).path == "int8"
 
 
 def _model_batch_scores(name):

@@ -7,24 +7,29 @@ weight on ML-20M: 20,108 x 600 floats, 48 MB). A serving copy keeps those layers
 - "int8": every layer with one output per item keeps its weight as int8 with one float scale per
   item (row), w ~= scale * q with scale = max|w_row| / 127, and nothing else: a quarter of the
   fp32 bytes for those layers, read per small-batch call and held. The rest of the model runs
-  in bf16 where the device does bf16 in hardware, else in fp32. An ML-20M-sized Mult-VAE holds
-  59.9 MiB of tensors in int8 on a CPU without native bf16 (the input layer stays fp32), 93.5
-  in fp32 and 46.8 in bf16 (`benchmarks/serving_memory.py` gives tensors and resident memory).
+  in fp32 where the int8 x int8 product below exists (CPUs), else in bf16 where the device does
+  bf16 in hardware. An ML-20M-sized Mult-VAE holds 59.9 MiB of tensors in int8 on a CPU (the
+  input layer stays fp32), 93.5 in fp32 and 46.8 in bf16 (`benchmarks/serving_memory.py` gives
+  tensors and resident memory).
 
-Small batches (what a server scores) go through PyTorch's weight-only int8 kernel
-(`torch._weight_int8pack_mm`) with bf16 activations: with fp32 ones, the CPU kernel is several
-times slower than an fp32 product (measured on an AVX2 CPU: 10 ms against 5 ms for the layer at
-batch 1; 2 ms with bf16 activations). Larger batches (batch scoring) dequantize DEQ_ROWS weight
-rows at a time into an ordinary product, which is faster there; both compute with the same int8
-weights. The kernel is checked against the dequantized product when the copy is made: where it
-is missing or disagrees (a PyTorch build or device without it), the copy uses the dequantized
-path for every batch size, which gives the same scores, only slower.
+Every batch, where the device's PyTorch has it (CPUs), is an int8 x int8 product: each row of
+the input is quantized to int8 with a scale of its own (max|x_row| / 127, chosen per call), the
+product is accumulated exactly in int32 (`torch._int_mm`) and scaled back by the row's and the
+item's scales. With AVX-512 VNNI that reads the 600-wide rows as bytes and multiplies them as
+bytes: on a 2-core Zen 4, at batch 1 and 20,108 items, 0.11 ms against 0.35 ms for PyTorch's
+weight-only int8 kernel (bf16 activations) and 1.8 ms for fp32 (`benchmarks/matmul.py`). Where
+it is missing or disagrees with the dequantized product, small batches go through that
+weight-only kernel (`torch._weight_int8pack_mm`, bf16 activations) and larger batches (batch
+scoring) dequantize DEQ_ROWS weight rows at a time into an ordinary product; every path
+computes with the same int8 weights. The paths are checked when the copy is made.
 
 "fp32" / "tf32" on a CPU store the item layers' weights transposed (see
 `transpose_item_layers`): the fast layout for small batches, without a second copy.
 """
 
 from __future__ import annotations
+
+import functools
 
 import torch
 import torch.nn.functional as F
@@ -35,20 +40,22 @@ from vaecf.errors import ConfigError
 from vaecf.models.base import Model, ScoreFn
 from vaecf.settings import SERVING_PRECISIONS
 
-INT8_KERNEL_ROWS = 16  # batches up to this many histories use the int8 kernel
-DEQ_ROWS = 2048  # larger batches dequantize this many weight rows at a time
+INT8_KERNEL_ROWS = 16  # without int8 x int8: batches up to this many use the weight-only kernel
+DEQ_ROWS = 2048  # and larger batches dequantize this many weight rows at a time
 _TINY = torch.finfo(torch.float32).tiny
-_PAD = 64  # the int8 kernel wants the input width in multiples of 64 (garbage otherwise)
+_PAD = 64  # the weight-only kernel wants the input width in multiples of 64 (garbage otherwise)
 
 
 class Int8Linear(nn.Module):
     """nn.Linear's product from a weight-only int8 copy (per-row scales) of `linear`'s weight.
 
     It keeps one copy of the weight: the int8 rows and a scale per row (no dequantized copy).
-    Small batches go through PyTorch's int8 kernel with bf16 activations (the kernel's fast
-    path on every CPU; with fp32 activations it is several times slower than an fp32 product
-    where there is no native bf16); larger ones dequantize DEQ_ROWS rows at a time into an
-    ordinary product in `dtype`.
+    `path` is how it multiplies, the first of these that works on the weight's device (checked
+    against the dequantized product here): "int8", every batch as an int8 x int8 product with
+    each input row quantized to int8 per call (int32 accumulation, then the row's and the
+    item's scales); "kernel", PyTorch's weight-only int8 kernel with bf16 activations for
+    batches up to INT8_KERNEL_ROWS, larger ones as "blocks"; "blocks", DEQ_ROWS rows at a time
+    dequantized into an ordinary product in `dtype`.
     """
 
     def __init__(self, linear: nn.Linear, dtype: torch.dtype):
@@ -69,7 +76,7 @@ class Int8Linear(nn.Module):
         self.register_buffer("scale16", scale.to(torch.bfloat16))  # the kernel's scales
         bias = linear.bias.detach() if linear.bias is not None else torch.zeros(n_out)
         self.register_buffer("bias", bias.to(dtype))
-        self.kernel = self._kernel_works()
+        self.path = self._pick_path()
 
     @property
     def weight(self) -> torch.Tensor:
@@ -83,10 +90,20 @@ class Int8Linear(nn.Module):
         rows = self.q[start:stop, : self.n_in].float() * self.scale[start:stop, None]
         return rows.to(self.dtype)
 
+    def _padded(self, x: torch.Tensor) -> torch.Tensor:
+        return (F.pad(x, (0, self.pad)) if self.pad else x).contiguous()
+
     def _int8(self, x: torch.Tensor) -> torch.Tensor:
-        x = x.to(torch.bfloat16)
-        x = F.pad(x, (0, self.pad)) if self.pad else x
-        out = torch._weight_int8pack_mm(x.contiguous(), self.q, self.scale16)
+        """Both sides in int8: x's rows quantized with a scale each, products summed in int32."""
+        x = x.float()
+        xs = (x.abs().amax(dim=1, keepdim=True) / 127.0).clamp_min(_TINY)  # (B, 1)
+        xq = self._padded(torch.round(x / xs).to(torch.int8))  # |x / xs| <= 127
+        out = torch._int_mm(xq, self.q.t()).float()  # (B, n_out), exact sums of int8 products
+        out.mul_(xs).mul_(self.scale)
+        return out.to(self.dtype).add_(self.bias)
+
+    def _kernel(self, x: torch.Tensor) -> torch.Tensor:
+        out = torch._weight_int8pack_mm(self._padded(x.to(torch.bfloat16)), self.q, self.scale16)
         return out.to(self.dtype) + self.bias
 
     def _blocks(self, x: torch.Tensor) -> torch.Tensor:
@@ -99,23 +116,48 @@ class Int8Linear(nn.Module):
             out[:, s:e] = F.linear(x, self.dequantized(s, e), self.bias[s:e])
         return out
 
-    def _kernel_works(self) -> bool:
-        if not hasattr(torch, "_weight_int8pack_mm"):
-            return False
+    def _pick_path(self) -> str:
         gen = torch.Generator(device="cpu").manual_seed(0)
-        x = torch.randn(2, self.n_in, generator=gen).to(self.q.device, torch.bfloat16)
+        x = torch.randn(3, self.n_in, generator=gen).to(self.q.device, torch.bfloat16)
         want = self._blocks(x.to(self.dtype)).float()
-        try:
-            got = self._int8(x).float()
-        except (RuntimeError, NotImplementedError):
-            return False
         tol = 0.02 * float(want.abs().max()) + 1e-3
-        return bool(torch.isfinite(got).all()) and float((got - want).abs().max()) <= tol
+        for path in ("int8", "kernel"):
+            if not (
+                int8_products(self.q.device.type)
+                if path == "int8"
+                else hasattr(torch, "_weight_int8pack_mm")
+            ):
+                continue
+            try:
+                got = getattr(self, f"_{path}")(x).float()
+            except (RuntimeError, NotImplementedError):
+                continue
+            if bool(torch.isfinite(got).all()) and float((got - want).abs().max()) <= tol:
+                return path
+        return "blocks"
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.kernel and x.shape[0] <= INT8_KERNEL_ROWS:
+        if self.path == "int8":
             return self._int8(x)
+        if self.path == "kernel" and x.shape[0] <= INT8_KERNEL_ROWS:
+            return self._kernel(x)
         return self._blocks(x.to(self.dtype))
+
+
+@functools.cache
+def int8_products(device_type: str) -> bool:
+    """Whether `torch._int_mm` multiplies int8 by int8 exactly on this kind of device at a
+    batch of one (CPUs; CUDA's wants more than 16 rows)."""
+    if not hasattr(torch, "_int_mm"):
+        return False
+    gen = torch.Generator().manual_seed(0)
+    a = torch.randint(-127, 128, (1, 64), dtype=torch.int8, generator=gen)
+    b = torch.randint(-127, 128, (24, 64), dtype=torch.int8, generator=gen)
+    try:
+        got = torch._int_mm(a.to(device_type), b.to(device_type).t()).cpu()
+    except (RuntimeError, NotImplementedError):
+        return False
+    return bool((got.long() == a.long() @ b.long().t()).all())
 
 
 def quantize_item_layers(model: Model, dtype: torch.dtype) -> int:
@@ -154,7 +196,11 @@ def serving_copy(model: Model, precision: str = "fp32") -> tuple[Model, ScoreFn]
     elif model.device.type == "cpu" and precision in ("fp32", "tf32"):
         transpose_item_layers(model)
     elif precision == "int8":
-        dtype = torch.bfloat16 if prec.native_bf16(model.device) else torch.float32
+        # with int8 x int8 products the other layers run in fp32, the fastest at small batches;
+        # else bf16 activations feed the weight-only kernel where bf16 is native
+        native = prec.native_bf16(model.device)
+        int8 = int8_products(model.device.type)
+        dtype = torch.bfloat16 if native and not int8 else torch.float32
         model = model.to(dtype)
         if not quantize_item_layers(model, dtype):
             raise ConfigError(
