@@ -97,8 +97,8 @@ def main() -> int:
             t32 = seconds(lin32, a.reps * 4, x) * 1e3
             t16 = seconds(lin16, a.reps * 4, x.bfloat16()) * 1e3
             t8 = seconds(q8, a.reps * 4, x) * 1e3
-            how = {"int8": "int8 x int8", "kernel": "kernel"}.get(q8.path, "dequantized blocks")
-            how = "dequantized blocks" if q8.path == "kernel" and bs > INT8_KERNEL_ROWS else how
+            path = q8.small if bs <= INT8_KERNEL_ROWS else q8.large
+            how = {"int8": "int8 x int8", "kernel": "kernel"}.get(path, "dequantized blocks")
             print(f"batch {bs:5d}: fp32 {t32:8.2f}   bf16 {t16:8.2f}   int8 {t8:8.2f} ({how})")
 
     logits = torch.randn(b, n) * 3

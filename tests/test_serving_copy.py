@@ -51,8 +51,9 @@ def test_int8_linear_matches_the_reference_at_every_batch_size(n_in, dtype, deq_
     assert bool((err <= w.abs().max(dim=1).values * (0.5 / 127 + rel)).all())
     for rows in (1, INT8_KERNEL_ROWS, INT8_KERNEL_ROWS + 1, 50):
         x = torch.randn(rows, n_in)
-        kernel = q.path == "kernel" and rows <= INT8_KERNEL_ROWS  # it takes bf16 activations
-        want = _reference(lin, x.to(torch.bfloat16 if kernel else dtype).float(), q.path == "int8")
+        path = q.small if rows <= INT8_KERNEL_ROWS else q.large
+        kernel = path == "kernel"  # it takes bf16 activations
+        want = _reference(lin, x.to(torch.bfloat16 if kernel else dtype).float(), path == "int8")
         got = q(x)
         assert got.dtype == dtype and got.shape == (rows, 301)
         scale = np.abs(want).max()
@@ -70,7 +71,7 @@ def test_every_path_gives_the_same_scores(path):
         serving.int8_products("cpu") if path == "int8" else hasattr(torch, "_weight_int8pack_mm")
     ):
         pytest.skip(f"this PyTorch has no {path} product")
-    q.path = path
+    q.small = q.large = path
     x = torch.tanh(torch.randn(4, 600))  # a hidden layer's output
     exact = x.double().numpy() @ lin.weight.detach().double().numpy().T
     exact += lin.bias.detach().double().numpy()
@@ -106,15 +107,25 @@ def test_products_that_give_wrong_answers_are_not_used(monkeypatch):
     serving.int8_products.cache_clear()
     q = Int8Linear(_linear(40, 30), torch.float32)
     serving.int8_products.cache_clear()
-    assert q.path == "blocks"
+    assert q.small == q.large == "blocks"
     x = torch.randn(1, 40)
     np.testing.assert_allclose(q(x).double().numpy(), _reference(_linear(40, 30), x), atol=1e-4)
 
 
-def test_int8_products_are_used_where_they_work():
-    # the CPU build of the pinned PyTorch has both; if this fails, the fast path is lost
+@pytest.mark.parametrize("vnni", [True, False])
+def test_int8_products_are_used_where_they_work(vnni, monkeypatch):
+    # the CPU build of the pinned PyTorch has both; if this fails, the fast path is lost.
+    # Without int8 dot-product instructions, int8 x int8 loses to the weight-only kernel at
+    # batch 1 (oneDNN limited to AVX2 on a Zen 4: 0.84 ms against 0.40) and wins from 16 rows.
+    monkeypatch.setattr(serving.prec, "native_int8_dot", lambda dev: vnni)
     assert serving.int8_products("cpu")
-    assert Int8Linear(_linear(600, 500), torch.bfloat16).path == "int8"
+    q = Int8Linear(_linear(600, 500), torch.bfloat16)
+    assert (q.small, q.large) == ("int8" if vnni else "kernel", "int8")
+    torch.manual_seed(0)
+    net, _ = serving_copy(models.build("multvae", 300), "int8")
+    assert net.decoder[0].weight.dtype == (
+        torch.float32 if vnni or not serving.prec.native_bf16(net.device) else torch.bfloat16
+    )
 
 
 def _model_batch_scores(name):

@@ -12,16 +12,18 @@ weight on ML-20M: 20,108 x 600 floats, 48 MB). A serving copy keeps those layers
   input layer stays fp32), 93.5 in fp32 and 46.8 in bf16 (`benchmarks/serving_memory.py` gives
   tensors and resident memory).
 
-Every batch, where the device's PyTorch has it (CPUs), is an int8 x int8 product: each row of
-the input is quantized to int8 with a scale of its own (max|x_row| / 127, chosen per call), the
-product is accumulated exactly in int32 (`torch._int_mm`) and scaled back by the row's and the
-item's scales. With AVX-512 VNNI that reads the 600-wide rows as bytes and multiplies them as
-bytes: on a 2-core Zen 4, at batch 1 and 20,108 items, 0.11 ms against 0.35 ms for PyTorch's
-weight-only int8 kernel (bf16 activations) and 1.8 ms for fp32 (`benchmarks/matmul.py`). Where
-it is missing or disagrees with the dequantized product, small batches go through that
-weight-only kernel (`torch._weight_int8pack_mm`, bf16 activations) and larger batches (batch
-scoring) dequantize DEQ_ROWS weight rows at a time into an ordinary product; every path
-computes with the same int8 weights. The paths are checked when the copy is made.
+On CPUs the product is int8 x int8: each row of the input is quantized to int8 with a scale of
+its own (max|x_row| / 127, chosen per call), the products are summed exactly in int32
+(`torch._int_mm`, oneDNN) and scaled back by the row's and the item's scales. With int8
+dot-product instructions (AVX512-VNNI, AVX-VNNI, AMX) that serves every batch size: on a 2-core
+Zen 4, at batch 1 and 20,108 items, 0.11 ms against 0.35 ms for PyTorch's weight-only int8
+kernel (bf16 activations) and 1.8 ms for fp32 (`benchmarks/matmul.py`). Without them (AVX2
+only) int8 x int8 is slower than the weight-only kernel at batch 1, so batches of up to
+INT8_KERNEL_ROWS go through that kernel (`torch._weight_int8pack_mm`) and larger ones (batch
+scoring, micro-batches under load) through int8 x int8. Where a product is missing or disagrees
+with the dequantized one (CUDA's `_int_mm` wants more than 16 rows), DEQ_ROWS weight rows at a
+time are dequantized into an ordinary product; every path computes with the same int8
+weights. The paths are checked when the copy is made.
 
 "fp32" / "tf32" on a CPU store the item layers' weights transposed (see
 `transpose_item_layers`): the fast layout for small batches, without a second copy.
@@ -50,12 +52,12 @@ class Int8Linear(nn.Module):
     """nn.Linear's product from a weight-only int8 copy (per-row scales) of `linear`'s weight.
 
     It keeps one copy of the weight: the int8 rows and a scale per row (no dequantized copy).
-    `path` is how it multiplies, the first of these that works on the weight's device (checked
-    against the dequantized product here): "int8", every batch as an int8 x int8 product with
-    each input row quantized to int8 per call (int32 accumulation, then the row's and the
-    item's scales); "kernel", PyTorch's weight-only int8 kernel with bf16 activations for
-    batches up to INT8_KERNEL_ROWS, larger ones as "blocks"; "blocks", DEQ_ROWS rows at a time
-    dequantized into an ordinary product in `dtype`.
+    `small` and `large` name how it multiplies batches of up to INT8_KERNEL_ROWS rows and
+    larger ones, each a path that works on the weight's device (checked against the
+    dequantized product here): "int8", an int8 x int8 product with each input row quantized to
+    int8 per call (int32 accumulation, then the row's and the item's scales); "kernel",
+    PyTorch's weight-only int8 kernel with bf16 activations (small batches only); "blocks",
+    DEQ_ROWS rows at a time dequantized into an ordinary product in `dtype`.
     """
 
     def __init__(self, linear: nn.Linear, dtype: torch.dtype):
@@ -76,7 +78,7 @@ class Int8Linear(nn.Module):
         self.register_buffer("scale16", scale.to(torch.bfloat16))  # the kernel's scales
         bias = linear.bias.detach() if linear.bias is not None else torch.zeros(n_out)
         self.register_buffer("bias", bias.to(dtype))
-        self.path = self._pick_path()
+        self.small, self.large = self._pick_paths()
 
     @property
     def weight(self) -> torch.Tensor:
@@ -107,6 +109,7 @@ class Int8Linear(nn.Module):
         return out.to(self.dtype) + self.bias
 
     def _blocks(self, x: torch.Tensor) -> torch.Tensor:
+        x = x.to(self.dtype)
         n_out = self.q.shape[0]
         if n_out <= DEQ_ROWS:
             return F.linear(x, self.dequantized(), self.bias)
@@ -116,32 +119,39 @@ class Int8Linear(nn.Module):
             out[:, s:e] = F.linear(x, self.dequantized(s, e), self.bias[s:e])
         return out
 
-    def _pick_path(self) -> str:
+    def _works(self, path: str) -> bool:
+        """Whether `path` gives the dequantized product's answer on this device."""
+        if path == "blocks":
+            return True
+        if not (
+            int8_products(self.q.device.type)
+            if path == "int8"
+            else hasattr(torch, "_weight_int8pack_mm")
+        ):
+            return False
         gen = torch.Generator(device="cpu").manual_seed(0)
         x = torch.randn(3, self.n_in, generator=gen).to(self.q.device, torch.bfloat16)
-        want = self._blocks(x.to(self.dtype)).float()
+        want = self._blocks(x).float()
+        try:
+            got = getattr(self, f"_{path}")(x).float()
+        except (RuntimeError, NotImplementedError):
+            return False
         tol = 0.02 * float(want.abs().max()) + 1e-3
-        for path in ("int8", "kernel"):
-            if not (
-                int8_products(self.q.device.type)
-                if path == "int8"
-                else hasattr(torch, "_weight_int8pack_mm")
-            ):
-                continue
-            try:
-                got = getattr(self, f"_{path}")(x).float()
-            except (RuntimeError, NotImplementedError):
-                continue
-            if bool(torch.isfinite(got).all()) and float((got - want).abs().max()) <= tol:
-                return path
-        return "blocks"
+        return bool(torch.isfinite(got).all()) and float((got - want).abs().max()) <= tol
+
+    def _pick_paths(self) -> tuple[str, str]:
+        """(small, large): the paths for batches up to INT8_KERNEL_ROWS and above. Without
+        int8 dot-product instructions (AVX2 only) int8 x int8 is slower than the weight-only
+        kernel at batch 1 and faster from a few rows up."""
+        large = "int8" if self._works("int8") else "blocks"
+        first = "int8" if prec.native_int8_dot(self.q.device) else "kernel"
+        order = (first, "kernel" if first == "int8" else "int8", "blocks")
+        small = next(p for p in order if p == large or p == "blocks" or self._works(p))
+        return small, large
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.path == "int8":
-            return self._int8(x)
-        if self.path == "kernel" and x.shape[0] <= INT8_KERNEL_ROWS:
-            return self._kernel(x)
-        return self._blocks(x.to(self.dtype))
+        path = self.small if x.shape[0] <= INT8_KERNEL_ROWS else self.large
+        return getattr(self, f"_{path}")(x)
 
 
 @functools.cache
@@ -196,11 +206,10 @@ def serving_copy(model: Model, precision: str = "fp32") -> tuple[Model, ScoreFn]
     elif model.device.type == "cpu" and precision in ("fp32", "tf32"):
         transpose_item_layers(model)
     elif precision == "int8":
-        # with int8 x int8 products the other layers run in fp32, the fastest at small batches;
+        # where small batches are int8 x int8 the other layers run in fp32, the fastest there;
         # else bf16 activations feed the weight-only kernel where bf16 is native
-        native = prec.native_bf16(model.device)
-        int8 = int8_products(model.device.type)
-        dtype = torch.bfloat16 if native and not int8 else torch.float32
+        int8 = prec.native_int8_dot(model.device) and int8_products(model.device.type)
+        dtype = torch.bfloat16 if prec.native_bf16(model.device) and not int8 else torch.float32
         model = model.to(dtype)
         if not quantize_item_layers(model, dtype):
             raise ConfigError(
