@@ -34,25 +34,12 @@ def native_bf16(device: torch.device) -> bool:
     AVX512-BF16 or AMX), so that bf16 is a speed-up rather than an emulation."""
     if device.type == "cuda":
         return torch.cuda.is_bf16_supported(including_emulation=False)
-    flags = _cpu_flags()
-    return "avx512_bf16" in flags or "amx_bf16" in flags
-
-
-def native_int8_dot(device: torch.device) -> bool:
-    """Whether `device` is a CPU with int8 dot-product instructions (AVX512-VNNI, AVX-VNNI or
-    AMX), where an int8 x int8 product beats a weight-only int8 one even at batch 1."""
-    if device.type != "cpu":
-        return False
-    flags = _cpu_flags()
-    return any(f in flags for f in ("avx512_vnni", "avx_vnni", "amx_int8"))
-
-
-def _cpu_flags() -> set[str]:
     try:
         with open("/proc/cpuinfo") as f:
-            return set(f.read().split())
+            flags = f.read()
     except OSError:
-        return set()
+        return False
+    return "avx512_bf16" in flags or "amx_bf16" in flags
 
 
 def resolve_precision(precision: str, device: torch.device) -> str:

@@ -7,23 +7,24 @@ weight on ML-20M: 20,108 x 600 floats, 48 MB). A serving copy keeps those layers
 - "int8": every layer with one output per item keeps its weight as int8 with one float scale per
   item (row), w ~= scale * q with scale = max|w_row| / 127, and nothing else: a quarter of the
   fp32 bytes for those layers, read per small-batch call and held. The rest of the model runs
-  in fp32 where the int8 x int8 product below exists (CPUs), else in bf16 where the device does
-  bf16 in hardware. An ML-20M-sized Mult-VAE holds 59.9 MiB of tensors in int8 on a CPU (the
+  in fp32 where the int8 x int8 product below is used, else in bf16 where the device does bf16
+  in hardware. An ML-20M-sized Mult-VAE holds 59.9 MiB of tensors in int8 on a CPU (the
   input layer stays fp32), 93.5 in fp32 and 46.8 in bf16 (`benchmarks/serving_memory.py` gives
   tensors and resident memory).
 
-On CPUs the product is int8 x int8: each row of the input is quantized to int8 with a scale of
-its own (max|x_row| / 127, chosen per call), the products are summed exactly in int32
-(`torch._int_mm`, oneDNN) and scaled back by the row's and the item's scales. With int8
-dot-product instructions (AVX512-VNNI, AVX-VNNI, AMX) that serves every batch size: on a 2-core
-Zen 4, at batch 1 and 20,108 items, 0.11 ms against 0.35 ms for PyTorch's weight-only int8
-kernel (bf16 activations) and 1.8 ms for fp32 (`benchmarks/matmul.py`). Without them (AVX2
-only) int8 x int8 is slower than the weight-only kernel at batch 1, so batches of up to
-INT8_KERNEL_ROWS go through that kernel (`torch._weight_int8pack_mm`) and larger ones (batch
-scoring, micro-batches under load) through int8 x int8. Where a product is missing or disagrees
-with the dequantized one (CUDA's `_int_mm` wants more than 16 rows), DEQ_ROWS weight rows at a
-time are dequantized into an ordinary product; every path computes with the same int8
-weights. The paths are checked when the copy is made.
+On CPUs with int8 dot-product instructions (AVX512-VNNI, AVX-VNNI, AMX) every batch is an
+int8 x int8 product: each row of the input is quantized to int8 with a scale of its own
+(max|x_row| / 127, chosen per call), the products are summed exactly in int32 (`torch._int_mm`,
+oneDNN) and scaled back by the row's and the item's scales. On a 2-core Zen 4, at batch 1 and
+20,108 items, the layer takes 0.21 ms against 0.39 ms for PyTorch's weight-only int8 kernel
+(bf16 activations) and 2.5 ms dequantized (`benchmarks/int8_paths.py`). Without those
+instructions oneDNN's int8 product saturates its 16-bit intermediate sums and gives wrong
+answers (with oneDNN held to AVX2, 99% of a random product's entries wrong), so
+`int8_products` refuses it, and batches of up to INT8_KERNEL_ROWS go through the weight-only
+kernel (`torch._weight_int8pack_mm`) and larger ones dequantize DEQ_ROWS weight rows at a time
+into an ordinary product; so do devices where a product is missing (CUDA's `_int_mm` wants more
+than 16 rows). Every path computes with the same int8 weights, and each is checked against the
+dequantized product when the copy is made.
 
 "fp32" / "tf32" on a CPU store the item layers' weights transposed (see
 `transpose_item_layers`): the fast layout for small batches, without a second copy.
@@ -140,14 +141,10 @@ class Int8Linear(nn.Module):
         return bool(torch.isfinite(got).all()) and float((got - want).abs().max()) <= tol
 
     def _pick_paths(self) -> tuple[str, str]:
-        """(small, large): the paths for batches up to INT8_KERNEL_ROWS and above. Without
-        int8 dot-product instructions (AVX2 only) int8 x int8 is slower than the weight-only
-        kernel at batch 1 and faster from a few rows up."""
-        large = "int8" if self._works("int8") else "blocks"
-        first = "int8" if prec.native_int8_dot(self.q.device) else "kernel"
-        order = (first, "kernel" if first == "int8" else "int8", "blocks")
-        small = next(p for p in order if p == large or p == "blocks" or self._works(p))
-        return small, large
+        """(small, large): the paths for batches up to INT8_KERNEL_ROWS and above."""
+        if self._works("int8"):
+            return "int8", "int8"
+        return ("kernel" if self._works("kernel") else "blocks"), "blocks"
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         path = self.small if x.shape[0] <= INT8_KERNEL_ROWS else self.large
@@ -157,7 +154,8 @@ class Int8Linear(nn.Module):
 @functools.cache
 def int8_products(device_type: str) -> bool:
     """Whether `torch._int_mm` multiplies int8 by int8 exactly on this kind of device at a
-    batch of one (CPUs; CUDA's wants more than 16 rows)."""
+    batch of one: CPUs with VNNI/AMX (without them oneDNN's product saturates: wrong answers);
+    not CUDA (its `_int_mm` wants more than 16 rows)."""
     if not hasattr(torch, "_int_mm"):
         return False
     gen = torch.Generator().manual_seed(0)
@@ -206,9 +204,9 @@ def serving_copy(model: Model, precision: str = "fp32") -> tuple[Model, ScoreFn]
     elif model.device.type == "cpu" and precision in ("fp32", "tf32"):
         transpose_item_layers(model)
     elif precision == "int8":
-        # where small batches are int8 x int8 the other layers run in fp32, the fastest there;
+        # with int8 x int8 products the other layers run in fp32, the fastest at small batches;
         # else bf16 activations feed the weight-only kernel where bf16 is native
-        int8 = prec.native_int8_dot(model.device) and int8_products(model.device.type)
+        int8 = int8_products(model.device.type)
         dtype = torch.bfloat16 if prec.native_bf16(model.device) and not int8 else torch.float32
         model = model.to(dtype)
         if not quantize_item_layers(model, dtype):
