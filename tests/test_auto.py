@@ -30,9 +30,11 @@ def quiet(**kw):
 
 
 def test_auto_picks_the_planted_winner_without_the_test_split(ds, tmp_path):
-    auto = models.AutoConfig(candidates=["popular", "ease"], blend=False)
+    auto = models.AutoConfig(candidates=["popular", "ease"], blend=False, linear_cv=False)
     res = vaecf.train(ds, quiet(), tmp_path / "a", auto)
     results = json.loads((res.run_dir / "results.json").read_text())
+    fit = json.loads((tmp_path / "a" / "candidates" / "ease" / "metrics.jsonl").read_text())
+    assert fit["selection"] == "validation" and fit["popularity_exponent"] == 0.0
     cands = {c["model"]: c for c in results["auto"]["candidates"]}
     # planted taste groups: the item-item model must beat popularity, and auto keeps it
     assert cands["ease"]["validation"]["ndcg@100"] > cands["popular"]["validation"]["ndcg@100"]
@@ -65,6 +67,11 @@ def test_auto_blends_and_skips_what_does_not_fit(ds, tmp_path, monkeypatch):
     results = json.loads((res.run_dir / "results.json").read_text())
     cands = {c["model"]: c for c in results["auto"]["candidates"]}
     assert set(cands) == {"edlae", "multdae", "ease", "blend"}
+    for name in ("edlae", "ease"):  # the linear candidates chose on cv folds too, beta as well
+        fit = json.loads((tmp_path / "b" / "candidates" / name / "metrics.jsonl").read_text())
+        assert fit["selection"] == "cv" and fit["cv_users"] > 0
+        assert {g["popularity_exponent"] for g in fit["grid"]} == {0.0, 0.1, 0.25, 0.4}
+        assert all(g["cv"]["n_users"] == fit["cv_users"] for g in fit["grid"])
     blend = cands["blend"]
     assert blend["parts"][1] == "multdae" and blend["parts"][0] in ("edlae", "ease")
     assert len(blend["weights_tried"]) == 9

@@ -21,6 +21,7 @@ from vaecf.data import synthetic
 from vaecf.data.matrix import CSR
 from vaecf.errors import ConfigError
 from vaecf.evaluate import evaluate_model
+from vaecf.models.ease import _metrics_of, cv_folds
 from vaecf.models.multvae import auto_batch_size, scaled_anneal_steps
 from vaecf.trainer import resolve_config
 
@@ -241,6 +242,86 @@ def test_fast_search_refines_the_coarse_best_on_every_item(ds, tmp_path):
     best = max(full, key=lambda g: g["validation"]["ndcg@100"])
     assert row["l2"] == best["l2"]
     assert run.validation_metrics["ndcg@100"] == pytest.approx(best["validation"]["ndcg@100"])
+
+
+def test_cv_folds_hold_out_training_users_as_heldout_users_are(ds):
+    train = ds.split("train").astype(np.float64)
+    x = train.toarray()
+    folds = cv_folds(train, 3, np.float64)
+    seen = []
+    for delta, f_in, f_te in folds:
+        fin, fte = f_in.toarray(), f_te.toarray()
+        assert not (fin * fte).any()  # fold-in and target disjoint
+        sizes = (fin + fte).sum(1)
+        assert (fte.sum(1) == np.floor(0.2 * sizes)).all() and (sizes >= 5).all()
+        # each fold row is one training user's whole history
+        match = [np.flatnonzero((x == r).all(axis=1)) for r in fin + fte]
+        assert all(len(m) == 1 for m in match)
+        mine = [int(m[0]) for m in match]
+        seen += mine
+        rest = np.delete(x, mine, axis=0)
+        want = rest.T @ rest + fin.T @ fin  # the fold's users held out but for their fold-in
+        assert np.allclose(x.T @ x + delta.toarray(), want)
+    assert sorted(seen) == sorted(np.flatnonzero(x.sum(1) >= 5).tolist())  # each user once
+
+
+def test_cv_selection_pools_folds_and_validation_against_numpy(ds):
+    """--selection cv: each tried (lambda, p, beta) is scored on the validation users and on
+    the training folds' users, each fold's B solved without its users' targets (a float64
+    numpy reference with brute-force NDCG@100); the choice is the best pooled figure."""
+    train = ds.split("train").astype(np.float64)
+    val = (ds.split("validation_tr"), ds.split("validation_te"))
+    cfg = {
+        "l2_grid": [3.0, 300.0],
+        "dropout_grid": [0.0, 0.33],
+        "popularity_grid": [0.0, 0.5],
+        "selection": "cv",
+        "cv_folds": 3,
+        "search": "grid",
+        "solve_dtype": "float64",
+    }
+    model = models.build("edlae", ds.n_items, cfg)
+    vc = tuple(CSR.from_scipy(m) for m in val)
+    rec = model.fit(train, validate=lambda m: _metrics_of(m.weight, *vc), validation=val)
+    assert rec["selection"] == "cv" and rec["cv_folds"] == 3
+    x = train.toarray()
+    g = x.T @ x
+
+    def b_of(gram, lam, p, beta):
+        pm = np.linalg.inv(gram + lam * np.eye(len(gram)) + p / (1 - p) * np.diag(np.diag(gram)))
+        b = np.eye(len(gram)) - pm / np.diag(pm)[None, :]
+        return b / np.maximum(np.diag(gram), 1.0)[None, :] ** beta
+
+    folds = cv_folds(train, 3, np.float64)
+    grid = rec["grid"]
+    assert len(grid) == 8
+    for row in grid:
+        point = (row["l2"], row["dropout"], row["popularity_exponent"])
+        sums, n = 0.0, 0
+        for delta, f_in, f_te in folds:
+            scores = f_in.toarray() @ b_of(g + delta.toarray(), *point)
+            _, ndcg, users = brute_force(scores, f_in.toarray(), f_te.toarray(), 100)
+            sums, n = sums + ndcg * users, n + users
+        assert row["cv"]["n_users"] == n
+        assert row["cv"]["ndcg@100"] == pytest.approx(sums / n, abs=1e-6)
+        v = row["validation"]
+        pooled = (sums + v["ndcg@100"] * v["n_users"]) / (n + v["n_users"])
+        assert row["value"] == pytest.approx(pooled, abs=1e-6)
+    best = max(grid, key=lambda r: r["value"])
+    chosen = (rec["l2"], rec["dropout"], rec["popularity_exponent"])
+    assert chosen == (best["l2"], best["dropout"], best["popularity_exponent"])
+    want = b_of(g, *chosen)
+    np.fill_diagonal(want, 0.0)
+    assert np.abs(model.weight.double().numpy() - want).max() < 1e-5
+    # beta is searched without cv too (validation alone), and the grid records every beta
+    cfg.pop("selection")
+    rec = models.build("edlae", ds.n_items, cfg).fit(
+        train, validate=lambda m: _metrics_of(m.weight, *vc), validation=val
+    )
+    assert rec["selection"] == "validation" and "cv" not in rec["grid"][0]
+    assert {r["popularity_exponent"] for r in rec["grid"]} == {0.0, 0.5}
+    best = max(rec["grid"], key=lambda r: r["validation"]["ndcg@100"])
+    assert rec["popularity_exponent"] == best["popularity_exponent"]
 
 
 def test_hybrid_starts_where_edlae_ends(ds):

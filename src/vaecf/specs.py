@@ -29,6 +29,7 @@ DEFAULT_DROPOUT_GRID = [0.0, 0.1, 0.2, 0.33, 0.5]
 # demo data (README "Accuracy"): 0.1 gained on all three; 0.25 gained more on the real ones but
 # cost 0.004 on the demo data. EASE keeps 0: it is the reference baseline.
 POPULARITY_EXPONENT = 0.1
+LINEAR_CV_BETAS = [0.0, 0.1, 0.25, 0.4]  # the penalties auto's linear candidates choose from
 POPULARITY_HELP = (
     "beta: B's column j divided by item j's count in X^T X to the power beta after each "
     "solve, so that lambda and p are chosen with it (a popularity penalty, as RP3beta's, "
@@ -147,10 +148,29 @@ class EASEConfig:
         256, "the sparse solver's items per column of B (its cost grows with the cube)"
     )
     popularity_exponent: float = setting(0.0, POPULARITY_HELP)
+    popularity_grid: list[float] = setting(
+        help="penalties beta to choose from with lambda (and p), by the same selection (no "
+        "extra solve: B's columns are rescaled); empty: --popularity-exponent alone",
+        factory=list,
+    )
+    selection: Literal["validation", "cv"] = setting(
+        "validation",
+        "what a search scores each tried point on: validation: the validation users; cv: "
+        "those and --cv-folds folds of the training users (each fold's users held out of "
+        "X^T X but for a random 80 percent of their items, their other 20 percent predicted, "
+        "as held-out users are): cv-folds + 1 solves per point, a choice made on many more "
+        "users (dense solver)",
+    )
+    cv_folds: int = setting(5, "folds of the training users for --selection cv")
 
     def __post_init__(self) -> None:
-        if not 0.0 <= self.popularity_exponent <= 1.0:
-            raise ConfigError("popularity_exponent must be in [0, 1]")
+        betas = [self.popularity_exponent, *self.popularity_grid]
+        if not all(0.0 <= b <= 1.0 for b in betas):
+            raise ConfigError(
+                "popularity_exponent (and every popularity_grid value) must be in [0, 1]"
+            )
+        if self.cv_folds < 2:
+            raise ConfigError("cv_folds must be at least 2")
         if self.l2 is not None and self.l2 <= 0:
             raise ConfigError("l2 (lambda) must be positive")
         if not self.l2_grid or min(self.l2_grid) <= 0:
@@ -218,6 +238,13 @@ class AutoConfig:
     )
     blend: bool = setting(
         True, "also try a validation-weighted blend of the best linear and best autoencoder"
+    )
+    linear_cv: bool = setting(
+        True,
+        "the linear candidates choose lambda, p and the popularity penalty beta (from "
+        f"{LINEAR_CV_BETAS}) on folds of the training users as well as on the validation "
+        "users (their --selection cv --popularity-grid): more users behind the choice, at "
+        "cv-folds + 1 solves per tried point; false: their defaults",
     )
     margin_z: float = setting(
         1.645,

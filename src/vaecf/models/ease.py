@@ -144,17 +144,27 @@ def _mirror_upper(m: torch.Tensor, tile: int = 512) -> None:
 
 
 def linear_weights(
-    gram: torch.Tensor, l2: float, dropout: float = 0.0, emphasis: str = "full"
+    gram: torch.Tensor,
+    l2: float,
+    dropout: float = 0.0,
+    emphasis: str = "full",
+    delta: sp.spmatrix | None = None,
 ) -> torch.Tensor:
-    """B for one (lambda, p) from the Gram matrix X^T X (not modified): EASE at p = 0 with
-    full emphasis (EDLAE); with none, DLAE's B = I - P Lambda (its diagonal then set to 0:
-    a history's own items are never ranked, so it changes no recommendation)."""
+    """B for one (lambda, p) from the Gram matrix X^T X (not modified; `delta`, a sparse
+    correction, added to its copy first): EASE at p = 0 with full emphasis (EDLAE); with none,
+    DLAE's B = I - P Lambda (its diagonal then set to 0: a history's own items are never
+    ranked, so it changes no recommendation)."""
     a = gram.clone()
+    if delta is not None and delta.nnz:
+        c = delta.tocoo()
+        at = [torch.from_numpy(v.astype(np.int64)).to(a.device) for v in (c.row, c.col)]
+        a.index_put_(tuple(at), torch.from_numpy(c.data).to(a), accumulate=True)
     d = a.diagonal()
+    base = d.clone() if emphasis == "none" else None
     if dropout:
         d.div_(1.0 - dropout)  # G_ii + p/(1-p) G_ii
     d.add_(l2)
-    lam = d - gram.diagonal() if emphasis == "none" else None  # Lambda: l2 + p/(1-p) G_ii
+    lam = d - base if base is not None else None  # Lambda: l2 + p/(1-p) G_ii
     p = _spd_inverse(a, l2)  # (n_items, n_items), in a's memory where it can
     if lam is not None:
         b = p.mul_(-lam)  # -P Lambda, column-wise
@@ -168,6 +178,69 @@ def _metrics_of(weight: torch.Tensor, fold_in: CSR, target: CSR) -> dict:
     from vaecf.evaluate import evaluate_scores
 
     return evaluate_scores(lambda batch: _sparse_rows(weight, batch), fold_in, target)
+
+
+def _penalty(diag: torch.Tensor, beta: float) -> torch.Tensor:
+    """The popularity penalty's column scales: count_j^-beta (1 for beta 0)."""
+    return diag.double().clamp(min=1.0).pow(-beta).float()
+
+
+def _beta_metrics(
+    b: torch.Tensor, diag: torch.Tensor, betas: list[float], fold_in: CSR, target: CSR
+) -> list[dict]:
+    """Metrics of the unpenalised B under each penalty beta: X B's columns rescaled, which
+    is X (B's columns rescaled), without a copy of B."""
+    from vaecf.evaluate import evaluate_scores
+
+    out = []
+    for beta in betas:
+        scale = _penalty(diag, beta).to(b.device)
+        out.append(evaluate_scores(lambda t, s=scale: _sparse_rows(b, t) * s, fold_in, target))
+    return out
+
+
+def _pooled(parts: list[dict], metric: str) -> dict:
+    """Metrics over the union of several user sets (means weighted by their users)."""
+    n = sum(m["n_users"] for m in parts)
+    keys = [k for k in parts[0] if k not in ("n_users", "n_skipped")]
+    out = {k: sum(m[k] * m["n_users"] for m in parts) / max(n, 1) for k in keys}
+    return {**out, "n_users": n}
+
+
+def _restrict(m: sp.csr_matrix, cols: np.ndarray | None) -> sp.csr_matrix:
+    return m if cols is None else m[cols][:, cols]
+
+
+def _csr_on(m: sp.spmatrix, cols: np.ndarray | None, device: torch.device) -> CSR:
+    m = m.tocsr()
+    return CSR.from_scipy(m if cols is None else m[:, cols], device)
+
+
+def cv_folds(
+    train: sp.csr_matrix, k: int, dtype, seed: int = 0
+) -> list[tuple[sp.csr_matrix, sp.csr_matrix, sp.csr_matrix]]:
+    """K folds of the training users with 5 or more items, as held-out users: each fold's
+    (Gram correction, fold-in, target), the correction taking its users' rows out of X^T X
+    and putting their fold-in rows back (their 80 percent, drawn as the held-out users' are)."""
+    from vaecf.data.splits import fold_in_mask
+
+    x = train.tocsr().astype(dtype)
+    x.sort_indices()
+    users = np.flatnonzero(np.diff(x.indptr) >= 5)
+    fold_of = np.random.default_rng(seed).permutation(len(users)) % k
+    out = []
+    for f in range(k):
+        xf = x[users[fold_of == f]]
+        held = fold_in_mask(np.diff(xf.indptr), seed + f)
+        f_te = xf.copy()
+        f_te.data = np.where(held, f_te.data, 0).astype(dtype)
+        f_te.eliminate_zeros()
+        f_in = (xf - f_te).tocsr()
+        f_in.eliminate_zeros()
+        delta = (f_in.T @ f_in - xf.T @ xf).tocsr()
+        delta.eliminate_zeros()
+        out.append((delta, f_in, f_te))
+    return out
 
 
 class EASE(Model):
@@ -269,21 +342,23 @@ class EASE(Model):
         validation: tuple[sp.csr_matrix, sp.csr_matrix] | None = None,
         fold_in: sp.csr_matrix | None = None,
     ) -> dict:
-        """Fit B on the training matrix; with lambda (or p) unset, search them on validation
-        (`validation` (fold-in, target) for the coarse stage, `validate(model)` for the full
-        catalogue) and keep the best. Returns what to record: the choice, every tried point
-        with its metrics, seconds, the solve's dtype."""
+        """Fit B on the training matrix; with lambda (or p, or beta) unset, search them on
+        validation (`validation` (fold-in, target), `validate(model)` for the full catalogue
+        where the choice is on the validation users alone) and keep the best. Returns what to
+        record: the choice, every tried point with its metrics, seconds, the solve's dtype."""
         cfg, device = self.config, self.weight.device
         dtype = getattr(torch, cfg.solve_dtype)
         l2s = [cfg.l2] if cfg.l2 is not None else sorted(cfg.l2_grid)
         dropouts = self._dropouts()
-        single = len(l2s) == 1 and len(dropouts) == 1
+        betas = sorted(cfg.popularity_grid) if cfg.popularity_grid else [cfg.popularity_exponent]
+        single = len(l2s) == 1 and len(dropouts) == 1 and len(betas) == 1
         if not single and validate is None:
             raise ConfigError(f"{self.name} needs validation data to choose lambda; give --l2")
         t0 = time.perf_counter()
         x = train.tocsr()
         if cfg.fold_in_rows and fold_in is not None and fold_in.nnz:
             x = sp.vstack([x, fold_in.tocsr()]).tocsr()
+        cv = cfg.selection == "cv" and not single
         solver, plan = self._solver(x, dtype, device, single)
         if log:
             log(f"{self.title}: {plan}")
@@ -291,19 +366,51 @@ class EASE(Model):
         gram_sp = (x.T @ x).tocsr()  # sparse: at most the sum of squared history lengths
         gram_sp.sort_indices()
         diag = torch.from_numpy(gram_sp.diagonal())
-        # the popularity penalty: column j of B times count_j^-beta (1 for beta 0)
-        penalty = diag.double().clamp(min=1.0).pow(-cfg.popularity_exponent).float()
+        if solver == "sparse" and len(betas) > 1:
+            betas = [cfg.popularity_exponent]  # the sparse solver's B is scaled in place
+        cv = cv and solver == "dense"
+        # the selection's own scoring (several betas, or folds): anything but one B on the
+        # validation users alone, which the caller's `validate` scores
+        own = cv or len(betas) > 1
+        if own and validation is None:
+            raise ConfigError(f"{self.name}'s search needs the validation split")
+        folds = cv_folds(train, cfg.cv_folds, x.dtype) if cv else []
         gram = torch.from_numpy(gram_sp.toarray()).to(device) if solver == "dense" else None
         t_gram = time.perf_counter() - t0
         tried: list[dict] = []
 
+        def point(g, cols, l2: float, p: float, val) -> list[dict]:
+            """Per beta: the validation (and cv) metrics of (lambda, p) on the items `cols` of
+            Gram `g` (None: all), and the value the selection compares."""
+            d = diag if cols is None else diag[cols]
+            b = linear_weights(g, l2, p, self._emphasis()).float()
+            rows = [{"validation": m} for m in _beta_metrics(b, d, betas, *val)]
+            del b
+            per_fold = []
+            for delta, f_in, f_te in folds:
+                part = _restrict(delta, cols)
+                df = d + torch.from_numpy(part.diagonal()).to(d)
+                bf = linear_weights(g, l2, p, self._emphasis(), part).float()
+                fv = [_csr_on(m, cols, device) for m in (f_in, f_te)]
+                per_fold.append(_beta_metrics(bf, df, betas, *fv))
+                del bf
+            for i, (beta, row) in enumerate(zip(betas, rows)):
+                row.update(l2=l2, dropout=p, popularity_exponent=beta)
+                parts = [row["validation"]]
+                if folds:
+                    row["cv"] = _pooled([f[i] for f in per_fold], select_metric)
+                    parts.append(row["cv"])
+                row["value"] = _pooled(parts, select_metric)[select_metric]
+            return rows
+
         def note(row: dict) -> None:
             tried.append(row)
             if log and "validation" in row:
+                cvm = f", cv {row['cv'][select_metric]:.4f}" if "cv" in row else ""
                 log(
                     f"{self.title} {row['stage']} ({row['n_items']:,} items) lambda "
-                    f"{row['l2']:g} p {row['dropout']:g}: {select_metric} "
-                    f"{row['validation'][select_metric]:.4f}"
+                    f"{row['l2']:g} p {row['dropout']:g} beta {row['popularity_exponent']:g}: "
+                    f"{select_metric} {row['validation'][select_metric]:.4f}{cvm}"
                 )
 
         full = [(l2, p) for p in dropouts for l2 in l2s]
@@ -317,59 +424,79 @@ class EASE(Model):
             keep = torch.topk(diag, cfg.coarse_items).indices.sort().values
             cols = keep.numpy()
             sub = torch.from_numpy(dense_block(gram_sp, cols)).to(device=device, dtype=dtype)
-            sub_val = [CSR.from_scipy(m.tocsr()[:, cols], device) for m in validation]
-            curve: dict[tuple[float, float], float] = {}
+            sub_val = [_csr_on(m, cols, device) for m in validation]
+            curve: dict[tuple[float, float, float], float] = {}
             for l2, p in full:
                 t1 = time.perf_counter()
-                b = linear_weights(sub, l2, p, self._emphasis()).float()
-                m = _metrics_of(b.mul_(penalty[cols].to(b)), *sub_val)
-                row = {"stage": "coarse", "n_items": len(cols), "l2": l2, "dropout": p}
-                note({**row, "seconds": round(time.perf_counter() - t1, 3), "validation": m})
-                curve[(l2, p)] = m[select_metric]
+                rows = point(sub, cols, l2, p, sub_val)
+                for row in rows:
+                    seconds = round((time.perf_counter() - t1) / len(rows), 3)
+                    note({"stage": "coarse", "n_items": len(cols), **row, "seconds": seconds})
+                    curve[(l2, p, row["popularity_exponent"])] = row["value"]
             del sub
-            l2, p = max(curve, key=curve.get)  # the first of equals: the smaller lambda and p
+            # the first of equals: the smaller lambda, p and beta
+            l2, p, beta = max(curve, key=curve.get)
             full = [(l2, p)]
             if cfg.l2 is None:  # half a grid step toward the better coarse neighbour
                 i = l2s.index(l2)
-                down = curve[(l2s[i - 1], p)] if i > 0 else math.inf
-                up = curve[(l2s[i + 1], p)] if i + 1 < len(l2s) else math.inf
+                down = curve[(l2s[i - 1], p, beta)] if i > 0 else math.inf
+                up = curve[(l2s[i + 1], p, beta)] if i + 1 < len(l2s) else math.inf
                 full.append((l2 / REFINE_STEP if down >= up else l2 * REFINE_STEP, p))
+        full_val = [_csr_on(m, None, device) for m in validation] if own else None
         best = None
         for l2, p in full:
             t1 = time.perf_counter()
+            row = {"stage": "full", "n_items": self.n_items, "l2": l2, "dropout": p}
+            if own:
+                self.weight = torch.empty(0, device=device)
+                for r in point(gram, None, l2, p, full_val):
+                    note({**row, **r, "seconds": round(time.perf_counter() - t1, 3)})
+                    if best is None or r["value"] > best[0]:
+                        best = (r["value"], l2, p, r["popularity_exponent"], None)
+                continue
             if solver == "sparse":
                 k = cfg.neighbours
                 self._set_sparse(neighbour_weights(x, l2, p, k, device, dtype, gram_sp))
-                self.b_values.mul_(penalty.to(device)[self.b_indices])
+                self.b_values.mul_(_penalty(diag, betas[0]).to(device)[self.b_indices])
             else:
                 self.weight = torch.empty(0, device=device)  # the last B goes before the next
                 self.weight = linear_weights(gram, l2, p, self._emphasis()).to(torch.float32)
-                self.weight.mul_(penalty.to(device))
-            row = {"stage": "full", "n_items": self.n_items, "l2": l2, "dropout": p}
+                self.weight.mul_(_penalty(diag, betas[0]).to(device))
+            row["popularity_exponent"] = betas[0]
             value = 0.0
             if not single:
                 row["validation"] = validate(self)
                 value = row["validation"][select_metric]
             note({**row, "seconds": round(time.perf_counter() - t1, 3)})
             if best is None or value > best[0]:
-                best = (value, l2, p, [getattr(self, n) for n in self._B])
+                best = (value, l2, p, betas[0], [getattr(self, n) for n in self._B])
+        _, l2, p, beta, b = best
+        if b is None:  # chosen by the selection's own scoring: solve the winner once more
+            self.weight = linear_weights(gram, l2, p, self._emphasis()).to(torch.float32)
+            self.weight.mul_(_penalty(diag, beta).to(device))
+        else:
+            for name, t in zip(self._B, b):
+                setattr(self, name, t)
         del gram, gram_sp
-        _, l2, p, b = best
-        for name, t in zip(self._B, b):
-            setattr(self, name, t)
         self._keep(l2, p)
         return {
             "l2": l2,
             **({"dropout": p} if isinstance(cfg, EDLAEConfig) else {}),
             "grid": tried if not single else None,
             "search": None if single else cfg.search,
+            "selection": None if single else ("cv" if cv else "validation"),
+            **(
+                {"cv_folds": len(folds), "cv_users": sum(f[2].shape[0] for f in folds)}
+                if cv
+                else {}
+            ),
             "solver": solver,
             **(
                 {"neighbours": cfg.neighbours, "nnz": int(self.b_values.numel())}
                 if self.sparse
                 else {}
             ),
-            "popularity_exponent": cfg.popularity_exponent,
+            "popularity_exponent": beta,
             "gram_rows": x.shape[0],
             "gram_seconds": round(t_gram, 3),
             "seconds": round(time.perf_counter() - t0, 3),
