@@ -17,7 +17,6 @@ import time
 
 import httpx
 import pytest
-import torch
 from serve_helpers import client, free_port, running
 
 from vaecf.cli import main
@@ -405,39 +404,6 @@ def test_a_request_alone_is_scored_without_the_thread_hop(rec_a, runs):
     assert waited >= 0.05
     want = expected(rec_a, [1001, 1002], 5)
     assert same_answer(alone[0].to_dict(), want) and same_answer(queued[0].to_dict(), want)
-
-
-@pytest.mark.parametrize("one_thread_max", [0, 1])
-def test_small_scoring_calls_run_on_one_thread_when_asked(rec_a, runs, one_thread_max):
-    """--one-thread-max: a call of at most that many histories is scored with one intra-op
-    thread (inline or on the worker), a larger one with the thread's default count."""
-    model = load_checked(runs["a"])
-    default = torch.get_num_threads()
-    torch.set_num_threads(max(default, 2))  # the count a small call must go below
-    seen = []
-
-    async def go():
-        b = MicroBatcher(
-            wait_s=0.0,
-            on_batch=lambda h, r, s: seen.append((h, torch.get_num_threads())),
-            in_flight=lambda: 1,
-            one_thread_max=one_thread_max,
-        )
-        await b.start()
-        try:
-            one = await b.submit(model, [[1001, 1002]], 5)  # alone: scored inline
-            two = await b.submit(model, [[1001, 1002], [1003]], 5)
-            return one, two
-        finally:
-            await b.stop()
-
-    try:
-        one, two = asyncio.run(go())
-        assert seen == [(1, 1 if one_thread_max else max(default, 2)), (2, max(default, 2))]
-    finally:
-        torch.set_num_threads(default)
-    assert same_answer(one[0].to_dict(), expected(rec_a, [1001, 1002], 5))
-    assert same_answer(two[1].to_dict(), expected(rec_a, [1003], 5))
 
 
 def test_requests_that_arrive_together_are_batched_not_scored_inline(rec_a, runs):

@@ -33,7 +33,6 @@ def cmd_serve(a) -> int:
         no_auth=a.no_auth,
         batch_wait_ms=a.batch_wait_ms,
         max_batch_size=a.max_batch_size,
-        one_thread_max=a.one_thread_max,
         max_body_bytes=a.max_body_bytes,
         max_history=a.max_history,
         max_k=a.max_k,
@@ -172,13 +171,6 @@ def register(sub) -> None:
     )
     ps.add_argument(
         "--max-batch-size", type=int, default=256, help="histories per scoring call (256)"
-    )
-    ps.add_argument(
-        "--one-thread-max",
-        type=int,
-        default=0,
-        help="scoring calls of at most this many histories run on one intra-op thread, the "
-        "rest on all (0: all always)",
     )
     ps.add_argument("--max-body-bytes", type=int, default=1 << 20, help="request body (1 MiB)")
     ps.add_argument("--max-history", type=int, default=5000, help="items per history (5000)")

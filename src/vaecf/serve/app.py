@@ -252,7 +252,6 @@ def create_app(holder: ModelHolder, settings: ServeSettings) -> FastAPI:
         max_queue=settings.max_queue,
         timeout_s=settings.request_timeout_s,
         stuck_after_s=settings.stuck_after_s,
-        one_thread_max=settings.one_thread_max,
     )
     metrics.watch(lambda: batcher.queued, lambda: active["n"])
     svc = Service(holder, settings, metrics, batcher)

@@ -33,8 +33,6 @@ from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any
 
-import torch
-
 from vaecf.recommender import Recommendation
 from vaecf.serve.reload import LoadedModel
 
@@ -101,14 +99,8 @@ class MicroBatcher:
         max_queue: int = 1024,
         timeout_s: float = 10.0,
         stuck_after_s: float = 30.0,
-        one_thread_max: int = 0,
     ):
         self.wait_s = wait_s
-        # scoring calls of at most this many histories run on one intra-op thread: torch's
-        # other OpenMP threads then are not woken, and do not spin afterwards on the core the
-        # event loop needs; larger calls use them all (0: always all)
-        self.one_thread_max = one_thread_max
-        self._threads: int | None = None  # the scoring thread's own count, read on first use
         self.max_batch_size = max_batch_size
         self.max_queue = max_queue
         self.timeout_s = timeout_s
@@ -302,19 +294,9 @@ class MicroBatcher:
                 else:
                     job.future.set_result(out)
 
-    def _set_threads(self, histories: int) -> None:
-        """On the scoring thread (torch's thread count is per thread): one intra-op thread
-        for small calls, the default for the rest."""
-        if self._threads is None:
-            self._threads = torch.get_num_threads()
-        want = 1 if histories <= self.one_thread_max else self._threads
-        if torch.get_num_threads() != want:
-            torch.set_num_threads(want)
-
     def _score(self, jobs: list[_Job]) -> list[list[Recommendation] | BaseException]:
         """On the scoring thread: one recommend_batch per group of alike jobs."""
         t0 = time.perf_counter()
-        self._set_threads(sum(len(j.histories) for j in jobs))
         groups: dict[tuple, list[int]] = {}
         for j, job in enumerate(jobs):
             if not job.future.done():  # its request gave up while the batch waited for the thread

@@ -25,7 +25,6 @@ class ServeSettings:
     # micro-batching: requests arriving within `batch_wait_ms` of the first are scored together
     batch_wait_ms: float = 2.0
     max_batch_size: int = 256  # histories per scoring call
-    one_thread_max: int = 0  # scoring calls of at most this many histories use one thread
     # limits (413 / 422 with a JSON error naming the limit)
     max_body_bytes: int = 1 << 20
     max_history: int = 5000  # items per history
