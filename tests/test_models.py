@@ -23,6 +23,7 @@ from vaecf.errors import ConfigError
 from vaecf.evaluate import evaluate_model
 from vaecf.models.ease import _metrics_of, cv_folds
 from vaecf.models.multvae import auto_batch_size, scaled_anneal_steps
+from vaecf.models.neighbourhood import neighbour_weights, popular_tier
 from vaecf.trainer import resolve_config
 
 # every model fitted on its own (auto and blend are selections of these: tests/test_auto.py)
@@ -399,9 +400,14 @@ def test_sparse_solver_scores_rank_and_round_trip(ds, tmp_path):
     }
     rec = vaecf.Recommender.load(runs["sparse"].run_dir)
     model = rec.model
-    assert model.sparse and model.b_values.numel() <= ds.n_items * k
     b = model.item_vectors().to_dense()
-    assert (b.count_nonzero(dim=0) <= k).all() and not b.diagonal().any()
+    cfg = model.config
+    counts = b.count_nonzero(dim=0).numpy()
+    wide = counts > k  # the popular tier's columns: up to popular_neighbours
+    assert wide.sum() <= int(cfg.popular_share * ds.n_items)
+    assert (counts <= min(cfg.popular_neighbours, ds.n_items - 1)).all()
+    assert model.sparse and model.b_values.numel() <= ds.n_items * k + counts[wide].sum()
+    assert not b.diagonal().any()
     fold_in = ds.split("test_tr")
     batch = CSR.from_scipy(fold_in).batch(torch.arange(25))
     dense_x = torch.from_numpy(fold_in[:25].toarray()).float()
@@ -420,6 +426,30 @@ def test_sparse_solver_scores_rank_and_round_trip(ds, tmp_path):
     assert abs(results["test"]["ndcg@100"] - dense) < 0.03
 
 
+def test_popular_items_get_wider_neighbourhoods():
+    """popular_share: the most popular items' columns are those of a solve with
+    popular_neighbours for every item, the others those of a solve with neighbours."""
+    rng = np.random.default_rng(6)
+    pop = np.linspace(0.6, 0.05, 60)  # item 0 the most popular
+    x = sp.csr_matrix((rng.random((300, 60)) < pop).astype(np.float32))
+    cpu = torch.device("cpu")
+
+    def dense(parts):
+        ip, ix, v = (t.numpy() for t in parts)
+        return sp.csr_matrix((v, ix, ip), shape=(60, 60)).toarray()
+
+    narrow = dense(neighbour_weights(x, 5.0, 0.2, 8, cpu))
+    broad = dense(neighbour_weights(x, 5.0, 0.2, 30, cpu))
+    mixed = dense(neighbour_weights(x, 5.0, 0.2, 8, cpu, popular_share=0.1, popular_k=30))
+    counts = (x.T @ x).diagonal()
+    top = popular_tier(counts, 0.1)
+    assert len(top) == 6 and counts[top].min() > np.delete(counts, top).max()  # the 6 largest
+    rest = np.setdiff1d(np.arange(60), top)
+    np.testing.assert_allclose(mixed[:, top], broad[:, top], atol=1e-6)
+    np.testing.assert_allclose(mixed[:, rest], narrow[:, rest], atol=1e-6)
+    assert (np.count_nonzero(mixed[:, top], axis=0) > 8).all()
+
+
 def test_auto_solver_goes_sparse_where_dense_does_not_fit(ds, monkeypatch):
     from vaecf.models import ease
 
@@ -428,7 +458,9 @@ def test_auto_solver_goes_sparse_where_dense_does_not_fit(ds, monkeypatch):
     assert models.build("ease", n, {"l2": 30.0}).fit(x)["solver"] == "dense"
     monkeypatch.setattr(ease, "linear_bytes", lambda *a: 10**12)  # the dense arrays never fit
     record = models.build("ease", n, {"l2": 30.0, "neighbours": 10}).fit(x)
-    assert record["solver"] == "sparse" and record["nnz"] <= n * 10
+    wide = int(0.02 * n) * (n - 1 - 10)  # the popular tier's columns (1024 > n - 1 here)
+    assert record["solver"] == "sparse" and record["nnz"] <= n * 10 + wide
+    assert record["popular_share"] == 0.02 and record["popular_neighbours"] == 1024
     monkeypatch.setattr(ease, "available_bytes", lambda device: 10**6)
     with pytest.raises(vaecf.RunError, match=r"sparse solver on .* needs about .* GiB"):
         models.build("ease", n, {"l2": 30.0}).fit(x)  # neither fits: refused with figures

@@ -147,6 +147,13 @@ class EASEConfig:
     neighbours: int = setting(
         256, "the sparse solver's items per column of B (its cost grows with the cube)"
     )
+    popular_share: float = setting(
+        0.02,
+        "the sparse solver: this share of the items, the most popular, get --popular-"
+        "neighbours per column (they are recommended most and co-occur with the most "
+        "items); 0: none",
+    )
+    popular_neighbours: int = setting(1024, "items per column of B for --popular-share")
     popularity_exponent: float = setting(0.0, POPULARITY_HELP)
     popularity_grid: list[float] = setting(
         help="penalties beta to choose from with lambda (and p), by the same selection (no "
@@ -175,8 +182,10 @@ class EASEConfig:
             raise ConfigError("l2 (lambda) must be positive")
         if not self.l2_grid or min(self.l2_grid) <= 0:
             raise ConfigError("l2_grid must hold positive values")
-        if self.neighbours < 1:
-            raise ConfigError("neighbours must be at least 1")
+        if self.neighbours < 1 or self.popular_neighbours < 1:
+            raise ConfigError("neighbours and popular_neighbours must be at least 1")
+        if not 0.0 <= self.popular_share <= 1.0:
+            raise ConfigError("popular_share must be in [0, 1]")
         if self.coarse_items < 10:
             raise ConfigError("coarse_items must be at least 10")
         validate_fields(self)

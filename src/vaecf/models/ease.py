@@ -456,7 +456,8 @@ class EASE(Model):
                 continue
             if solver == "sparse":
                 k = cfg.neighbours
-                self._set_sparse(neighbour_weights(x, l2, p, k, device, dtype, gram_sp))
+                wide = (cfg.popular_share, cfg.popular_neighbours)
+                self._set_sparse(neighbour_weights(x, l2, p, k, device, dtype, gram_sp, *wide))
                 self.b_values.mul_(_penalty(diag, betas[0]).to(device)[self.b_indices])
             else:
                 self.weight = torch.empty(0, device=device)  # the last B goes before the next
@@ -492,7 +493,12 @@ class EASE(Model):
             ),
             "solver": solver,
             **(
-                {"neighbours": cfg.neighbours, "nnz": int(self.b_values.numel())}
+                {
+                    "neighbours": cfg.neighbours,
+                    "popular_share": cfg.popular_share,
+                    "popular_neighbours": cfg.popular_neighbours,
+                    "nnz": int(self.b_values.numel()),
+                }
                 if self.sparse
                 else {}
             ),
@@ -524,7 +530,9 @@ class EASE(Model):
         k = min(cfg.neighbours, n)
         # the sparse Gram (and its copy while built), B twice (the best kept while searching),
         # and a block's work: its dense part of G, its systems, their factors and copies
-        need = gram_bytes(x) + 2 * n * k * 16 + block_bytes(n, k)
+        wide, big = int(cfg.popular_share * n), min(cfg.popular_neighbours, n)
+        extra = wide * max(0, big - k)  # the popular items' longer columns
+        need = gram_bytes(x) + 2 * (n * k + extra) * 16 + block_bytes(n, max(k, big if wide else k))
         host = available_bytes(torch.device("cpu"))
         if need > host:
             raise RunError(
@@ -538,7 +546,8 @@ class EASE(Model):
             if cfg.solver == "auto"
             else ""
         )
-        plan = f"sparse solver, {k} neighbours per item{why}: about {need / 2**30:.1f} GiB"
+        more = f" ({big} for the {wide:,} most popular)" if wide else ""
+        plan = f"sparse solver, {k} neighbours per item{more}{why}: about {need / 2**30:.1f} GiB"
         return solver, f"{plan} of {host / 2**30:.1f} GiB free on the host"
 
 

@@ -43,23 +43,26 @@ def block_bytes(n_items: int, k: int) -> int:
     )
 
 
-def neighbours_of(gram: sp.csr_matrix, k: int) -> tuple[np.ndarray, np.ndarray]:
-    """(n_items, k) each item's k other items of highest co-occurrence (ties: lower index
-    first; in index order, padded with n_items where an item co-occurs with fewer), and
-    (n_items,) each item's strongest one (itself where it co-occurs with none)."""
+def neighbours_of(
+    gram: sp.csr_matrix, k: int, items: np.ndarray | None = None
+) -> tuple[np.ndarray, np.ndarray]:
+    """(len(items), k) each of `items`' (default: all) k other items of highest co-occurrence
+    (ties: lower index first; in index order, padded with n_items where an item co-occurs with
+    fewer), and each one's strongest (itself where it co-occurs with none)."""
     n = gram.shape[0]
-    out = np.full((n, k), n, dtype=np.int64)
-    strongest = np.arange(n)
-    for j in range(n):
+    items = np.arange(n) if items is None else items
+    out = np.full((len(items), k), n, dtype=np.int64)
+    strongest = items.copy()
+    for r, j in enumerate(items.tolist()):
         lo, hi = gram.indptr[j], gram.indptr[j + 1]
         cols, vals = gram.indices[lo:hi], gram.data[lo:hi]
         keep = cols != j
         cols, vals = cols[keep], vals[keep]
         if len(cols):
             order = np.lexsort((cols, -vals))[:k]
-            strongest[j] = cols[order[0]]
+            strongest[r] = cols[order[0]]
             cols = cols[order]
-        out[j, : len(cols)] = np.sort(cols)
+        out[r, : len(cols)] = np.sort(cols)
     return out, strongest
 
 
@@ -79,16 +82,19 @@ def dense_block(gram: sp.csr_matrix, items: np.ndarray, out: np.ndarray | None =
     return out
 
 
-def _blocks(nbrs: np.ndarray, order: np.ndarray, limit: int, max_items: int):
-    """Runs of `order` (item ids), at most `max_items` long, whose neighbourhoods (and
-    themselves) span at most `limit` items (a single item always forms a block); with the
-    span's items, sorted."""
-    n = nbrs.shape[0]
-    start = 0
-    while start < n:
-        stop, span = start + 1, set(nbrs[order[start]].tolist()) | {int(order[start])}
-        while stop < n and stop - start < max_items:
-            more = (set(nbrs[order[stop]].tolist()) | {int(order[stop])}) - span
+def _blocks(
+    items: np.ndarray, nbrs: np.ndarray, order: np.ndarray, limit: int, max_items: int, n: int
+):
+    """Runs of `order` (rows of `items` and their `nbrs`, padded with n), at most `max_items`
+    long, whose items' neighbourhoods (and the items) span at most `limit` items (a single
+    item always forms a block); with the span's items, sorted."""
+    m, start = len(order), 0
+    while start < m:
+        r = order[start]
+        stop, span = start + 1, set(nbrs[r].tolist()) | {int(items[r])}
+        while stop < m and stop - start < max_items:
+            r = order[stop]
+            more = (set(nbrs[r].tolist()) | {int(items[r])}) - span
             if len(span) + len(more) > limit:
                 break
             span |= more
@@ -96,6 +102,12 @@ def _blocks(nbrs: np.ndarray, order: np.ndarray, limit: int, max_items: int):
         span.discard(n)  # the padding index
         yield order[start:stop], np.array(sorted(span), dtype=np.int64)
         start = stop
+
+
+def popular_tier(diag: np.ndarray, share: float) -> np.ndarray:
+    """The `share` most popular items (largest G_ii; ties: lower index), sorted."""
+    m = int(share * len(diag))
+    return np.sort(np.lexsort((np.arange(len(diag)), -diag))[:m])
 
 
 def neighbour_weights(
@@ -106,45 +118,55 @@ def neighbour_weights(
     device: torch.device,
     dtype: torch.dtype = torch.float32,
     gram: sp.csr_matrix | None = None,
+    popular_share: float = 0.0,
+    popular_k: int = 1024,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """B as (indptr, indices, values) of a CSR matrix whose row i holds item i's weights
     for predicting the other items (scores = X B), float32 values. `gram` (X^T X, CSR) may
-    be given to reuse it across a search. The systems are solved in `dtype`."""
+    be given to reuse it across a search. The systems are solved in `dtype`. The columns of
+    the `popular_share` most popular items are solved over `popular_k` neighbours instead of
+    k: they are the most often recommended, and co-occur with the most items."""
     if gram is None:
         gram = (x.T @ x).tocsr()
     gram.sort_indices()
     n = gram.shape[0]
-    k = max(1, min(k, n - 1))
     diag = gram.diagonal().astype(np.float64)
     lam = l2 + (dropout / (1.0 - dropout)) * diag if dropout else np.full(n, float(l2))
-    nbrs, strongest = neighbours_of(gram, k)  # (n, k), padded with n
-    # items that share their strongest neighbour share much of their neighbourhoods: in
-    # that order, a block's span covers more items, and fewer of G's rows are gathered
-    order = np.lexsort((np.arange(n), strongest))
-    rows_out, cols_out, vals_out = [], [], []
+    wide = popular_tier(diag, popular_share) if popular_share > 0 else np.zeros(0, np.int64)
+    rest = np.setdiff1d(np.arange(n), wide)
     np_dtype = np.float64 if dtype == torch.float64 else np.float32
-    max_items = max(1, BLOCK_SYSTEM_BYTES // (8 * k * k))
-    for items, span in _blocks(nbrs, order, BLOCK_UNION, max_items):
-        pos = np.full(n + 1, len(span), dtype=np.int64)  # padding -> an extra zero row/column
-        pos[span] = np.arange(len(span))
-        full = np.zeros((len(span) + 1, len(span) + 1), dtype=np_dtype)
-        dense_block(gram, span, full)  # G[span, span], then the padding's zero row/column
-        lam_span = np.append(lam[span], 1.0).astype(np_dtype)  # padding: 1 * b = 0
-        p = pos[nbrs[items]]  # (J, k) positions in `full`
-        a = full[p[:, :, None], p[:, None, :]]  # (J, k, k)
-        a[:, np.arange(k), np.arange(k)] += lam_span[p]
-        rhs = full[p, pos[items][:, None]]  # (J, k): G[N_j, j]
-        at = torch.from_numpy(a).to(device=device, dtype=dtype)
-        chol, info = torch.linalg.cholesky_ex(at)
-        if int(info.max()):
-            raise RunError(f"a neighbourhood system with lambda {l2} is not positive definite")
-        bt = torch.cholesky_solve(torch.from_numpy(rhs).to(at)[:, :, None], chol)[:, :, 0]
-        b = bt.cpu().numpy()
-        real = nbrs[items] < n
-        j = np.broadcast_to(items[:, None], real.shape)
-        rows_out.append(nbrs[items][real])
-        cols_out.append(j[real])
-        vals_out.append(b[real])
+    rows_out, cols_out, vals_out = [], [], []
+    for group, kk in ((rest, k), (wide, popular_k)):
+        kk = max(1, min(kk, n - 1))
+        if not len(group):
+            continue
+        nbrs, strongest = neighbours_of(gram, kk, group)  # (len(group), kk), padded with n
+        # items that share their strongest neighbour share much of their neighbourhoods: in
+        # that order, a block's span covers more items, and fewer of G's rows are gathered
+        order = np.lexsort((group, strongest))
+        max_items = max(1, BLOCK_SYSTEM_BYTES // (8 * kk * kk))
+        for rows, span in _blocks(group, nbrs, order, BLOCK_UNION, max_items, n):
+            items = group[rows]
+            pos = np.full(n + 1, len(span), dtype=np.int64)  # padding -> a zero row/column
+            pos[span] = np.arange(len(span))
+            full = np.zeros((len(span) + 1, len(span) + 1), dtype=np_dtype)
+            dense_block(gram, span, full)  # G[span, span], then the padding's zero row/column
+            lam_span = np.append(lam[span], 1.0).astype(np_dtype)  # padding: 1 * b = 0
+            p = pos[nbrs[rows]]  # (J, kk) positions in `full`
+            a = full[p[:, :, None], p[:, None, :]]  # (J, kk, kk)
+            a[:, np.arange(kk), np.arange(kk)] += lam_span[p]
+            rhs = full[p, pos[items][:, None]]  # (J, kk): G[N_j, j]
+            at = torch.from_numpy(a).to(device=device, dtype=dtype)
+            chol, info = torch.linalg.cholesky_ex(at)
+            if int(info.max()):
+                raise RunError(f"a neighbourhood system with lambda {l2} is not positive definite")
+            bt = torch.cholesky_solve(torch.from_numpy(rhs).to(at)[:, :, None], chol)[:, :, 0]
+            b = bt.cpu().numpy()
+            real = nbrs[rows] < n
+            j = np.broadcast_to(items[:, None], real.shape)
+            rows_out.append(nbrs[rows][real])
+            cols_out.append(j[real])
+            vals_out.append(b[real])
     rows, cols = np.concatenate(rows_out), np.concatenate(cols_out)
     b = sp.csr_matrix((np.concatenate(vals_out).astype(np.float32), (rows, cols)), shape=(n, n))
     b.sort_indices()
