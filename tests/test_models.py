@@ -223,15 +223,18 @@ def test_edlae_search_holds_ease_and_records_every_pair(ds, tmp_path):
     assert (row["l2"], row["dropout"]) == (best["l2"], best["dropout"])
 
 
-def test_fast_search_refines_the_coarse_best_on_every_item(ds, tmp_path):
+@pytest.mark.parametrize("selection", ["validation", "cv"])
+def test_fast_search_refines_the_coarse_best_on_every_item(ds, tmp_path, selection):
     cfg = {"l2_grid": [1.0, 10.0, 100.0, 1000.0], "dropout_grid": [0.0, 0.33], "coarse_items": 60}
-    cfg = models.config_from_dict("edlae", cfg)
+    cfg = models.config_from_dict("edlae", {**cfg, "selection": selection, "cv_folds": 2})
     run = vaecf.train(ds, cfg_for("edlae"), tmp_path / "f", cfg, model="edlae")
     row = json.loads((run.run_dir / "metrics.jsonl").read_text().splitlines()[0])
     coarse = [g for g in row["grid"] if g["stage"] == "coarse"]
     full = [g for g in row["grid"] if g["stage"] == "full"]
     assert len(coarse) == 8 and {g["n_items"] for g in coarse} == {60}
-    value = {(g["l2"], g["dropout"]): g["validation"]["ndcg@100"] for g in coarse}
+    assert row["selection"] == selection and all(("cv" in g) == (selection == "cv") for g in full)
+    pick = (lambda g: g["value"]) if selection == "cv" else (lambda g: g["validation"]["ndcg@100"])
+    value = {(g["l2"], g["dropout"]): pick(g) for g in coarse}
     l2, p = max(value, key=value.get)
     lower, upper = value.get((l2 / 10, p), 2.0), value.get((l2 * 10, p), 2.0)  # edge: outward
     step = 10**0.25
@@ -240,7 +243,7 @@ def test_fast_search_refines_the_coarse_best_on_every_item(ds, tmp_path):
         (pytest.approx(l2 / step if lower >= upper else l2 * step), p),
     ]
     assert {g["n_items"] for g in full} == {ds.n_items}
-    best = max(full, key=lambda g: g["validation"]["ndcg@100"])
+    best = max(full, key=pick)
     assert row["l2"] == best["l2"]
     assert run.validation_metrics["ndcg@100"] == pytest.approx(best["validation"]["ndcg@100"])
 
