@@ -269,6 +269,24 @@ def test_cv_folds_hold_out_training_users_as_heldout_users_are(ds):
     assert sorted(seen) == sorted(np.flatnonzero(x.sum(1) >= 5).tolist())  # each user once
 
 
+def test_cv_selection_with_few_or_no_foldable_users():
+    """Fewer training users with 5+ items than folds: one fold per user; none: the choice
+    falls back to the validation users alone (recorded so), never to NaN."""
+    rng = np.random.default_rng(0)
+    val = tuple(sp.csr_matrix((rng.random((6, 20)) < p).astype(np.float32)) for p in (0.3, 0.2))
+    vc = tuple(CSR.from_scipy(m) for m in val)
+    cfg = {"selection": "cv", "cv_folds": 5, "l2_grid": [1.0, 10.0], "dropout_grid": [0.0]}
+    for density, folds in ((0.15, 2), (0.05, 0)):
+        x = sp.csr_matrix((rng.random((30, 20)) < density).astype(np.float32))
+        assert (np.diff(x.indptr) >= 5).sum() == folds  # this draw's users with 5+ items
+        rec = models.build("edlae", 20, cfg).fit(
+            x, validate=lambda m: _metrics_of(m.weight, *vc), validation=val
+        )
+        assert rec["selection"] == ("cv" if folds else "validation")
+        assert rec.get("cv_folds", 0) == folds
+        assert all(math.isfinite(g["value"]) for g in rec["grid"])
+
+
 def test_cv_selection_pools_folds_and_validation_against_numpy(ds):
     """--selection cv: each tried (lambda, p, beta) is scored on the validation users and on
     the training folds' users, each fold's B solved without its users' targets (a float64

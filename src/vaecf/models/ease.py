@@ -200,10 +200,12 @@ def _beta_metrics(
 
 
 def _pooled(parts: list[dict], metric: str) -> dict:
-    """Metrics over the union of several user sets (means weighted by their users)."""
-    n = sum(m["n_users"] for m in parts)
+    """Metrics over the union of several user sets (means weighted by their users; a set
+    without users counts for nothing)."""
     keys = [k for k in parts[0] if k not in ("n_users", "n_skipped")]
-    out = {k: sum(m[k] * m["n_users"] for m in parts) / max(n, 1) for k in keys}
+    parts = [m for m in parts if m["n_users"]]
+    n = sum(m["n_users"] for m in parts)
+    out = {k: sum(m[k] * m["n_users"] for m in parts) / n if n else math.nan for k in keys}
     return {**out, "n_users": n}
 
 
@@ -229,7 +231,7 @@ def cv_folds(
     users = np.flatnonzero(np.diff(x.indptr) >= 5)
     fold_of = np.random.default_rng(seed).permutation(len(users)) % k
     out = []
-    for f in range(k):
+    for f in range(min(k, len(users))):  # no empty fold where fewer users than folds
         xf = x[users[fold_of == f]]
         held = fold_in_mask(np.diff(xf.indptr), seed + f)
         f_te = xf.copy()
@@ -375,6 +377,7 @@ class EASE(Model):
         if own and validation is None:
             raise ConfigError(f"{self.name}'s search needs the validation split")
         folds = cv_folds(train, cfg.cv_folds, x.dtype) if cv else []
+        cv = bool(folds)  # no training user with 5 items: the validation users alone
         gram = torch.from_numpy(gram_sp.toarray()).to(device) if solver == "dense" else None
         t_gram = time.perf_counter() - t0
         tried: list[dict] = []
