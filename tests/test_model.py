@@ -161,6 +161,29 @@ def test_fused_output_layer_matches_autograd(precision):
         assert err(a, t) <= 1.25 * err(b, t)
 
 
+def test_fused_half_width_loss_is_the_float64_loss_of_its_rounded_logits():
+    """Under bf16 the logits are rounded once (the product's output); from there the
+    log-sum-exp and the softmax are float32: the loss must be the float64 loss of those
+    rounded logits to float32 accuracy, and the gradient buffer their softmax."""
+    from vaecf.models.fused import linear_multinomial_nll
+
+    torch.manual_seed(2)
+    n_items = 3000  # several row chunks
+    h, lin = torch.randn(50, 32), torch.nn.Linear(32, n_items)
+    m = sp.random(50, n_items, density=0.01, format="csr", random_state=3, dtype=np.float32)
+    m.data[:] = 1
+    batch = CSR.from_scipy(m).batch(torch.arange(50))
+    with torch.no_grad():
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            fused = linear_multinomial_nll(h, lin.weight, lin.bias, batch)
+        bf = torch.bfloat16
+        logits = torch.addmm(lin.bias.to(bf), h.to(bf), lin.weight.to(bf).t()).double()
+    x = torch.from_numpy(m.toarray()).double()
+    want = (x.sum(1) * torch.logsumexp(logits, dim=1) - (x * logits).sum(1)).sum()
+    assert fused.dtype == torch.float32
+    assert abs(fused.double() - want) / want < 1e-6
+
+
 @pytest.mark.parametrize("kind", ["multvae", "multdae"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_scorer_equals_the_models_eval_forward(kind, dtype):
