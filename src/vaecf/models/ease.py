@@ -199,7 +199,7 @@ def _beta_metrics(
     return out
 
 
-def _pooled(parts: list[dict], metric: str) -> dict:
+def _pooled(parts: list[dict]) -> dict:
     """Metrics over the union of several user sets (means weighted by their users; a set
     without users counts for nothing)."""
     keys = [k for k in parts[0] if k not in ("n_users", "n_skipped")]
@@ -382,28 +382,38 @@ class EASE(Model):
         t_gram = time.perf_counter() - t0
         tried: list[dict] = []
 
-        def point(g, cols, l2: float, p: float, val) -> list[dict]:
-            """Per beta: the validation (and cv) metrics of (lambda, p) on the items `cols` of
-            Gram `g` (None: all), and the value the selection compares."""
+        def stage_view(cols):
+            """What scoring on the items `cols` (None: all) needs, made once per stage: their
+            counts, the validation split and each fold's (Gram correction, counts, fold-in,
+            target) restricted to them."""
             d = diag if cols is None else diag[cols]
+            val = [_csr_on(m, cols, device) for m in validation]
+            views = []
+            for delta, f_in, f_te in folds:
+                part = _restrict(delta, cols)
+                df = d + torch.from_numpy(part.diagonal()).to(d)
+                views.append((part, df, *(_csr_on(m, cols, device) for m in (f_in, f_te))))
+            return d, val, views
+
+        def point(g, view, l2: float, p: float) -> list[dict]:
+            """Per beta: the validation (and cv) metrics of (lambda, p) on Gram `g` and its
+            stage's `view`, and the value the selection compares."""
+            d, val, views = view
             b = linear_weights(g, l2, p, self._emphasis()).float()
             rows = [{"validation": m} for m in _beta_metrics(b, d, betas, *val)]
             del b
             per_fold = []
-            for delta, f_in, f_te in folds:
-                part = _restrict(delta, cols)
-                df = d + torch.from_numpy(part.diagonal()).to(d)
+            for part, df, f_in, f_te in views:
                 bf = linear_weights(g, l2, p, self._emphasis(), part).float()
-                fv = [_csr_on(m, cols, device) for m in (f_in, f_te)]
-                per_fold.append(_beta_metrics(bf, df, betas, *fv))
+                per_fold.append(_beta_metrics(bf, df, betas, f_in, f_te))
                 del bf
             for i, (beta, row) in enumerate(zip(betas, rows)):
                 row.update(l2=l2, dropout=p, popularity_exponent=beta)
                 parts = [row["validation"]]
-                if folds:
-                    row["cv"] = _pooled([f[i] for f in per_fold], select_metric)
+                if per_fold:
+                    row["cv"] = _pooled([f[i] for f in per_fold])
                     parts.append(row["cv"])
-                row["value"] = _pooled(parts, select_metric)[select_metric]
+                row["value"] = _pooled(parts)[select_metric]
             return rows
 
         def note(row: dict) -> None:
@@ -427,11 +437,11 @@ class EASE(Model):
             keep = torch.topk(diag, cfg.coarse_items).indices.sort().values
             cols = keep.numpy()
             sub = torch.from_numpy(dense_block(gram_sp, cols)).to(device=device, dtype=dtype)
-            sub_val = [_csr_on(m, cols, device) for m in validation]
+            view = stage_view(cols)
             curve: dict[tuple[float, float, float], float] = {}
             for l2, p in full:
                 t1 = time.perf_counter()
-                rows = point(sub, cols, l2, p, sub_val)
+                rows = point(sub, view, l2, p)
                 for row in rows:
                     seconds = round((time.perf_counter() - t1) / len(rows), 3)
                     note({"stage": "coarse", "n_items": len(cols), **row, "seconds": seconds})
@@ -445,14 +455,14 @@ class EASE(Model):
                 down = curve[(l2s[i - 1], p, beta)] if i > 0 else math.inf
                 up = curve[(l2s[i + 1], p, beta)] if i + 1 < len(l2s) else math.inf
                 full.append((l2 / REFINE_STEP if down >= up else l2 * REFINE_STEP, p))
-        full_val = [_csr_on(m, None, device) for m in validation] if own else None
+        view = stage_view(None) if own else None
         best = None
         for l2, p in full:
             t1 = time.perf_counter()
             row = {"stage": "full", "n_items": self.n_items, "l2": l2, "dropout": p}
             if own:
                 self.weight = torch.empty(0, device=device)
-                for r in point(gram, None, l2, p, full_val):
+                for r in point(gram, view, l2, p):
                     note({**row, **r, "seconds": round(time.perf_counter() - t1, 3)})
                     if best is None or r["value"] > best[0]:
                         best = (r["value"], l2, p, r["popularity_exponent"], None)
