@@ -29,23 +29,6 @@ from vaecf import precision as prec
 from vaecf.data.matrix import CSR, SparseBatch
 
 
-def padded_batch(csr: CSR, rows: torch.Tensor, capacity: int) -> SparseBatch:
-    """The rows' non-zeros in `capacity` slots, computed on the device with no host read:
-    slot s belongs to the row whose cumulative length first exceeds s; slots past the batch's
-    total hold item 0 with value 0 in the last row."""
-    starts = csr.indptr[rows]
-    lens = csr.indptr[rows + 1] - starts
-    ends = torch.cumsum(lens, 0)
-    offsets = ends - lens
-    pos = torch.arange(capacity, device=rows.device)
-    r = torch.searchsorted(ends, pos, right=True)
-    valid = r < rows.numel()
-    r = r.clamp_max(rows.numel() - 1)
-    src = torch.where(valid, starts[r] + pos - offsets[r], 0)
-    values = torch.where(valid, csr.values[src], 0.0)
-    return SparseBatch(csr.indices[src], offsets, values, r, rows.numel())
-
-
 def encode_index_add(net, batch: SparseBatch):
     """Mult-VAE's encoder with the first layer as gather + index_add instead of embedding_bag
     (whose CUDA backward reads a count back to the host, which a graph cannot capture)."""
@@ -76,7 +59,7 @@ def run(variant, csr, batches, capacity, precision, dev, n_items, seed=0):
     rows_buf = batches[0].clone()
 
     def step(rows):
-        b = csr.batch(rows) if variant == "eager" else padded_batch(csr, rows, capacity)
+        b = csr.batch(rows) if variant == "eager" else csr.padded_batch(rows, capacity)
         with prec.matmul_scope(dev, precision), prec.autocast(dev, precision):
             loss, parts = net.loss(b, beta, rows.numel())
         loss.backward()
@@ -127,7 +110,7 @@ def check_padded(csr, rows, capacity, dev, n_items):
     for pad in (False, True):
         torch.manual_seed(1)
         net = models.build("multdae", n_items).to(dev).eval()  # no sampling, no dropout
-        b = padded_batch(csr, rows, capacity) if pad else csr.batch(rows)
+        b = csr.padded_batch(rows, capacity) if pad else csr.batch(rows)
         loss, _ = net.loss(b, 0.0, rows.numel())
         loss.backward()
         out.append((loss.item(), net.in_weight.grad.clone(), net.decoder[-1].weight.grad.clone()))

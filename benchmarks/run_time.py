@@ -8,7 +8,8 @@ protocol, split seed 98765; skipped when ../shared is absent) and a synthetic da
 citeulike-a's size (5,551 users, 16,980 items, ~205k interactions), with the paper's settings
 given explicitly (200 epochs, batch 500, lr 1e-3, 200,000 annealing steps, cap 0.2) so that every
 version of the code trains the same model. `--before SRC_DIR` runs another checkout's `src` (e.g.
-a worktree of an older commit) first, for a before/after table measured side by side.
+a worktree of an older commit) first, for a before/after table measured side by side;
+`--variant LABEL=ARGS` (repeatable) runs this code with extra train arguments as well.
 
 Columns: the process's wall time; the time in training steps (the sum of metrics.jsonl's
 `train_seconds`); wall / steps; the other phases from results.json's `timing` where the code
@@ -79,12 +80,14 @@ def datasets(tmp: Path, names: list[str]) -> dict[str, Path]:
     return out
 
 
-def run(src: Path, data: Path, out: Path, epochs: int, precision: str, device: str) -> dict:
+def run(
+    src: Path, data: Path, out: Path, epochs: int, precision: str, device: str, extra=()
+) -> dict:
     args = [
         "train", "--data", str(data), "--out", str(out), "--epochs", str(epochs),
         "--batch-size", "500", "--lr", "1e-3", "--total-anneal-steps", "200000",
         "--anneal-cap", "0.2", "--seed", "98765", "--precision", precision, "--device", device,
-        "--quiet",
+        "--quiet", *extra,
     ]  # fmt: skip
     path = os.pathsep.join(filter(None, [str(src), os.environ.get("PYTHONPATH")]))
     env = {**os.environ, "PYTHONPATH": path}
@@ -113,21 +116,36 @@ def main() -> int:
     ap.add_argument("--precision", default="auto")
     ap.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N")
     ap.add_argument("--datasets", default="ml-latest-small,citeulike-a", help="also: ml-20m")
+    ap.add_argument(
+        "--variant",
+        action="append",
+        default=[],
+        metavar="LABEL=ARGS",
+        help="also this code with these train arguments, e.g. 'eager=--cuda-graphs false'",
+    )
     a = ap.parse_args()
-    versions = ([("before", a.before)] if a.before else []) + [("after", ROOT / "src")]
+    versions = ([("before", a.before, ())] if a.before else []) + [
+        (label, ROOT / "src", tuple(args.split()))
+        for label, args in (v.split("=", 1) for v in a.variant)
+    ]
+    versions.append(("after", ROOT / "src", ()))
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         for name, data in datasets(Path(tmp), a.datasets.split(",")).items():
-            for label, src in versions:
+            for label, src, extra in versions:
                 out = Path(tmp) / f"run-{label}-{len(rows)}"
-                r = run(src, data, out, a.epochs, a.precision, a.device)
+                r = run(src, data, out, a.epochs, a.precision, a.device, extra)
                 rows.append((name, label, r))
                 print(f"{name} {label}: {r['wall']:.1f} s wall", file=sys.stderr, flush=True)
     dev = resolve_device(a.device)
     on = device_name(dev) + (f" (CPU {cpu_name()})" if dev.type == "cuda" else "")
     print(f"\nvaecf train, {a.epochs} epochs, precision {a.precision}, on {on}")
     head = ("data", "code", "wall s", "steps s", "wall/steps", "setup", "valid.", "ckpt wait")
-    print(f"{head[0]:>17s} {head[1]:>7s}" + "".join(f"{h:>11s}" for h in head[2:]) + "   written")
+    print(
+        f"{head[0]:>17s} {head[1]:>7s}"
+        + "".join(f"{h:>11s}" for h in head[2:])
+        + "   written  graph steps"
+    )
     for name, label, r in rows:
 
         def fmt(key: str, t: dict = r["timing"]) -> str:
@@ -137,6 +155,7 @@ def main() -> int:
             f"{name:>17s} {label:>7s}{r['wall']:11.1f}{r['steps']:11.1f}"
             f"{r['wall'] / r['steps']:11.2f}{fmt('setup_s')}{fmt('validation_s')}"
             f"{fmt('checkpoint_wait_s')}{r['bytes'] / 2**20:9.0f} MiB"
+            f"{r['timing'].get('graph_steps', '-'):>13}"
         )
     return 0
 

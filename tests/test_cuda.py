@@ -78,6 +78,50 @@ def test_trains_like_the_cpu(ds, root, cpu_runs, name, precision):
     assert abs(ndcg(run) - ref) < 0.03
     ck = torch.load(run.run_dir / "last.pt", weights_only=True, map_location="cpu")
     assert all(torch.isfinite(v).all() for v in ck["model"].values() if v.is_floating_point())
+    graphed = DEVICE.startswith("cuda") and name != "recvae" and precision != "fp16"
+    steps = json.loads((run.run_dir / "results.json").read_text())["timing"]["graph_steps"]
+    assert (steps > 0) == graphed, f"{steps} steps replayed as a CUDA graph"
+
+
+def test_a_graphed_step_replays_the_eager_step():
+    """Capturing leaves the parameters, Adam's state and the RNG as they were; the replays'
+    losses follow the eager padded step's (Mult-DAE without dropout: nothing random)."""
+    if not DEVICE.startswith("cuda"):
+        pytest.skip("CUDA graphs need a GPU")
+    from vaecf import graphs, models
+    from vaecf.bench import synthetic_csr
+    from vaecf.trainer import make_optimizer
+
+    m = synthetic_csr(3000, 800, 60_000, seed=4)
+    csr = CSR.from_scipy(m, DEVICE)
+    cap = graphs.graph_capacity(np.diff(m.indptr), 200)
+    gen = torch.Generator().manual_seed(0)
+    batches = [torch.randint(0, 3000, (200,), generator=gen).to(DEVICE) for _ in range(6)]
+    losses = []
+    for use_graph in (False, True):
+        torch.manual_seed(0)
+        net = models.build("multdae", 800, {"model": "multdae", "dropout": 0.0})
+        net = net.to(DEVICE).train()
+        opt = make_optimizer(net.parameters(), 1e-3, torch.device(DEVICE))
+        out = []
+        if use_graph:
+            before = [p.detach().clone() for p in net.parameters()]
+            rng = torch.cuda.get_rng_state()
+            step = graphs.GraphedStep(net, [opt], csr, 200, "fp32", cap)
+            assert all(torch.equal(p, b) for p, b in zip(net.parameters(), before))
+            assert all(torch.all(v == 0) for st in opt.state.values() for v in st.values())
+            assert torch.equal(torch.cuda.get_rng_state(), rng)
+            out = [step(rows, 0.0)["nll_sum"].item() for rows in batches]
+        else:
+            for rows in batches:
+                opt.zero_grad(set_to_none=True)
+                loss, parts = net.loss(csr.padded_batch(rows, cap), 0.0, 200)
+                loss.backward()
+                opt.step()
+                out.append(parts["nll_sum"].item())
+        losses.append(out)
+    print("eager", losses[0], "graph", losses[1])
+    np.testing.assert_allclose(losses[1], losses[0], rtol=1e-4)
 
 
 def test_host_data_with_pinned_prefetch_equals_device_data(ds, root):

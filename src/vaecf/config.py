@@ -52,6 +52,11 @@ class TrainConfig:
         "keep the training matrix on the device, or on the host with batches prefetched by a "
         "background thread (for data that does not fit)",
     )
+    cuda_graphs: bool = setting(
+        True,
+        "on a GPU, replay each full batch's training step (gather, forward, backward, Adam) as "
+        "a CUDA graph: Mult-VAE/DAE in one process at fp32, tf32 or bf16",
+    )
     eval_every: int = setting(1, "validate every N epochs (and after the last)")
     checkpoint_every: float = setting(
         60.0,

@@ -16,7 +16,15 @@ from vaecf.settings import setting, validate_fields
 # Training settings (vaecf.config.TrainConfig) that only gradient models read, and those only
 # a KL-annealed model reads. A model declares what it reads in `train_settings`; the others,
 # given, are refused before a run starts.
-GRADIENT_SETTINGS = ("epochs", "batch_size", "lr", "data_on", "eval_every", "checkpoint_every")
+GRADIENT_SETTINGS = (
+    "epochs",
+    "batch_size",
+    "lr",
+    "data_on",
+    "cuda_graphs",
+    "eval_every",
+    "checkpoint_every",
+)
 ANNEAL_SETTINGS = ("total_anneal_steps", "anneal_cap")
 FAMILIES = ("autoencoder", "linear", "baseline", "selection")
 

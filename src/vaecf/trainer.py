@@ -21,7 +21,7 @@ import scipy.sparse as sp
 import torch
 from tqdm.auto import tqdm
 
-from vaecf import checkpoint, distributed, memory, models, rundir
+from vaecf import checkpoint, distributed, graphs, memory, models, rundir
 from vaecf import precision as prec
 from vaecf._io import atomic_file, write_json, writer_lock
 from vaecf.background import CheckpointWriter, snapshot
@@ -39,6 +39,7 @@ RESUME_MAY_CHANGE = (
     "progress",
     "device",
     "data_on",
+    "cuda_graphs",
     "eval_batch_size",
     "checkpoint_every",
 )
@@ -428,6 +429,8 @@ class Trainer(_Run):
         self.scaler = prec.grad_scaler(self.device, cfg.precision)
         self.step_module: torch.nn.Module = _LossModule(self.model)  # DDP-wrapped in fit()
         self._best_state: dict | None = None  # a best model not yet written to best.pt
+        self._graph: graphs.GraphedStep | bool | None = None  # None: not yet decided
+        self.graph_steps = 0  # steps of this process replayed as a CUDA graph
 
     def _check_memory(self) -> None:
         """What training will hold (weights, gradients, Adam, a batch, the data, checkpoint
@@ -545,6 +548,8 @@ class Trainer(_Run):
             opt_state = {"all": opt_state}
         for k, o in self.opts.items():
             o.load_state_dict(opt_state[k])
+            for g in o.param_groups:  # as saved by a run with CUDA graphs, which set it
+                g["capturable"] = False
         self.scaler.load_state_dict(ck["scaler"])
         self.epoch, self.step = ck["epoch"], ck["step"]
         self.best, self.history = ck["best"], ck["history"]
@@ -553,6 +558,8 @@ class Trainer(_Run):
     # -- training -----------------------------------------------------------------------------
     def _batches(self, perm: torch.Tensor):
         cfg, ctx = self.cfg, self.ctx
+        if cfg.data_on == "device":
+            perm = perm.to(self.device)
         global_rows = perm.split(cfg.batch_size)
         shards = [ctx.shard(rows) for rows in global_rows]
         if cfg.data_on == "host":
@@ -582,25 +589,43 @@ class Trainer(_Run):
             "users_per_s": round(n * passes / seconds, 1),
         }
 
+    def _graphed(self, phase: Phase):
+        """The phase's full-batch step as a CUDA graph, captured at first use (after a resume
+        has loaded its state: the graph holds the parameters and Adam's state tensors), or None
+        where graphs do not apply (`graphs.graphs_apply`)."""
+        if self._graph is None:
+            why = graphs.graphs_apply(self.model, self.cfg, self.device, self.ctx.world)
+            if why is not None:
+                self._graph = False
+            else:
+                nnz = self.train_csr.row_nnz().cpu()
+                self._graph = graphs.GraphedStep(
+                    self.model,
+                    [self.opts[g] for g in phase.groups],
+                    self.train_csr,
+                    self.cfg.batch_size,
+                    self.cfg.precision,
+                    graphs.graph_capacity(nnz.numpy(), self.cfg.batch_size),
+                )
+                self._row_nnz = nnz
+        return self._graph or None
+
     def _run_phases(self, totals: torch.Tensor) -> None:
         cfg, ctx, n = self.cfg, self.ctx, self.train_csr.n_rows
         for phase in self.model.phases():
             self.model.begin_phase(phase)
             opts = [self.opts[g] for g in phase.groups]
+            graph = self._graphed(phase)
             for _ in range(phase.passes):
                 perm = torch.randperm(n, generator=self.gen)  # the same on every rank
-                if cfg.data_on == "device":
-                    perm = perm.to(self.device)
-                for rows, batch in self._batches(perm):
+                steps = self._graph_steps(graph, perm) if graph else self._batches(perm)
+                for rows, batch in steps:
                     beta = beta_at(self.step, cfg)
-                    with prec.autocast(self.device, cfg.precision):
-                        loss, parts = self.step_module(batch, beta, rows.numel() / ctx.world, phase)
-                    for o in self.opts.values():
-                        o.zero_grad(set_to_none=True)
-                    self.scaler.scale(loss).backward()
-                    for o in opts:
-                        self.scaler.step(o)
-                    self.scaler.update()
+                    if batch is None:  # a full batch that fits: the graph's step
+                        parts = graph(rows, beta)
+                        self.graph_steps += 1
+                    else:
+                        parts = self._eager_step(batch, beta, rows.numel() / ctx.world, phase, opts)
                     self.step += 1
                     if phase.log:
                         totals[0] += parts["nll_sum"]
@@ -609,6 +634,29 @@ class Trainer(_Run):
                             totals[2] += parts["kl_term_sum"]
                 if phase.log:
                     totals[3] += n
+
+    def _eager_step(self, batch, beta: float, denom: float, phase: Phase, opts: list) -> dict:
+        with prec.autocast(self.device, self.cfg.precision):
+            loss, parts = self.step_module(batch, beta, denom, phase)
+        for o in self.opts.values():
+            o.zero_grad(set_to_none=True)
+        self.scaler.scale(loss).backward()
+        for o in opts:
+            self.scaler.step(o)
+        self.scaler.update()
+        return parts
+
+    def _graph_steps(self, graph: graphs.GraphedStep, perm: torch.Tensor):
+        """(rows on the device, None) for the full batches whose non-zeros fit the graph (their
+        totals read from a host copy of the row lengths: nothing waits on the GPU), (rows,
+        batch) for the others (the last, smaller batch), which run eagerly."""
+        size = self.cfg.batch_size
+        lens = self._row_nnz[perm].split(size)
+        for rows, ln in zip(perm.to(self.device).split(size), lens):
+            if rows.numel() == size and graph.fits(int(ln.sum())):
+                yield rows, None
+            else:
+                yield rows, self.train_csr.batch(rows)
 
     def fit(self) -> RunResult:
         cfg = self.cfg
@@ -696,6 +744,7 @@ class Trainer(_Run):
             self.writer.close()
         timing["checkpoint_bytes"] = self.writer.bytes_written
         timing["checkpoint_writes"] = self.writer.writes
+        timing["graph_steps"] = self.graph_steps
         return self._finish(timing, t_setup)
 
     def _validate_epoch(self, row: dict, show: bool) -> None:

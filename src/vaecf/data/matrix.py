@@ -105,6 +105,25 @@ class CSR:
         pos = torch.arange(total, device=rows.device) - offsets[row_ids] + starts[row_ids]
         return SparseBatch(self.indices[pos], offsets, self.values[pos], row_ids, rows.numel())
 
+    def padded_batch(self, rows: torch.Tensor, capacity: int) -> SparseBatch:
+        """The rows' non-zeros in exactly `capacity` slots, with nothing read back to the host
+        (what a CUDA graph of a training step needs: fixed shapes, no synchronisation). Slot s
+        belongs to the row whose running length first exceeds s; slots past the batch's total
+        hold item 0 with value 0 in the last row, which adds exactly zero to every sum of the
+        models. Rows holding more than `capacity` non-zeros in all lose the rest: callers check
+        the total on the host (`row_nnz`) first."""
+        starts = self.indptr[rows]
+        lens = self.indptr[rows + 1] - starts
+        ends = torch.cumsum(lens, 0)
+        offsets = ends - lens
+        pos = torch.arange(capacity, device=rows.device)
+        row_ids = torch.searchsorted(ends, pos, right=True)
+        valid = row_ids < rows.numel()
+        row_ids = row_ids.clamp_max(rows.numel() - 1)
+        src = torch.where(valid, starts[row_ids] + pos - offsets[row_ids], 0)
+        values = torch.where(valid, self.values[src], 0.0)
+        return SparseBatch(self.indices[src], offsets, values, row_ids, rows.numel())
+
     def keys(self) -> torch.Tensor:
         """(nnz,) sorted int64 keys row * n_cols + col, for membership tests by searchsorted."""
         rows = torch.repeat_interleave(

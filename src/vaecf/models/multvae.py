@@ -26,6 +26,7 @@ from vaecf.models.base import (
     Phase,
     ScoreFn,
     l2_rows,
+    sparse_rows_product,
 )
 from vaecf.models.fused import linear_multinomial_nll
 from vaecf.specs import ModelConfig
@@ -83,6 +84,7 @@ class MultAE(Model):
 
     Config = ModelConfig
     multinomial = True
+    graph_step = True
 
     def __init__(self, n_items: int, config: ModelConfig | None = None):
         super().__init__(n_items, config or ModelConfig(self.name))
@@ -112,16 +114,7 @@ class MultAE(Model):
         v = batch.values
         inv_norm = torch.rsqrt(batch.row_sums(v * v).clamp_min(1e-12))  # tf.nn.l2_normalize
         v = F.dropout(v * inv_norm[batch.row_ids], self.config.dropout, self.training)
-        h = (
-            F.embedding_bag(
-                batch.indices,
-                self.in_weight,
-                batch.offsets,
-                mode="sum",
-                per_sample_weights=v.to(self.in_weight.dtype),
-            )
-            + self.in_bias
-        )  # (B, d1)
+        h = sparse_rows_product(batch, self.in_weight, v) + self.in_bias  # (B, d1)
         h = self._encode_rest(h)
         if not self.variational:
             return h, None

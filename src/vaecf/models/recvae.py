@@ -24,7 +24,7 @@ from torch import nn
 
 from vaecf import specs
 from vaecf.data.matrix import SparseBatch
-from vaecf.models.base import Model, Phase, l2_rows
+from vaecf.models.base import Model, Phase, l2_rows, sparse_rows_product
 from vaecf.models.fused import linear_multinomial_nll
 from vaecf.models.multvae import _wide, resolve_vae_train
 from vaecf.specs import RecVAEConfig
@@ -62,13 +62,7 @@ class Encoder(nn.Module):
         v = batch.values
         inv_norm = torch.rsqrt(batch.row_sums(v * v).clamp_min(1e-12))
         v = F.dropout(v * inv_norm[batch.row_ids], dropout, self.training and dropout > 0)
-        h = F.embedding_bag(
-            batch.indices,
-            self.in_weight,
-            batch.offsets,
-            mode="sum",
-            per_sample_weights=v.to(self.in_weight.dtype),
-        )
+        h = sparse_rows_product(batch, self.in_weight, v)
         h = self.norms[0](swish(h + self.in_bias))  # (B, hidden)
         skip = h
         for layer, norm in zip(self.layers, self.norms[1:]):

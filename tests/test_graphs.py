@@ -1,0 +1,116 @@
+"""What a CUDA-graph training step is built from, checked where it runs without a GPU: the
+padded, sync-free batch gather adds exactly nothing to a step; the GPU's first-layer product
+equals embedding_bag; the capacity covers random batches. The graph itself: tests/test_cuda.py."""
+
+import numpy as np
+import pytest
+import torch
+
+import vaecf
+from vaecf import graphs, models, rundir
+from vaecf.bench import synthetic_csr
+from vaecf.data.matrix import CSR
+from vaecf.models.base import sparse_rows_product
+
+
+@pytest.fixture(scope="module")
+def csr():
+    return CSR.from_scipy(synthetic_csr(400, 300, 9_000, seed=3))
+
+
+def test_padded_batch_holds_the_batch_then_zeros(csr):
+    rows = torch.tensor([5, 0, 399, 17, 5])  # a repeated row, the first and the last
+    eager = csr.batch(rows)
+    total = eager.indices.numel()
+    padded = csr.padded_batch(rows, total + 37)
+    assert torch.equal(padded.offsets, eager.offsets)
+    assert torch.equal(padded.indices[:total], eager.indices)
+    assert torch.equal(padded.values[:total], eager.values)
+    assert torch.equal(padded.row_ids[:total], eager.row_ids)
+    assert torch.all(padded.values[total:] == 0)
+    assert torch.all(padded.row_ids[total:] == rows.numel() - 1)
+    exact = csr.padded_batch(rows, total)
+    assert torch.equal(exact.indices, eager.indices) and torch.equal(exact.row_ids, eager.row_ids)
+
+
+@pytest.mark.parametrize("name", ["multvae", "multdae", "recvae"])
+def test_a_padded_step_equals_the_eager_step(csr, name):
+    """Loss and every gradient on the same weights (no dropout or sampling: eval mode)."""
+    rows = torch.randperm(csr.n_rows, generator=torch.Generator().manual_seed(1))[:64]
+    eager = csr.batch(rows)
+    out = []
+    for batch in (eager, csr.padded_batch(rows, eager.indices.numel() + 500)):
+        torch.manual_seed(0)
+        net = models.build(name, csr.shape[1]).eval()
+        phase = net.phases()[0]
+        loss, _ = net.loss(batch, 0.2, 64, phase)
+        loss.backward()
+        grads = {k: p.grad.clone() for k, p in net.named_parameters() if p.grad is not None}
+        out.append((loss.item(), grads))
+    (l0, g0), (l1, g1) = out
+    assert l1 == pytest.approx(l0, rel=1e-6)
+    assert g0.keys() == g1.keys() and g0
+    for k in g0:
+        torch.testing.assert_close(g1[k], g0[k], rtol=1e-5, atol=1e-7, msg=k)
+
+
+def test_the_gpu_first_layer_product_equals_embedding_bag(csr):
+    rows = torch.arange(50)
+    batch = csr.batch(rows)
+    w = torch.randn(csr.shape[1], 16, requires_grad=True)
+    v = torch.rand(batch.values.numel())
+    grads = []
+    for gather in (False, True):
+        w.grad = None
+        out = sparse_rows_product(batch, w, v, gather=gather)
+        (out * torch.linspace(-1, 1, 16)).sum().backward()
+        grads.append((out.detach(), w.grad.clone()))
+    dense = torch.zeros(50, csr.shape[1]).index_put_(
+        (batch.row_ids, batch.indices), v, accumulate=True
+    )
+    torch.testing.assert_close(grads[0][0], dense @ w.detach(), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(grads[1][0], grads[0][0], rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(grads[1][1], grads[0][1], rtol=1e-5, atol=1e-6)
+
+
+def test_the_capacity_covers_random_batches():
+    rng = np.random.default_rng(0)
+    lens = np.minimum(rng.lognormal(3.5, 1.2, 50_000).astype(int) + 5, 5_000)  # heavy tailed
+    cap = graphs.graph_capacity(lens, 500)
+    assert cap % 4096 == 0
+    totals = [lens[rng.integers(0, lens.size, 500)].sum() for _ in range(3000)]
+    assert max(totals) <= cap
+    assert cap < 2.0 * np.mean(totals)  # not padded to the worst case
+    # never more slots than the largest rows hold (rounded up): 10 rows of 7
+    assert graphs.graph_capacity(np.full(10, 7), 500) == 4096
+
+
+def test_graphs_apply_only_to_single_process_gpu_steps_of_one_phase():
+    cfg = vaecf.TrainConfig(precision="fp32")
+    mult, rec = models.build("multvae", 30), models.build("recvae", 30)
+    cuda = torch.device("cuda")
+    assert graphs.graphs_apply(mult, cfg, cuda, 1) is None
+    assert graphs.graphs_apply(mult, cfg, torch.device("cpu"), 1) == "not on a GPU"
+    assert graphs.graphs_apply(mult, cfg, cuda, 2) == "data-parallel"
+    assert "phases" in graphs.graphs_apply(rec, cfg, cuda, 1)
+    assert graphs.graphs_apply(mult, vaecf.TrainConfig(precision="fp16"), cuda, 1) == "fp16"
+    assert graphs.graphs_apply(mult, vaecf.TrainConfig(data_on="host"), cuda, 1)
+    assert graphs.graphs_apply(mult, vaecf.TrainConfig(cuda_graphs=False), cuda, 1)
+
+
+def test_cpu_training_replays_no_graph_and_closed_forms_refuse_the_setting(tmp_path):
+    from vaecf.data import synthetic
+    from vaecf.errors import ConfigError
+
+    df = synthetic.generate(n_users=300, n_items=60, n_groups=4, mean_items=10, seed=2)
+    ds = vaecf.prepare_frame(df, tmp_path / "d", vaecf.PrepareSettings(heldout_users=30, seed=2))
+    run = vaecf.train(ds, vaecf.TrainConfig(epochs=1, device="cpu", progress=False), tmp_path / "r")
+    timing = rundir.load_results(run.run_dir)["timing"]
+    assert timing["graph_steps"] == 0
+    with pytest.raises(ConfigError, match="cuda-graphs"):
+        vaecf.train(
+            ds,
+            vaecf.TrainConfig(cuda_graphs=False, progress=False),
+            tmp_path / "e",
+            model="ease",
+        )
