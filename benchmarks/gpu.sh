@@ -1,18 +1,20 @@
 #!/usr/bin/env bash
 # What a CUDA GPU is checked and timed with, in one go (for a machine lent for a short while).
 #
-#     benchmarks/gpu.sh OUTDIR [tests] [bench] [items] [run] [suite]   (default: tests bench)
+#     benchmarks/gpu.sh OUTDIR [tests] [bench] [graphs] [items] [run] [suite]  (default: tests bench)
 #
 # tests: tests/test_cuda.py and the trainer's CUDA test (every model and precision on the GPU
 #        against the CPU, the linear solvers, serving precisions, resume, torchrun with NCCL);
 # bench: training users/s beside the dense-input PyTorch reference on the same GPU (ML-20M
 #        shape, batch 500, every precision), RecVAE's step, and inference latency/throughput;
 # items: Mult-VAE and RecVAE training at 100,000 and 500,000 items (users/s, peak GPU memory);
+# graphs: the CUDA-graph probe (eager vs graph steps) and 20 ML-20M epochs with and without
+#        graphs (run_time.py --variant);
 # run:   the paper's whole ML-20M run (synthetic ML-20M shape, 200 epochs) at bf16;
 # suite: core test files with the GPU visible (`auto` devices pick it); give it a call of its own.
 # Logs and tables go to OUTDIR; run from the repository root.
 set -u
-out=${1:?usage: benchmarks/gpu.sh OUTDIR [tests] [bench] [items] [run] [suite]}
+out=${1:?usage: benchmarks/gpu.sh OUTDIR [tests] [bench] [graphs] [items] [run] [suite]}
 shift
 mkdir -p "$out"
 export PYTHONPATH=${PYTHONPATH:+$PYTHONPATH:}$PWD/src PYTHONUNBUFFERED=1
@@ -24,7 +26,7 @@ all=(--precision fp32 --precision tf32 --precision bf16 --precision fp16)
 for part in $parts; do
     case $part in
     tests)
-        timeout 420 $py -m pytest tests/test_cuda.py \
+        timeout 420 $py -m pytest tests/test_cuda.py tests/test_graphs.py \
             tests/test_trainer.py::test_cuda_matches_cpu_closely -q -s -rA 2>&1 |
             tee "$out/tests.log" | grep -E "passed|failed|error|overlap|cpu fp32|full |ease|edlae"
         ;;
@@ -38,6 +40,12 @@ for part in $parts; do
         for p in fp32 bf16 fp16 int8; do
             timeout 60 $py -m vaecf bench infer --device cuda --precision $p --seconds 3 2>&1
         done | tee "$out/bench_infer.txt"
+        ;;
+    graphs)
+        timeout 120 $py benchmarks/cuda_graph_probe.py --precision fp32 --precision bf16 2>&1 |
+            tee "$out/graph_probe.txt"
+        timeout 200 $py benchmarks/run_time.py --datasets ml-20m --device cuda --precision bf16 \
+            --epochs 20 --variant "eager=--cuda-graphs false" 2>&1 | tee "$out/run_graphs.txt"
         ;;
     items)
         timeout 300 $py benchmarks/train_items.py --device cuda 2>&1 | tee "$out/train_items.txt"

@@ -164,14 +164,15 @@ class Model(nn.Module):
 
 
 def sparse_rows_product(
-    batch: SparseBatch, weight: torch.Tensor, v: torch.Tensor, gather: bool | None = None
+    batch: SparseBatch, weight: torch.Tensor, v: torch.Tensor, gather: bool = False
 ) -> torch.Tensor:
     """(B, d): row u is the sum over u's non-zeros i of v_i * weight[item_i], the sparse input
-    times a (n_items, d) first layer. `embedding_bag` on a CPU; on a GPU (`gather` None) a
-    gather and an index_add, faster there (H200, Mult-VAE at batch 500: +13-16% a step replayed
-    as a CUDA graph; benchmarks/cuda_graph_probe.py), at the cost of a (nnz, d) temporary."""
+    times a (n_items, d) first layer: `embedding_bag`, or with `gather` a gather and an
+    index_add (a (nnz, d) temporary). On a GPU the gather is faster inside a CUDA graph of
+    Mult-VAE's step (H200, batch 500: +13-16% a step), the same eagerly, and slower in RecVAE's
+    eager step (bf16 22,022 -> 19,778 users/s); benchmarks/cuda_graph_probe.py."""
     v = v.to(weight.dtype)
-    if not (weight.device.type == "cuda" if gather is None else gather):
+    if not gather:
         return F.embedding_bag(
             batch.indices, weight, batch.offsets, mode="sum", per_sample_weights=v
         )

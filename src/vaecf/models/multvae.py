@@ -114,7 +114,8 @@ class MultAE(Model):
         v = batch.values
         inv_norm = torch.rsqrt(batch.row_sums(v * v).clamp_min(1e-12))  # tf.nn.l2_normalize
         v = F.dropout(v * inv_norm[batch.row_ids], self.config.dropout, self.training)
-        h = sparse_rows_product(batch, self.in_weight, v) + self.in_bias  # (B, d1)
+        gather = self.in_weight.is_cuda  # (see sparse_rows_product)
+        h = sparse_rows_product(batch, self.in_weight, v, gather) + self.in_bias  # (B, d1)
         h = self._encode_rest(h)
         if not self.variational:
             return h, None
