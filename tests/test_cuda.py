@@ -1,5 +1,6 @@
 """The CUDA paths against the CPU: every model and precision trains there and lands where the CPU
-does, the linear solvers agree, a GPU-trained run serves on the CPU and every serving precision
+does (Mult-VAE/DAE replaying their step as a CUDA graph), a replayed graph computes the eager
+step, the linear solvers agree, a GPU-trained run serves on the CPU and every serving precision
 ranks as fp32 does, resume and torchrun (NCCL) work. Skipped without a GPU; with
 VAECF_TEST_DEVICE=cpu the same checks run on the CPU against itself (to check the tests)."""
 

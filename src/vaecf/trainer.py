@@ -595,6 +595,12 @@ class Trainer(_Run):
         where graphs do not apply (`graphs.graphs_apply`)."""
         if self._graph is None:
             why = graphs.graphs_apply(self.model, self.cfg, self.device, self.ctx.world)
+            # the graph keeps its own copy of a step's activations beside the eager steps'
+            need = 2 * memory.ACTIVATION_BYTES * self.cfg.batch_size * self.ds.n_items
+            if why is None and memory.available_bytes(self.device) < need:
+                why = f"the GPU has less than {memory.gib(need)} free for a graph's activations"
+                if self.cfg.progress and self.ctx.is_main:
+                    tqdm.write(f"CUDA graphs off: {why}; each step runs eagerly")
             if why is not None:
                 self._graph = False
             else:
