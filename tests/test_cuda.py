@@ -290,3 +290,24 @@ def test_bench_cli_on_the_device():
     )
     print(infer)
     assert rows and infer
+    # on a GPU, Mult-VAE's step is timed as training replays it: one CUDA graph
+    graphed = DEVICE.startswith("cuda")
+    assert all(("graph" in r["breakdown_ms"]) == graphed for r in rows)
+    assert all(r["users_per_s"] > 0 for r in rows)
+    eager = json.loads(
+        _cli(
+            "-m",
+            "vaecf",
+            "bench",
+            "train",
+            *small,
+            "--device",
+            DEVICE,
+            "--precision",
+            "fp32",
+            "--cuda-graphs",
+            "false",
+            "--json",
+        )  # fmt: skip
+    )
+    assert set(eager[0]["breakdown_ms"]) == {"batch", "forward", "backward", "optimizer"}

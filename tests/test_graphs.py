@@ -86,16 +86,16 @@ def test_the_capacity_covers_random_batches():
 
 
 def test_graphs_apply_only_to_single_process_gpu_steps_of_one_phase():
-    cfg = vaecf.TrainConfig(precision="fp32")
     mult, rec = models.build("multvae", 30), models.build("recvae", 30)
-    cuda = torch.device("cuda")
-    assert graphs.graphs_apply(mult, cfg, cuda, 1) is None
-    assert graphs.graphs_apply(mult, cfg, torch.device("cpu"), 1) == "not on a GPU"
-    assert graphs.graphs_apply(mult, cfg, cuda, 2) == "data-parallel"
-    assert "phases" in graphs.graphs_apply(rec, cfg, cuda, 1)
-    assert graphs.graphs_apply(mult, vaecf.TrainConfig(precision="fp16"), cuda, 1) == "fp16"
-    assert graphs.graphs_apply(mult, vaecf.TrainConfig(data_on="host"), cuda, 1)
-    assert graphs.graphs_apply(mult, vaecf.TrainConfig(cuda_graphs=False), cuda, 1)
+    cuda, cpu = torch.device("cuda"), torch.device("cpu")
+    assert graphs.graphs_apply(mult, cuda, "fp32") is None
+    assert graphs.graphs_apply(mult, cuda, "bf16") is None
+    assert graphs.graphs_apply(mult, cpu, "fp32") == "not on a GPU"
+    assert graphs.graphs_apply(mult, cuda, "fp32", world=2) == "data-parallel"
+    assert "phases" in graphs.graphs_apply(rec, cuda, "fp32")
+    assert graphs.graphs_apply(mult, cuda, "fp16") == "fp16"
+    assert graphs.graphs_apply(mult, cuda, "fp32", data_on="host")
+    assert graphs.graphs_apply(mult, cuda, "fp32", enabled=False)
 
 
 def test_cpu_training_replays_no_graph_and_closed_forms_refuse_the_setting(tmp_path):

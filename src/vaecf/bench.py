@@ -19,7 +19,7 @@ import scipy.sparse as sp
 import torch
 from tqdm.auto import tqdm
 
-from vaecf import models
+from vaecf import graphs, models
 from vaecf import precision as prec
 from vaecf.data.matrix import CSR
 from vaecf.errors import ConfigError
@@ -111,10 +111,13 @@ def bench_train(
     progress: bool = True,
     seed: int = 0,
     data: sp.csr_matrix | None = None,
+    cuda_graphs: bool = True,
 ) -> TrainBench:
     """Time whole training steps on `data` (default: `synthetic_csr(users, items, nnz)`).
     A step is one update of every phase of the model's epoch (RecVAE: 3 encoder updates and 1
-    decoder update), so users/s is users of an epoch per second for every model."""
+    decoder update), so users/s is users of an epoch per second for every model. Where
+    training would replay its step as a CUDA graph (`graphs.graphs_apply`), the graph's step is
+    timed (breakdown: "graph"), as training runs it."""
     dev = prec.resolve_device(device)
     prec.check_precision(precision, dev)
     if dev.type == "cpu":
@@ -135,6 +138,8 @@ def bench_train(
     ]
     scaler = prec.grad_scaler(dev, precision)
     gen = torch.Generator().manual_seed(seed)
+    if graphs.graphs_apply(net, dev, precision, enabled=cuda_graphs) is None:
+        return _bench_graph(net, opts, csr, data, precision, batch_size, steps, warmup, gen)
     parts = {"batch": [], "forward": [], "backward": [], "optimizer": []}
     flops = []
     for i in tqdm(
@@ -177,6 +182,40 @@ def bench_train(
         step * 1e3,
         statistics.mean(flops) / step / 1e9,
         {k: statistics.median(v) * 1e3 for k, v in parts.items()},
+    )
+
+
+def _bench_graph(net, opts, csr, data, precision, batch_size, steps, warmup, gen) -> TrainBench:
+    """bench_train's timing of a step replayed as a CUDA graph (batches over the graph's
+    capacity are drawn again: training steps those eagerly)."""
+    dev = csr.device
+    capacity = graphs.graph_capacity(np.diff(data.indptr), batch_size)
+    step = graphs.GraphedStep(net, list(opts.values()), csr, batch_size, precision, capacity)
+    row_nnz = torch.from_numpy(np.diff(data.indptr))
+    times, flops = [], []
+    while len(times) < steps:
+        rows = torch.randint(0, csr.n_rows, (batch_size,), generator=gen)
+        nnz = int(row_nnz[rows].sum())
+        if not step.fits(nnz):
+            continue
+        rows = rows.to(dev)
+        _sync(dev)
+        t0 = time.perf_counter()
+        step(rows, 0.2)
+        _sync(dev)
+        if warmup > 0:
+            warmup -= 1
+            continue
+        times.append(time.perf_counter() - t0)
+        flops.append(step_flops(net, batch_size, nnz))
+    t = statistics.median(times)
+    return TrainBench(
+        precision,
+        batch_size,
+        batch_size / t,
+        t * 1e3,
+        statistics.mean(flops) / t / 1e9,
+        {"graph": t * 1e3},
     )
 
 
@@ -307,10 +346,15 @@ def format_train(results: list[TrainBench]) -> str:
     lines = [head]
     for r in results:
         b = r.breakdown_ms
+        parts = (
+            f"one CUDA graph (gather, forward, backward, optimizer) {b['graph']:.1f}"
+            if "graph" in b
+            else f"{b['batch']:.1f} / {b['forward']:.1f} / {b['backward']:.1f} / "
+            f"{b['optimizer']:.1f}"
+        )
         lines.append(
             f"{r.precision:>9s} {r.batch_size:6d} {r.users_per_s:9.0f} {r.step_ms:8.1f} "
-            f"{r.gflops:8.1f}  {b['batch']:.1f} / {b['forward']:.1f} / "
-            f"{b['backward']:.1f} / {b['optimizer']:.1f}"
+            f"{r.gflops:8.1f}  {parts}"
         )
     return "\n".join(lines)
 

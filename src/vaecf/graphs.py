@@ -40,17 +40,24 @@ def graph_capacity(row_nnz: np.ndarray, batch_size: int) -> int:
     return int(max(_ROUND, math.ceil(min(bound, most) / _ROUND) * _ROUND))
 
 
-def graphs_apply(model, cfg, device: torch.device, world: int) -> str | None:
-    """Why the step cannot be a graph here (None: it can)."""
-    if not cfg.cuda_graphs:
+def graphs_apply(
+    model,
+    device: torch.device,
+    precision: str,
+    world: int = 1,
+    enabled: bool = True,
+    data_on: str = "device",
+) -> str | None:
+    """Why a training step of `model` cannot be a graph here (None: it can)."""
+    if not enabled:
         return "--cuda-graphs false"
     if device.type != "cuda":
         return "not on a GPU"
     if world > 1:
         return "data-parallel"
-    if cfg.data_on != "device":
+    if data_on != "device":
         return "--data-on host"
-    if cfg.precision == "fp16":  # dynamic loss scaling skips steps on the host's word
+    if precision == "fp16":  # dynamic loss scaling skips steps on the host's word
         return "fp16"
     if not getattr(model, "graph_step", False):
         return f"{model.name} has several phases"

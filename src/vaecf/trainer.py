@@ -594,12 +594,15 @@ class Trainer(_Run):
         has loaded its state: the graph holds the parameters and Adam's state tensors), or None
         where graphs do not apply (`graphs.graphs_apply`)."""
         if self._graph is None:
-            why = graphs.graphs_apply(self.model, self.cfg, self.device, self.ctx.world)
+            cfg = self.cfg
+            why = graphs.graphs_apply(
+                self.model, self.device, cfg.precision, self.ctx.world, cfg.cuda_graphs, cfg.data_on
+            )
             # the graph keeps its own copy of a step's activations beside the eager steps'
-            need = 2 * memory.ACTIVATION_BYTES * self.cfg.batch_size * self.ds.n_items
+            need = 2 * memory.ACTIVATION_BYTES * cfg.batch_size * self.ds.n_items
             if why is None and memory.available_bytes(self.device) < need:
                 why = f"the GPU has less than {memory.gib(need)} free for a graph's activations"
-                if self.cfg.progress and self.ctx.is_main:
+                if cfg.progress and self.ctx.is_main:
                     tqdm.write(f"CUDA graphs off: {why}; each step runs eagerly")
             if why is not None:
                 self._graph = False

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from vaecf.cli.common import home, print_json
+from vaecf.cli.options import _bool
 
 
 # -- demo ---------------------------------------------------------------------------------------
@@ -38,6 +39,7 @@ def cmd_bench(a) -> int:
                 a.device,
                 a.model,
                 progress=not a.json,
+                cuda_graphs=a.cuda_graphs,
             )
             for p in a.precision or bench.default_precisions(a.device)
         ]
@@ -116,6 +118,14 @@ def register(sub) -> None:
     bt.add_argument("--steps", type=int, default=30, help="timed steps (default 30)")
     bt.add_argument("--warmup", type=int, default=5, help="untimed steps first (default 5)")
     bt.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N")
+    bt.add_argument(
+        "--cuda-graphs",
+        type=_bool,
+        default=True,
+        metavar="true|false",
+        help="on a GPU, time the step as training replays it, one CUDA graph (Mult-VAE/DAE, "
+        "not fp16; default true); false: the eager step, with its breakdown",
+    )
     bt.add_argument("--json", action="store_true", help="print JSON instead of a table")
     bt.set_defaults(fn=cmd_bench)
     bi = bsub.add_parser("infer", help="latency percentiles and throughput of recommending")
