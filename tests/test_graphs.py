@@ -114,3 +114,22 @@ def test_cpu_training_replays_no_graph_and_closed_forms_refuse_the_setting(tmp_p
             tmp_path / "e",
             model="ease",
         )
+
+
+def test_no_graph_where_the_device_lacks_room_for_it(tmp_path, monkeypatch, capsys):
+    """The graph's own activations and gradients are checked against the free memory first;
+    short of it, the run says so and steps eagerly (here: a CPU run told graphs apply)."""
+    from vaecf import memory
+    from vaecf.data import synthetic
+
+    asked = []
+    real = memory.available_bytes
+    monkeypatch.setattr(graphs, "graphs_apply", lambda *a, **k: asked.append(1))  # None: apply
+    monkeypatch.setattr(memory, "available_bytes", lambda d: 0 if asked else real(d))
+    df = synthetic.generate(n_users=300, n_items=60, n_groups=4, mean_items=10, seed=2)
+    ds = vaecf.prepare_frame(df, tmp_path / "d", vaecf.PrepareSettings(heldout_users=30, seed=2))
+    run = vaecf.train(ds, vaecf.TrainConfig(epochs=2, device="cpu"), tmp_path / "r")
+    assert asked == [1]  # decided once for the run
+    assert "CUDA graphs off: the GPU has less than" in capsys.readouterr().out
+    assert rundir.load_results(run.run_dir)["timing"]["graph_steps"] == 0
+    assert run.test_metrics["ndcg@100"] > 0

@@ -598,10 +598,12 @@ class Trainer(_Run):
             why = graphs.graphs_apply(
                 self.model, self.device, cfg.precision, self.ctx.world, cfg.cuda_graphs, cfg.data_on
             )
-            # the graph keeps its own copy of a step's activations beside the eager steps'
-            need = 2 * memory.ACTIVATION_BYTES * cfg.batch_size * self.ds.n_items
+            # what is still to come: a step's activations and gradients for the graph and again
+            # for the eager steps (the epoch's last), and Adam's moments (a fresh run's)
+            params = sum(p.numel() for p in self.model.parameters())
+            need = 2 * memory.ACTIVATION_BYTES * cfg.batch_size * self.ds.n_items + 16 * params
             if why is None and memory.available_bytes(self.device) < need:
-                why = f"the GPU has less than {memory.gib(need)} free for a graph's activations"
+                why = f"the GPU has less than {memory.gib(need)} free for a graph's step"
                 if cfg.progress and self.ctx.is_main:
                     tqdm.write(f"CUDA graphs off: {why}; each step runs eagerly")
             if why is not None:
@@ -612,9 +614,9 @@ class Trainer(_Run):
                     self.model,
                     [self.opts[g] for g in phase.groups],
                     self.train_csr,
-                    self.cfg.batch_size,
-                    self.cfg.precision,
-                    graphs.graph_capacity(nnz.numpy(), self.cfg.batch_size),
+                    cfg.batch_size,
+                    cfg.precision,
+                    graphs.graph_capacity(nnz.numpy(), cfg.batch_size),
                 )
                 self._row_nnz = nnz
         return self._graph or None

@@ -169,8 +169,9 @@ def sparse_rows_product(
     """(B, d): row u is the sum over u's non-zeros i of v_i * weight[item_i], the sparse input
     times a (n_items, d) first layer: `embedding_bag`, or with `gather` a gather and an
     index_add (a (nnz, d) temporary). On a GPU the gather is faster inside a CUDA graph of
-    Mult-VAE's step (H200, batch 500: +13-16% a step), the same eagerly, and slower in RecVAE's
-    eager step (bf16 22,022 -> 19,778 users/s); benchmarks/cuda_graph_probe.py."""
+    Mult-VAE's step (H200, batch 500: +13-16% a step; eagerly fp32 the same, bf16 +10%;
+    benchmarks/cuda_graph_probe.py), and was slower in RecVAE's eager step (bf16 22,022 ->
+    19,778 users/s, one run each), which keeps embedding_bag."""
     v = v.to(weight.dtype)
     if not gather:
         return F.embedding_bag(
