@@ -610,15 +610,21 @@ class Trainer(_Run):
                 self._graph = False
             else:
                 nnz = self.train_csr.row_nnz().cpu()
+                capacity = graphs.graph_capacity(nnz.numpy(), cfg.batch_size)
                 self._graph = graphs.GraphedStep(
                     self.model,
                     [self.opts[g] for g in phase.groups],
                     self.train_csr,
                     cfg.batch_size,
                     cfg.precision,
-                    graphs.graph_capacity(nnz.numpy(), cfg.batch_size),
+                    capacity,
                 )
                 self._row_nnz = nnz
+                if cfg.progress and self.ctx.is_main:
+                    tqdm.write(
+                        f"CUDA graphs: each full batch's step replayed as one graph (up to "
+                        f"{capacity:,} interactions a batch; --cuda-graphs false: eager steps)"
+                    )
         return self._graph or None
 
     def _run_phases(self, totals: torch.Tensor) -> None:
