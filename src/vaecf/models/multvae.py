@@ -114,7 +114,9 @@ class MultAE(Model):
         v = batch.values
         inv_norm = torch.rsqrt(batch.row_sums(v * v).clamp_min(1e-12))  # tf.nn.l2_normalize
         v = F.dropout(v * inv_norm[batch.row_ids], self.config.dropout, self.training)
-        gather = self.in_weight.is_cuda  # (see sparse_rows_product)
+        # training on a GPU: gather + index_add (see sparse_rows_product); scoring keeps
+        # embedding_bag, without the (non-zeros, d) temporary of large scoring batches
+        gather = self.in_weight.is_cuda and self.training
         h = sparse_rows_product(batch, self.in_weight, v, gather) + self.in_bias  # (B, d1)
         h = self._encode_rest(h)
         if not self.variational:
