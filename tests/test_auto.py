@@ -75,6 +75,7 @@ def test_auto_blends_and_skips_what_does_not_fit(ds, tmp_path, monkeypatch):
     blend = cands["blend"]
     assert blend["parts"][1] == "multdae" and blend["parts"][0] in ("edlae", "ease")
     assert len(blend["weights_tried"]) == 9
+    assert 0 < blend["cross_fitted"] <= 1
     sel = results["auto"]["selection"]
     assert sel["incumbent"] in ("edlae", "ease") and sel["margin_z"] == 1.645
     best = max(cands, key=lambda n: cands[n]["validation"]["ndcg@100"])
@@ -105,6 +106,29 @@ def test_choose_asks_a_challenger_for_a_paired_lead():
     assert choose({"multvae": base, "recvae": noisy}, None, 1.645)[0] == "recvae"
     with pytest.raises(vaecf.VaecfError, match="margin-z"):
         models.AutoConfig(margin_z=-1)
+
+
+def test_a_blend_is_judged_on_users_its_weight_was_not_chosen_on():
+    from vaecf.auto import choose, cross_fitted
+
+    rng = np.random.default_rng(1)
+    base = rng.uniform(0, 1, 300)
+    # nine weights that are the linear model plus noise: the best of nine leads in sample
+    noise = base + rng.normal(0.0, 0.05, (9, 300))
+    xf = cross_fitted(noise)
+    assert all(np.isin(xf[u], noise[:, u]) for u in range(300))  # a value of some weight
+    in_sample = noise.mean(1).max() - base.mean()
+    assert in_sample > 0.002  # the winner's curse
+    assert xf.mean() - base.mean() < in_sample / 2
+    assert choose({"edlae": base, "blend": noise[noise.mean(1).argmax()]}, "edlae", 0.0)[0] == (
+        "blend"
+    )
+    assert choose({"edlae": base, "blend": xf}, "edlae", 1.645)[0] == "edlae"
+    # a weight better for every user is what both halves choose
+    better = noise.copy()
+    better[4] = base + 0.2
+    np.testing.assert_array_equal(cross_fitted(better), better[4])
+    np.testing.assert_array_equal(cross_fitted(better[:, :1]), better[4, :1])  # one user
 
 
 def test_auto_budget_skips_candidates_not_started(ds, tmp_path):
