@@ -287,10 +287,12 @@ def test_cv_selection_with_few_or_no_foldable_users():
         assert all(math.isfinite(g["value"]) for g in rec["grid"])
 
 
-def test_cv_selection_pools_folds_and_validation_against_numpy(ds):
+@pytest.mark.parametrize("repeats", [1, 2])
+def test_cv_selection_pools_folds_and_validation_against_numpy(ds, repeats):
     """--selection cv: each tried (lambda, p, beta) is scored on the validation users and on
     the training folds' users, each fold's B solved without its users' targets (a float64
-    numpy reference with brute-force NDCG@100); the choice is the best pooled figure."""
+    numpy reference with brute-force NDCG@100); the choice is the best pooled figure. With
+    cv_repeats, the folds of each repeat's draw (seeds 0, 1000, ...) are pooled too."""
     train = ds.split("train").astype(np.float64)
     val = (ds.split("validation_tr"), ds.split("validation_te"))
     cfg = {
@@ -299,13 +301,14 @@ def test_cv_selection_pools_folds_and_validation_against_numpy(ds):
         "popularity_grid": [0.0, 0.5],
         "selection": "cv",
         "cv_folds": 3,
+        "cv_repeats": repeats,
         "search": "grid",
         "solve_dtype": "float64",
     }
     model = models.build("edlae", ds.n_items, cfg)
     vc = tuple(CSR.from_scipy(m) for m in val)
     rec = model.fit(train, validate=lambda m: _metrics_of(m.weight, *vc), validation=val)
-    assert rec["selection"] == "cv" and rec["cv_folds"] == 3
+    assert rec["selection"] == "cv" and rec["cv_folds"] == 3 * repeats
     x = train.toarray()
     g = x.T @ x
 
@@ -314,7 +317,9 @@ def test_cv_selection_pools_folds_and_validation_against_numpy(ds):
         b = np.eye(len(gram)) - pm / np.diag(pm)[None, :]
         return b / np.maximum(np.diag(gram), 1.0)[None, :] ** beta
 
-    folds = cv_folds(train, 3, np.float64)
+    folds = [f for r in range(repeats) for f in cv_folds(train, 3, np.float64, 1000 * r)]
+    if repeats == 2:  # another draw: other users together, other 80/20 splits
+        assert not all((a[1] != b[1]).nnz == 0 for a, b in zip(folds[:3], folds[3:]))
     grid = rec["grid"]
     assert len(grid) == 8
     for row in grid:

@@ -177,6 +177,9 @@ class EASEConfig:
         "users (dense solver)",
     )
     cv_folds: int = setting(5, "folds of the training users for --selection cv")
+    cv_repeats: int = setting(
+        1, "--selection cv: the folds drawn this many times (other folds and 80/20 draws)"
+    )
 
     def __post_init__(self) -> None:
         betas = [self.popularity_exponent, *self.popularity_grid]
@@ -186,6 +189,8 @@ class EASEConfig:
             )
         if self.cv_folds < 2:
             raise ConfigError("cv_folds must be at least 2")
+        if self.cv_repeats < 1:
+            raise ConfigError("cv_repeats must be at least 1")
         if self.l2 is not None and self.l2 <= 0:
             raise ConfigError("l2 (lambda) must be positive")
         if not self.l2_grid or min(self.l2_grid) <= 0:

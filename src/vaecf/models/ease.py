@@ -376,7 +376,15 @@ class EASE(Model):
         own = cv or len(betas) > 1
         if own and validation is None:
             raise ConfigError(f"{self.name}'s search needs the validation split")
-        folds = cv_folds(train, cfg.cv_folds, x.dtype) if cv else []
+        folds = (
+            [
+                f
+                for r in range(cfg.cv_repeats)
+                for f in cv_folds(train, cfg.cv_folds, x.dtype, 1000 * r)
+            ]
+            if cv
+            else []
+        )
         cv = bool(folds)  # no training user with 5 items: the validation users alone
         gram = torch.from_numpy(gram_sp.toarray()).to(device) if solver == "dense" else None
         t_gram = time.perf_counter() - t0
