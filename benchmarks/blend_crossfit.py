@@ -17,8 +17,8 @@ import json
 
 import numpy as np
 
-from vaecf import models, rundir
-from vaecf.auto import BLEND_WEIGHTS, cross_fitted
+from vaecf import rundir
+from vaecf.auto import BLEND_WEIGHTS, blend_of, cross_fitted
 from vaecf.data.matrix import CSR
 from vaecf.data.prepare import PreparedDataset
 from vaecf.evaluate import model_scores, per_user_metric
@@ -39,15 +39,9 @@ def one_split(run: str, data: str) -> str:
     linear, ae = best("linear"), best("autoencoder")
     ds = PreparedDataset(data)
     val = tuple(CSR.from_scipy(ds.split(f"validation_{p}")) for p in ("tr", "te"))
-    parts = [rundir.load_model(f"{run}/candidates/{n}", "cpu") for n in (linear, ae)]
-    cfg = models.config_from_dict(
-        "blend",
-        {"parts": [linear, ae], "configs": [p[1]["model"]["config"] for p in parts], "weight": 0.5},
-    )
-    blend = models.build("blend", ds.n_items, cfg)
-    for sub, (m, _) in zip(blend.parts, parts):
-        sub.load_state_dict(m.state_dict())
-    base = per_user(parts[0][0], val)
+    parts = {n: rundir.load_model(f"{run}/candidates/{n}", "cpu") for n in (linear, ae)}
+    blend = blend_of(ds.n_items, parts)
+    base = per_user(parts[linear][0], val)
     rows = []
     for w in BLEND_WEIGHTS:
         blend.config.weight = w

@@ -1,45 +1,43 @@
-"""What launching kernels costs a Mult-VAE training step on a GPU, and what a CUDA graph of the
-whole step (batch gather, forward, backward, Adam) would buy: a probe, not a code path of vaecf.
+"""What launching kernels costs a Mult-VAE training step on a GPU, and what replaying the whole
+step (batch gather, forward, backward, Adam) as a CUDA graph buys.
 
     python benchmarks/cuda_graph_probe.py [--device cuda] [--steps 50] [--precision fp32 ...]
 
 Variants, each timed over the same batches with one synchronisation at the end (as training):
-- eager: what the trainer does today (`CSR.batch`, whose `int(lens.sum())` waits on the GPU);
+- eager: the step without graphs (`CSR.batch`, whose `int(lens.sum())` waits on the GPU);
 - padded: the batch gathered into a fixed number of non-zeros without reading anything back
-  (padding entries: item 0, value 0, in the last row; they add exactly zero to every sum);
-- graph: the padded step captured once as a CUDA graph and replayed (Adam capturable);
-- *-ia: the first layer as a gather and index_add instead of embedding_bag.
-Before timing, one padded step's loss is checked against the eager step's on the same batch and
-weights, and the operations that synchronise with the host are listed (sync debug mode).
-On a CPU only eager and padded run (the padded gather's correctness is what can be checked).
+  (`CSR.padded_batch`);
+- graph: the padded step replayed as a CUDA graph (`graphs.GraphedStep`, what training does);
+- with -ia, the first layer as gather + index_add, else embedding_bag (training on a GPU uses
+  the gather: `models.base.sparse_rows_product`).
+On a CPU the graph variants are left out.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import math
 import time
-import warnings
 
 import torch
-import torch.nn.functional as F
 
-from vaecf import bench, models
+from vaecf import bench, graphs, models
 from vaecf import precision as prec
-from vaecf.data.matrix import CSR, SparseBatch
+from vaecf.data.matrix import CSR
+from vaecf.models import multvae
+from vaecf.models.base import sparse_rows_product
 
 
-def encode_index_add(net, batch: SparseBatch):
-    """Mult-VAE's encoder with the first layer as gather + index_add instead of embedding_bag
-    (whose CUDA backward reads a count back to the host, which a graph cannot capture)."""
-    v = batch.values
-    inv_norm = torch.rsqrt(batch.row_sums(v * v).clamp_min(1e-12))
-    v = F.dropout(v * inv_norm[batch.row_ids], net.config.dropout, net.training)
-    parts = net.in_weight.index_select(0, batch.indices) * v.to(net.in_weight.dtype)[:, None]
-    h = torch.zeros(batch.batch_size, parts.shape[1], dtype=parts.dtype, device=parts.device)
-    h = net._encode_rest(h.index_add_(0, batch.row_ids, parts) + net.in_bias)
-    d = net.config.latent_dim
-    return h[:, :d], h[:, d:]
+@contextlib.contextmanager
+def first_layer(gather: bool):
+    """Mult-VAE's first layer fixed to embedding_bag or to gather + index_add (training on a
+    GPU picks the gather), for the comparison."""
+    multvae.sparse_rows_product = lambda b, w, v, _=None: sparse_rows_product(b, w, v, gather)
+    try:
+        yield
+    finally:
+        multvae.sparse_rows_product = sparse_rows_product
 
 
 def _sync(dev):
@@ -48,42 +46,26 @@ def _sync(dev):
 
 
 def run(variant, csr, batches, capacity, precision, dev, n_items, seed=0):
+    """(users/s, ms a step, mean NLL) of `variant` over `batches`, timed after 3 steps."""
     torch.manual_seed(seed)
     net = models.build("multvae", n_items).to(dev).train()
-    if variant.endswith("-ia"):
-        net.encode = lambda batch: encode_index_add(net, batch)
-    opt = torch.optim.Adam(
-        net.parameters(), lr=1e-3, fused=True, capturable=variant.startswith("graph")
-    )
-    beta = torch.zeros((), device=dev)
-    rows_buf = batches[0].clone()
+    opt = torch.optim.Adam(net.parameters(), lr=1e-3, fused=True)
+    size = batches[0].numel()
+    if variant.startswith("graph"):  # what the trainer replays
+        graph = graphs.GraphedStep(net, [opt], csr, size, precision, capacity)
 
-    def step(rows):
-        b = csr.batch(rows) if variant == "eager" else csr.padded_batch(rows, capacity)
-        with prec.matmul_scope(dev, precision), prec.autocast(dev, precision):
-            loss, parts = net.loss(b, beta, rows.numel())
-        loss.backward()
-        opt.step()
-        return parts["nll_sum"]
+        def step(rows, beta):
+            return graph(rows, beta)["nll_sum"]
+    else:
 
-    replay = None
-    if variant.startswith("graph"):
-        s = torch.cuda.Stream(dev)
-        s.wait_stream(torch.cuda.current_stream(dev))
-        with torch.cuda.stream(s):
-            for _ in range(3):
-                opt.zero_grad(set_to_none=True)
-                step(rows_buf)
-        torch.cuda.current_stream(dev).wait_stream(s)
-        g = torch.cuda.CUDAGraph()
-        opt.zero_grad(set_to_none=True)
-        with torch.cuda.graph(g):
-            static_nll = step(rows_buf)
-
-        def replay(rows):
-            rows_buf.copy_(rows)
-            g.replay()
-            return static_nll
+        def step(rows, beta):
+            b = csr.batch(rows) if variant == "eager" else csr.padded_batch(rows, capacity)
+            opt.zero_grad(set_to_none=True)
+            with prec.autocast(dev, precision):
+                loss, parts = net.loss(b, beta, size)
+            loss.backward()
+            opt.step()
+            return parts["nll_sum"]
 
     total = torch.zeros((), dtype=torch.float64, device=dev)
     warm = 3
@@ -91,48 +73,11 @@ def run(variant, csr, batches, capacity, precision, dev, n_items, seed=0):
         if i == warm:
             _sync(dev)
             t0 = time.perf_counter()
-        beta.fill_(min(0.2, i / 1000))
-        if replay is not None:
-            nll = replay(rows)
-        else:
-            opt.zero_grad(set_to_none=True)
-            nll = step(rows)
-        total += nll
+        total += step(rows, min(0.2, i / 1000))
     _sync(dev)
     secs = time.perf_counter() - t0
     n = len(batches) - warm
-    return n * rows_buf.numel() / secs, secs / n * 1e3, float(total) / len(batches)
-
-
-def check_padded(csr, rows, capacity, dev, n_items):
-    """One step's loss and gradients, eager batch against the padded one, same weights."""
-    out = []
-    for pad in (False, True):
-        torch.manual_seed(1)
-        net = models.build("multdae", n_items).to(dev).eval()  # no sampling, no dropout
-        b = csr.padded_batch(rows, capacity) if pad else csr.batch(rows)
-        loss, _ = net.loss(b, 0.0, rows.numel())
-        loss.backward()
-        out.append((loss.item(), net.in_weight.grad.clone(), net.decoder[-1].weight.grad.clone()))
-    (l0, a0, w0), (l1, a1, w1) = out
-    return abs(l0 - l1) / abs(l0), (a0 - a1).abs().max().item(), (w0 - w1).abs().max().item()
-
-
-def list_syncs(csr, rows, dev, n_items):
-    """The warnings of CUDA's sync debug mode over one eager step."""
-    net = models.build("multvae", n_items).to(dev).train()
-    opt = torch.optim.Adam(net.parameters(), lr=1e-3, fused=True)
-    torch.cuda.synchronize(dev)
-    torch.cuda.set_sync_debug_mode("warn")
-    try:
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always")
-            loss, _ = net.loss(csr.batch(rows), 0.2, rows.numel())
-            loss.backward()
-            opt.step()
-    finally:
-        torch.cuda.set_sync_debug_mode("default")
-    return sorted({str(w.message).splitlines()[0][:120] for w in caught})
+    return n * size / secs, secs / n * 1e3, float(total) / len(batches)
 
 
 def main() -> int:
@@ -161,14 +106,6 @@ def main() -> int:
         f"{bench.device_name(dev)}; torch {torch.__version__}; batch {a.batch_size}, "
         f"non-zeros per batch up to {need} (capacity {capacity})"
     )
-    rel, da, dw = check_padded(csr, batches[0], capacity, dev, a.items)
-    print(
-        f"padded vs eager, one Mult-DAE step: loss rel diff {rel:.2e}, first-layer grad max "
-        f"diff {da:.2e}, output-layer grad max diff {dw:.2e}"
-    )
-    if dev.type == "cuda":
-        for line in list_syncs(csr, batches[0], dev, a.items):
-            print("sync:", line)
     variants = ["eager", "padded", "padded-ia"]
     # the index_add graph first: a capture that fails may leave the CUDA context unusable
     variants += ["graph-ia", "graph"] if dev.type == "cuda" else []
@@ -180,12 +117,12 @@ def main() -> int:
                 if v in failed:
                     continue
                 try:
-                    res[v].append(run(v, csr, batches, capacity, p, dev, a.items))
+                    with first_layer(gather=v.endswith("-ia")):
+                        res[v].append(run(v, csr, batches, capacity, p, dev, a.items))
                 except Exception as e:  # a probe: report what fails and go on
                     failed.add(v)
                     print(f"{p} {v}: {type(e).__name__}: {str(e).splitlines()[0][:300]}")
-        for v, rs in res.items():
-            ok = rs
+        for v, ok in res.items():
             if not ok:
                 continue
             ups = sorted(r[0] for r in ok)[len(ok) // 2]

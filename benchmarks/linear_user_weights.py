@@ -14,9 +14,9 @@ import argparse
 import numpy as np
 import scipy.sparse as sp
 import torch
+from linear_select_cv import load_split
 
 from vaecf.data.matrix import CSR
-from vaecf.data.prepare import PreparedDataset
 from vaecf.models.ease import _beta_metrics, linear_weights
 
 L2 = [3, 10, 30, 100, 300, 1000, 3000]
@@ -25,11 +25,8 @@ BETA = 0.1
 
 
 def one_split(path: str, alphas: list[float]) -> dict[float, tuple[float, float]]:
-    ds = PreparedDataset(path)
-    parts = [ds.split("train"), ds.split("validation_tr"), ds.split("test_tr")]
-    x = sp.vstack(parts).tocsr().astype(np.float64)
-    val = tuple(CSR.from_scipy(ds.split(k)) for k in ("validation_tr", "validation_te"))
-    test = tuple(CSR.from_scipy(ds.split(k)) for k in ("test_tr", "test_te"))
+    _, val, test, x = load_split(path)
+    val, test = (tuple(CSR.from_scipy(m) for m in pair) for pair in (val, test))
     counts = torch.from_numpy(np.asarray((x.T @ x).diagonal()))
     lens = np.diff(x.indptr).astype(np.float64)
     out = {}
@@ -66,9 +63,8 @@ def main() -> None:
         for k, r in out.items():
             res[k].append(r)
     for k, r in res.items():
-        print(
-            f"a {k:g}: by validation {np.mean([v for v, _ in r]):.4f}, oracle {np.mean([o for _, o in r]):.4f}"
-        )  # noqa: E501
+        by_val, oracle = (np.mean([t[i] for t in r]) for i in (0, 1))
+        print(f"a {k:g}: by validation {by_val:.4f}, oracle {oracle:.4f}")
 
 
 if __name__ == "__main__":

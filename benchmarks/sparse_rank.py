@@ -17,10 +17,10 @@ import argparse
 import numpy as np
 import scipy.sparse as sp
 import torch
+from linear_select_cv import load_split
 
 import vaecf.models.neighbourhood as nb
 from vaecf.data.matrix import CSR
-from vaecf.data.prepare import PreparedDataset
 from vaecf.models.ease import _metrics_of, linear_weights
 
 COUNT_NEIGHBOURS = nb.neighbours_of
@@ -35,12 +35,11 @@ def rank_weights(name: str, diag: np.ndarray, lam: np.ndarray) -> np.ndarray:
 
 
 def one_split(path: str, a: argparse.Namespace) -> dict:
-    ds = PreparedDataset(path)
-    parts = [ds.split("train"), ds.split("validation_tr"), ds.split("test_tr")]
-    x = sp.vstack(parts).tocsr().astype(np.float32)
+    _, _, test, x = load_split(path)
+    x = x.astype(np.float32)
     gram = (x.T @ x).tocsr()
     n = gram.shape[0]
-    test = tuple(CSR.from_scipy(ds.split(s)) for s in ("test_tr", "test_te"))
+    test = tuple(CSR.from_scipy(m) for m in test)
     diag = gram.diagonal().astype(np.float64)
     lam = a.l2 + a.p / (1 - a.p) * diag
     dense = linear_weights(torch.from_numpy(gram.toarray()), a.l2, a.p).float()

@@ -18,19 +18,19 @@ import time
 import numpy as np
 import scipy.sparse as sp
 import torch
+from linear_select_cv import load_split
 
 from vaecf.data.matrix import CSR
-from vaecf.data.prepare import PreparedDataset
 from vaecf.models.ease import _metrics_of, linear_weights
 from vaecf.models.neighbourhood import neighbour_weights, popular_tier
 
 
 def one_split(path: str, l2: float, p: float, shares: list[float]) -> tuple[dict, str]:
-    ds, cpu = PreparedDataset(path), torch.device("cpu")
-    parts = [ds.split("train"), ds.split("validation_tr"), ds.split("test_tr")]
-    x = sp.vstack(parts).tocsr().astype(np.float32)
+    cpu = torch.device("cpu")
+    _, _, test, x = load_split(path)
+    x = x.astype(np.float32)
     gram = (x.T @ x).tocsr()
-    test = tuple(CSR.from_scipy(ds.split(n)) for n in ("test_tr", "test_te"))
+    test = tuple(CSR.from_scipy(m) for m in test)
     n = gram.shape[0]
 
     def ndcg(b) -> float:

@@ -255,22 +255,8 @@ def test_bench_cli_on_the_device():
         "--warmup",
         "2",
     )
-    rows = json.loads(
-        _cli(
-            "-m",
-            "vaecf",
-            "bench",
-            "train",
-            *small,
-            "--device",
-            DEVICE,
-            "--precision",
-            "fp32",
-            "--precision",
-            "bf16",
-            "--json",
-        )  # fmt: skip
-    )
+    train = ("-m", "vaecf", "bench", "train", *small, "--device", DEVICE, "--json")
+    rows = json.loads(_cli(*train, "--precision", "fp32", "--precision", "bf16"))
     print(rows)
     infer = json.loads(
         _cli(
@@ -294,20 +280,5 @@ def test_bench_cli_on_the_device():
     graphed = DEVICE.startswith("cuda")
     assert all(("graph" in r["breakdown_ms"]) == graphed for r in rows)
     assert all(r["users_per_s"] > 0 for r in rows)
-    eager = json.loads(
-        _cli(
-            "-m",
-            "vaecf",
-            "bench",
-            "train",
-            *small,
-            "--device",
-            DEVICE,
-            "--precision",
-            "fp32",
-            "--cuda-graphs",
-            "false",
-            "--json",
-        )  # fmt: skip
-    )
+    eager = json.loads(_cli(*train, "--precision", "fp32", "--cuda-graphs", "false"))
     assert set(eager[0]["breakdown_ms"]) == {"batch", "forward", "backward", "optimizer"}

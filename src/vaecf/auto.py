@@ -178,6 +178,23 @@ def _best_of(family: str, record: list, fitted: dict, metric: str) -> str | None
     return max(names, key=lambda n: fitted[n].validation_metrics[metric], default=None)
 
 
+def blend_of(n_items: int, parts: dict):
+    """The blend of `parts` (name -> (model, saved config) as `rundir.load_model` gives, the
+    linear one first), holding their weights, at weight 0.5."""
+    cfg = models.config_from_dict(
+        "blend",
+        {
+            "parts": list(parts),
+            "configs": [saved["model"]["config"] for _, saved in parts.values()],
+            "weight": 0.5,
+        },
+    )
+    blend = models.build("blend", n_items, cfg)
+    for sub, (m, _) in zip(blend.parts, parts.values()):
+        sub.load_state_dict(m.state_dict())
+    return blend
+
+
 def _best_blend(ds, record, fitted, loaded, metric, val, per_user, cfg, log):
     linear = _best_of("linear", record, fitted, metric)
     auto_enc = _best_of("autoencoder", record, fitted, metric)
@@ -185,18 +202,7 @@ def _best_blend(ds, record, fitted, loaded, metric, val, per_user, cfg, log):
         return None
     t0 = time.perf_counter()
     device = prec.resolve_device(cfg.device)
-    parts = [loaded[n] for n in (linear, auto_enc)]  # (model, saved config) of each
-    blend_cfg = models.config_from_dict(
-        "blend",
-        {
-            "parts": [linear, auto_enc],
-            "configs": [p[1]["model"]["config"] for p in parts],
-            "weight": 0.5,
-        },
-    )
-    blend = models.build("blend", ds.n_items, blend_cfg).to(device)
-    for sub, (m, _) in zip(blend.parts, parts):
-        sub.load_state_dict(m.state_dict())
+    blend = blend_of(ds.n_items, {n: loaded[n] for n in (linear, auto_enc)}).to(device)
     tried, best, per_weight = [], None, []
     for w in BLEND_WEIGHTS:
         blend.config.weight = w

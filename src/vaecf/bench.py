@@ -175,13 +175,18 @@ def bench_train(
                 parts[k].append(v)
             flops.append(step_flops(net, batch_size, batch.indices.numel()))
     step = sum(statistics.median(v) for v in parts.values())
+    medians = {k: statistics.median(v) * 1e3 for k, v in parts.items()}
+    return _bench_result(precision, batch_size, step, flops, medians)
+
+
+def _bench_result(precision, batch_size, step_s: float, flops: list, breakdown_ms) -> TrainBench:
     return TrainBench(
         precision,
         batch_size,
-        batch_size / step,
-        step * 1e3,
-        statistics.mean(flops) / step / 1e9,
-        {k: statistics.median(v) * 1e3 for k, v in parts.items()},
+        batch_size / step_s,
+        step_s * 1e3,
+        statistics.mean(flops) / step_s / 1e9,
+        breakdown_ms,
     )
 
 
@@ -209,14 +214,7 @@ def _bench_graph(net, opts, csr, data, precision, batch_size, steps, warmup, gen
         times.append(time.perf_counter() - t0)
         flops.append(step_flops(net, batch_size, nnz))
     t = statistics.median(times)
-    return TrainBench(
-        precision,
-        batch_size,
-        batch_size / t,
-        t * 1e3,
-        statistics.mean(flops) / t / 1e9,
-        {"graph": t * 1e3},
-    )
+    return _bench_result(precision, batch_size, t, flops, {"graph": t * 1e3})
 
 
 def _percentiles(times: list[float]) -> dict:
