@@ -2,6 +2,7 @@
 step (batch gather, forward, backward, Adam) as a CUDA graph buys.
 
     python benchmarks/cuda_graph_probe.py [--device cuda] [--steps 50] [--precision fp32 ...]
+                                          [--model recvae]
 
 Variants, each timed over the same batches with one synchronisation at the end (as training):
 - eager: the step without graphs (`CSR.batch`, whose `int(lens.sum())` waits on the GPU);
@@ -10,7 +11,9 @@ Variants, each timed over the same batches with one synchronisation at the end (
 - graph: the padded step replayed as a CUDA graph (`graphs.GraphedStep`, what training does);
 - with -ia, the first layer as gather + index_add, else embedding_bag (training on a GPU uses
   the gather: `models.base.sparse_rows_product`).
-On a CPU the graph variants are left out.
+On a CPU the graph variants are left out. `--model recvae` times RecVAE's epoch step (3 encoder
+updates, 1 decoder update; `vaecf bench train`'s timing) eager and as one graph per phase, with
+its first layer as embedding_bag (what it trains with) or as gather + index_add (-ia).
 """
 
 from __future__ import annotations
@@ -25,19 +28,39 @@ import torch
 from vaecf import bench, graphs, models
 from vaecf import precision as prec
 from vaecf.data.matrix import CSR
-from vaecf.models import multvae
+from vaecf.models import multvae, recvae
 from vaecf.models.base import sparse_rows_product
 
 
 @contextlib.contextmanager
-def first_layer(gather: bool):
-    """Mult-VAE's first layer fixed to embedding_bag or to gather + index_add (training on a
-    GPU picks the gather), for the comparison."""
-    multvae.sparse_rows_product = lambda b, w, v, _=None: sparse_rows_product(b, w, v, gather)
+def first_layer(gather: bool, module=multvae):
+    """The model's first layer fixed to embedding_bag or to gather + index_add (Mult-VAE
+    training on a GPU picks the gather), for the comparison."""
+    module.sparse_rows_product = lambda b, w, v, _=None: sparse_rows_product(b, w, v, gather)
     try:
         yield
     finally:
-        multvae.sparse_rows_product = sparse_rows_product
+        module.sparse_rows_product = sparse_rows_product
+
+
+def recvae_steps(m, a, dev) -> None:
+    """RecVAE's epoch step through bench.bench_train: eager, graphs, graphs with the gather."""
+    variants = ["eager"] + (["graph", "graph-ia"] if dev.type == "cuda" else [])
+    for p in a.precision or ["fp32"]:
+        res: dict[str, list] = {v: [] for v in variants}
+        for _ in range(a.rounds):
+            for v in variants:
+                with first_layer(v.endswith("-ia"), recvae):
+                    r = bench.bench_train(
+                        p, a.batch_size, steps=a.steps, warmup=3, device=str(dev),
+                        model="recvae", progress=False, data=m, cuda_graphs=v != "eager",
+                    )  # fmt: skip
+                res[v].append(r.users_per_s)
+        for v, ups in res.items():
+            print(
+                f"recvae {p:5s} {v:9s} {sorted(ups)[len(ups) // 2]:10.0f} users/s  rounds "
+                + " ".join(f"{u:.0f}" for u in ups)
+            )
 
 
 def _sync(dev):
@@ -90,9 +113,14 @@ def main() -> int:
     ap.add_argument("--steps", type=int, default=50)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--precision", action="append")
+    ap.add_argument("--model", default="multvae", choices=["multvae", "recvae"])
     a = ap.parse_args()
     dev = prec.resolve_device(a.device)
     m = bench.synthetic_csr(a.users, a.items, a.nnz)
+    if a.model == "recvae":
+        print(f"{bench.device_name(dev)}; torch {torch.__version__}; batch {a.batch_size}")
+        recvae_steps(m, a, dev)
+        return 0
     csr = CSR.from_scipy(m, dev)
     gen = torch.Generator().manual_seed(0)
     batches = [

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # What a CUDA GPU is checked and timed with, in one go (for a machine lent for a short while).
 #
-#     benchmarks/gpu.sh OUTDIR [tests] [bench] [graphs] [items] [run] [suite]  (default: tests bench)
+#     benchmarks/gpu.sh OUTDIR [tests] [bench] [graphs] [recvae] [items] [run] [suite]
+#                                                                      (default: tests bench)
 #
 # tests: tests/test_cuda.py and the trainer's CUDA test (every model and precision on the GPU
 #        against the CPU, the linear solvers, serving precisions, resume, torchrun with NCCL);
@@ -10,11 +11,13 @@
 # items: Mult-VAE and RecVAE training at 100,000 and 500,000 items (users/s, peak GPU memory);
 # graphs: the CUDA-graph probe (eager vs graph steps) and 20 ML-20M epochs with and without
 #        graphs (run_time.py --variant);
+# recvae: RecVAE's step eager and as one graph per phase (embedding_bag or gather first layer),
+#        and 5 ML-20M epochs of RecVAE with and without graphs;
 # run:   the paper's whole ML-20M run (synthetic ML-20M shape, 200 epochs) at bf16;
 # suite: core test files with the GPU visible (`auto` devices pick it); give it a call of its own.
 # Logs and tables go to OUTDIR; run from the repository root.
 set -u
-out=${1:?usage: benchmarks/gpu.sh OUTDIR [tests] [bench] [graphs] [items] [run] [suite]}
+out=${1:?usage: benchmarks/gpu.sh OUTDIR [tests] [bench] [graphs] [recvae] [items] [run] [suite]}
 shift
 mkdir -p "$out"
 export PYTHONPATH=${PYTHONPATH:+$PYTHONPATH:}$PWD/src PYTHONUNBUFFERED=1
@@ -46,6 +49,13 @@ for part in $parts; do
             tee "$out/graph_probe.txt"
         timeout 200 $py benchmarks/run_time.py --datasets ml-20m --device cuda --precision bf16 \
             --epochs 20 --variant "eager=--cuda-graphs false" 2>&1 | tee "$out/run_graphs.txt"
+        ;;
+    recvae)
+        timeout 150 $py benchmarks/cuda_graph_probe.py --model recvae --precision fp32 \
+            --precision tf32 --precision bf16 --steps 20 --rounds 2 2>&1 | tee "$out/recvae_probe.txt"
+        timeout 300 $py benchmarks/run_time.py --datasets ml-20m --device cuda --precision bf16 \
+            --epochs 5 --variant "rv-eager=--model recvae --cuda-graphs false" \
+            --variant "rv-graph=--model recvae" 2>&1 | tee "$out/run_recvae.txt"
         ;;
     items)
         timeout 300 $py benchmarks/train_items.py --device cuda 2>&1 | tee "$out/train_items.txt"

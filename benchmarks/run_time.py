@@ -9,7 +9,8 @@ citeulike-a's size (5,551 users, 16,980 items, ~205k interactions), with the pap
 given explicitly (200 epochs, batch 500, lr 1e-3, 200,000 annealing steps, cap 0.2) so that every
 version of the code trains the same model. `--before SRC_DIR` runs another checkout's `src` (e.g.
 a worktree of an older commit) first, for a before/after table measured side by side;
-`--variant LABEL=ARGS` (repeatable) runs this code with extra train arguments as well.
+`--variant LABEL=ARGS` (repeatable) runs this code with extra train arguments as well (with
+`--model recvae` among them: the same settings without Mult-VAE's annealing).
 
 Columns: the process's wall time; the time in training steps (the sum of metrics.jsonl's
 `train_seconds`); wall / steps; the other phases from results.json's `timing` where the code
@@ -83,11 +84,12 @@ def datasets(tmp: Path, names: list[str]) -> dict[str, Path]:
 def run(
     src: Path, data: Path, out: Path, epochs: int, precision: str, device: str, extra=()
 ) -> dict:
+    model = extra[extra.index("--model") + 1] if "--model" in extra else "multvae"
+    anneal = ["--total-anneal-steps", "200000", "--anneal-cap", "0.2"]  # Mult-VAE's
     args = [
         "train", "--data", str(data), "--out", str(out), "--epochs", str(epochs),
-        "--batch-size", "500", "--lr", "1e-3", "--total-anneal-steps", "200000",
-        "--anneal-cap", "0.2", "--seed", "98765", "--precision", precision, "--device", device,
-        "--quiet", *extra,
+        "--batch-size", "500", "--lr", "1e-3", *(anneal if model == "multvae" else ()),
+        "--seed", "98765", "--precision", precision, "--device", device, "--quiet", *extra,
     ]  # fmt: skip
     path = os.pathsep.join(filter(None, [str(src), os.environ.get("PYTHONPATH")]))
     env = {**os.environ, "PYTHONPATH": path}

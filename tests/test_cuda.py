@@ -1,5 +1,5 @@
 """The CUDA paths against the CPU: every model and precision trains there and lands where the CPU
-does (Mult-VAE/DAE replaying their step as a CUDA graph), a replayed graph computes the eager
+does (replaying its steps as CUDA graphs, one per phase), a replayed graph computes the eager
 step, the linear solvers agree, a GPU-trained run serves on the CPU and every serving precision
 ranks as fp32 does, resume and torchrun (NCCL) work. Skipped without a GPU; with
 VAECF_TEST_DEVICE=cpu the same checks run on the CPU against itself (to check the tests)."""
@@ -79,14 +79,16 @@ def test_trains_like_the_cpu(ds, root, cpu_runs, name, precision):
     assert abs(ndcg(run) - ref) < 0.03
     ck = torch.load(run.run_dir / "last.pt", weights_only=True, map_location="cpu")
     assert all(torch.isfinite(v).all() for v in ck["model"].values() if v.is_floating_point())
-    graphed = DEVICE.startswith("cuda") and name != "recvae" and precision != "fp16"
+    graphed = DEVICE.startswith("cuda") and precision != "fp16"
     steps = json.loads((run.run_dir / "results.json").read_text())["timing"]["graph_steps"]
     assert (steps > 0) == graphed, f"{steps} steps replayed as a CUDA graph"
 
 
-def test_a_graphed_step_replays_the_eager_step():
+@pytest.mark.parametrize("name", ["multdae", "recvae", "recvae-edlae"])
+def test_a_graphed_step_replays_the_eager_step(name):
     """Capturing leaves the parameters, Adam's state and the RNG as they were; the replays'
-    losses follow the eager padded step's (Mult-DAE without dropout: nothing random)."""
+    losses follow the eager padded steps' (nothing random: Mult-DAE without dropout, RecVAE in
+    eval mode), RecVAE's with one graph per phase (3 encoder steps, 1 decoder step a batch)."""
     if not DEVICE.startswith("cuda"):
         pytest.skip("CUDA graphs need a GPU")
     from vaecf import graphs, models
@@ -101,27 +103,44 @@ def test_a_graphed_step_replays_the_eager_step():
     losses = []
     for use_graph in (False, True):
         torch.manual_seed(0)
-        net = models.build("multdae", 800, {"model": "multdae", "dropout": 0.0})
-        net = net.to(DEVICE).train()
-        opt = make_optimizer(net.parameters(), 1e-3, torch.device(DEVICE))
+        if name == "multdae":
+            net = models.build(name, 800, {"model": "multdae", "dropout": 0.0}).to(DEVICE).train()
+        else:
+            net = models.build(name, 800).to(DEVICE).eval()
+        opts = {
+            k: make_optimizer(p, 1e-3, torch.device(DEVICE)) for k, p in net.param_groups().items()
+        }
+        steps = [
+            (ph, [opts[g] for g in ph.groups]) for ph in net.phases() for _ in range(ph.passes)
+        ]
         out = []
         if use_graph:
             before = [p.detach().clone() for p in net.parameters()]
             rng = torch.cuda.get_rng_state()
-            step = graphs.GraphedStep(net, [opt], csr, 200, "fp32", cap)
+            graphed = {
+                ph.name: graphs.GraphedStep(net, o, csr, 200, "fp32", cap, ph) for ph, o in steps
+            }
             assert all(torch.equal(p, b) for p, b in zip(net.parameters(), before))
-            assert all(torch.all(v == 0) for st in opt.state.values() for v in st.values())
+            for o in opts.values():
+                assert all(torch.all(v == 0) for st in o.state.values() for v in st.values())
             assert torch.equal(torch.cuda.get_rng_state(), rng)
-            out = [step(rows, 0.0)["nll_sum"].item() for rows in batches]
+            for rows in batches:
+                for ph, _ in steps:
+                    net.begin_phase(ph)
+                    out.append(graphed[ph.name](rows, 0.1)["nll_sum"].item())
         else:
             for rows in batches:
-                opt.zero_grad(set_to_none=True)
-                loss, parts = net.loss(csr.padded_batch(rows, cap), 0.0, 200)
-                loss.backward()
-                opt.step()
-                out.append(parts["nll_sum"].item())
+                for ph, phase_opts in steps:
+                    net.begin_phase(ph)
+                    for o in opts.values():
+                        o.zero_grad(set_to_none=True)
+                    loss, parts = net.loss(csr.padded_batch(rows, cap), 0.1, 200, ph)
+                    loss.backward()
+                    for o in phase_opts:
+                        o.step()
+                    out.append(parts["nll_sum"].item())
         losses.append(out)
-    print("eager", losses[0], "graph", losses[1])
+    print(name, "eager", losses[0][-4:], "graph", losses[1][-4:])
     np.testing.assert_allclose(losses[1], losses[0], rtol=1e-4)
 
 

@@ -33,17 +33,22 @@ def test_padded_batch_holds_the_batch_then_zeros(csr):
     assert torch.equal(exact.indices, eager.indices) and torch.equal(exact.row_ids, eager.row_ids)
 
 
-@pytest.mark.parametrize("name", ["multvae", "multdae", "recvae"])
-def test_a_padded_step_equals_the_eager_step(csr, name):
-    """Loss and every gradient on the same weights (no dropout or sampling: eval mode)."""
+@pytest.mark.parametrize(
+    "name,phase",
+    [("multvae", 0), ("multdae", 0), ("recvae", 0), ("recvae", 1), ("recvae-edlae", 1)],
+)
+def test_a_padded_step_equals_the_eager_step(csr, name, phase):
+    """Loss and every gradient on the same weights (no dropout or sampling: eval mode), in
+    each phase of RecVAE's epoch (encoder, decoder)."""
     rows = torch.randperm(csr.n_rows, generator=torch.Generator().manual_seed(1))[:64]
     eager = csr.batch(rows)
     out = []
     for batch in (eager, csr.padded_batch(rows, eager.indices.numel() + 500)):
         torch.manual_seed(0)
         net = models.build(name, csr.shape[1]).eval()
-        phase = net.phases()[0]
-        loss, _ = net.loss(batch, 0.2, 64, phase)
+        if name == "recvae-edlae":  # a linear path that is not zero
+            net.shallow.copy_(torch.rand(net.shallow.shape) / 10)
+        loss, _ = net.loss(batch, 0.2, 64, net.phases()[phase])
         loss.backward()
         grads = {k: p.grad.clone() for k, p in net.named_parameters() if p.grad is not None}
         out.append((loss.item(), grads))
@@ -85,14 +90,15 @@ def test_the_capacity_covers_random_batches():
     assert graphs.graph_capacity(np.full(10, 7), 500) == 4096
 
 
-def test_graphs_apply_only_to_single_process_gpu_steps_of_one_phase():
+def test_graphs_apply_only_to_single_process_gpu_steps():
     mult, rec = models.build("multvae", 30), models.build("recvae", 30)
     cuda, cpu = torch.device("cuda"), torch.device("cpu")
     assert graphs.graphs_apply(mult, cuda, "fp32") is None
     assert graphs.graphs_apply(mult, cuda, "bf16") is None
     assert graphs.graphs_apply(mult, cpu, "fp32") == "not on a GPU"
     assert graphs.graphs_apply(mult, cuda, "fp32", world=2) == "data-parallel"
-    assert "phases" in graphs.graphs_apply(rec, cuda, "fp32")
+    assert graphs.graphs_apply(rec, cuda, "bf16") is None  # a graph for each phase
+    assert graphs.graphs_apply(models.build("ease", 30), cuda, "fp32") == "ease steps eagerly"
     assert graphs.graphs_apply(mult, cuda, "fp16") == "fp16"
     assert graphs.graphs_apply(mult, cuda, "fp32", data_on="host")
     assert graphs.graphs_apply(mult, cuda, "fp32", enabled=False)

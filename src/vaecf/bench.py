@@ -139,7 +139,7 @@ def bench_train(
     scaler = prec.grad_scaler(dev, precision)
     gen = torch.Generator().manual_seed(seed)
     if graphs.graphs_apply(net, dev, precision, enabled=cuda_graphs) is None:
-        return _bench_graph(net, opts, csr, data, precision, batch_size, steps, warmup, gen)
+        return _bench_graph(net, phase_steps, csr, data, precision, batch_size, steps, warmup, gen)
     parts = {"batch": [], "forward": [], "backward": [], "optimizer": []}
     flops = []
     for i in tqdm(
@@ -190,23 +190,32 @@ def _bench_result(precision, batch_size, step_s: float, flops: list, breakdown_m
     )
 
 
-def _bench_graph(net, opts, csr, data, precision, batch_size, steps, warmup, gen) -> TrainBench:
-    """bench_train's timing of a step replayed as a CUDA graph (batches over the graph's
-    capacity are drawn again: training steps those eagerly)."""
+def _bench_graph(
+    net, phase_steps, csr, data, precision, batch_size, steps, warmup, gen
+) -> TrainBench:
+    """bench_train's timing of a step replayed as CUDA graphs, one per phase (batches over the
+    graphs' capacity are drawn again: training steps those eagerly)."""
     dev = csr.device
     capacity = graphs.graph_capacity(np.diff(data.indptr), batch_size)
-    step = graphs.GraphedStep(net, list(opts.values()), csr, batch_size, precision, capacity)
+    graphed = {}
+    for phase, phase_opts in phase_steps:
+        if phase.name not in graphed:
+            graphed[phase.name] = graphs.GraphedStep(
+                net, phase_opts, csr, batch_size, precision, capacity, phase
+            )
+    sequence = [graphed[phase.name] for phase, _ in phase_steps]
     row_nnz = torch.from_numpy(np.diff(data.indptr))
     times, flops = [], []
     while len(times) < steps:
         rows = torch.randint(0, csr.n_rows, (batch_size,), generator=gen)
         nnz = int(row_nnz[rows].sum())
-        if not step.fits(nnz):
+        if not sequence[0].fits(nnz):
             continue
         rows = rows.to(dev)
         _sync(dev)
         t0 = time.perf_counter()
-        step(rows, 0.2)
+        for step in sequence:
+            step(rows, 0.2)
         _sync(dev)
         if warmup > 0:
             warmup -= 1
@@ -345,7 +354,7 @@ def format_train(results: list[TrainBench]) -> str:
     for r in results:
         b = r.breakdown_ms
         parts = (
-            f"one CUDA graph (gather, forward, backward, optimizer) {b['graph']:.1f}"
+            f"CUDA graphs (gather, forward, backward, optimizer) {b['graph']:.1f}"
             if "graph" in b
             else f"{b['batch']:.1f} / {b['forward']:.1f} / {b['backward']:.1f} / "
             f"{b['optimizer']:.1f}"

@@ -1,10 +1,12 @@
 """A training step replayed as a CUDA graph.
 
 On a large GPU a Mult-VAE step at the paper's batch of 500 is bound by launching its ~150
-kernels from Python, not by the GPU's arithmetic. Captured once as a CUDA graph, the whole step
-(the batch's gather from the device-resident training matrix, forward, backward and Adam) is
-then launched as one (H200, ML-20M shape: fp32 148,900 -> 180,600 users/s, bf16 123,900 ->
-220,900; benchmarks/cuda_graph_probe.py).
+kernels from Python, not by the GPU's arithmetic (RecVAE's epoch of 3 encoder steps and 1
+decoder step launches ~970). Captured once as a CUDA graph, the whole step (the batch's gather
+from the device-resident training matrix, forward, backward and Adam) is then launched as one
+(H200, ML-20M shape: fp32 148,900 -> 180,600 users/s, bf16 123,900 -> 220,900;
+benchmarks/cuda_graph_probe.py). A model of several phases (RecVAE) gets one graph per phase,
+each stepping that phase's optimizers.
 
 A graph replays fixed shapes and must not wait on the GPU, so the batch is gathered into a fixed
 number of non-zero slots (`CSR.padded_batch`: the padding adds exactly zero to every sum).
@@ -60,17 +62,19 @@ def graphs_apply(
     if precision == "fp16":  # dynamic loss scaling skips steps on the host's word
         return "fp16"
     if not getattr(model, "graph_step", False):
-        return f"{model.name} has several phases"
+        return f"{model.name} steps eagerly"
     return None
 
 
 class GraphedStep:
-    """One full batch's training step of a single-phase model, captured once, then replayed for
-    each batch: `step(rows, beta)` returns the step's detached loss parts (tensors that the next
-    replay overwrites)."""
+    """One full batch's training step of `phase` (None: a single-phase model), stepping `opts`,
+    captured once, then replayed for each batch: `step(rows, beta)` returns the step's detached
+    loss parts (tensors that the next replay overwrites)."""
 
-    def __init__(self, model, opts: list, csr: CSR, batch_size: int, precision: str, capacity):
-        self.model, self.opts, self.csr = model, opts, csr
+    def __init__(
+        self, model, opts: list, csr: CSR, batch_size: int, precision: str, capacity, phase=None
+    ):
+        self.model, self.opts, self.csr, self.phase = model, opts, csr, phase
         self.batch_size, self.precision, self.capacity = batch_size, precision, capacity
         self.device = csr.device
         self.rows = torch.arange(batch_size, device=self.device) % csr.n_rows
@@ -109,7 +113,7 @@ class GraphedStep:
     def _step(self) -> dict:
         batch = self.csr.padded_batch(self.rows, self.capacity)
         with prec.autocast(self.device, self.precision):
-            loss, parts = self.model.loss(batch, self.beta, self.batch_size)
+            loss, parts = self.model.loss(batch, self.beta, self.batch_size, self.phase)
         loss.backward()
         for o in self.opts:
             o.step()

@@ -429,7 +429,8 @@ class Trainer(_Run):
         self.scaler = prec.grad_scaler(self.device, cfg.precision)
         self.step_module: torch.nn.Module = _LossModule(self.model)  # DDP-wrapped in fit()
         self._best_state: dict | None = None  # a best model not yet written to best.pt
-        self._graph: graphs.GraphedStep | bool | None = None  # None: not yet decided
+        # each phase's graph by its name; False: no graphs; None: not yet decided
+        self._graph: dict[str, graphs.GraphedStep] | bool | None = None
         self.graph_steps = 0  # steps of this process replayed as a CUDA graph
 
     def _check_memory(self) -> None:
@@ -590,18 +591,19 @@ class Trainer(_Run):
         }
 
     def _graphed(self, phase: Phase):
-        """The phase's full-batch step as a CUDA graph, captured at first use (after a resume
-        has loaded its state: the graph holds the parameters and Adam's state tensors), or None
-        where graphs do not apply (`graphs.graphs_apply`)."""
-        if self._graph is None:
+        """The phase's full-batch step as a CUDA graph, captured at the phase's first use (after
+        a resume has loaded its state: the graph holds the parameters and Adam's state
+        tensors), or None where graphs do not apply (`graphs.graphs_apply`)."""
+        if self._graph is None:  # decided once for the run
             cfg = self.cfg
             why = graphs.graphs_apply(
                 self.model, self.device, cfg.precision, self.ctx.world, cfg.cuda_graphs, cfg.data_on
             )
-            # what is still to come: a step's activations and gradients for the graph and again
-            # for the eager steps (the epoch's last), and Adam's moments (a fresh run's)
+            # what is still to come: a step's activations and gradients for each phase's graph
+            # and again for the eager steps (the epoch's last), and Adam's moments (a fresh run's)
             params = sum(p.numel() for p in self.model.parameters())
-            need = 2 * memory.ACTIVATION_BYTES * cfg.batch_size * self.ds.n_items + 16 * params
+            steps = 1 + len(self.model.phases())
+            need = steps * memory.ACTIVATION_BYTES * cfg.batch_size * self.ds.n_items + 16 * params
             if why is None and memory.available_bytes(self.device) < need:
                 why = f"the GPU has less than {memory.gib(need)} free for a graph's step"
                 if cfg.progress and self.ctx.is_main:
@@ -609,23 +611,28 @@ class Trainer(_Run):
             if why is not None:
                 self._graph = False
             else:
-                nnz = self.train_csr.row_nnz().cpu()
-                capacity = graphs.graph_capacity(nnz.numpy(), cfg.batch_size)
-                self._graph = graphs.GraphedStep(
-                    self.model,
-                    [self.opts[g] for g in phase.groups],
-                    self.train_csr,
-                    cfg.batch_size,
-                    cfg.precision,
-                    capacity,
-                )
-                self._row_nnz = nnz
+                self._graph = {}
+                self._row_nnz = self.train_csr.row_nnz().cpu()
+                self._capacity = graphs.graph_capacity(self._row_nnz.numpy(), cfg.batch_size)
                 if cfg.progress and self.ctx.is_main:
                     tqdm.write(
                         f"CUDA graphs: each full batch's step replayed as one graph (up to "
-                        f"{capacity:,} interactions a batch; --cuda-graphs false: eager steps)"
+                        f"{self._capacity:,} interactions a batch; --cuda-graphs false: eager "
+                        "steps)"
                     )
-        return self._graph or None
+        if self._graph is False:
+            return None
+        if phase.name not in self._graph:
+            self._graph[phase.name] = graphs.GraphedStep(
+                self.model,
+                [self.opts[g] for g in phase.groups],
+                self.train_csr,
+                self.cfg.batch_size,
+                self.cfg.precision,
+                self._capacity,
+                phase,
+            )
+        return self._graph[phase.name]
 
     def _run_phases(self, totals: torch.Tensor) -> None:
         cfg, ctx, n = self.cfg, self.ctx, self.train_csr.n_rows

@@ -123,8 +123,8 @@ def register(sub) -> None:
         type=_bool,
         default=True,
         metavar="true|false",
-        help="on a GPU, time the step as training replays it, one CUDA graph (Mult-VAE/DAE, "
-        "not fp16; default true); false: the eager step, with its breakdown",
+        help="on a GPU, time the step as training replays it, one CUDA graph per phase (not "
+        "fp16; default true); false: the eager step, with its breakdown",
     )
     bt.add_argument("--json", action="store_true", help="print JSON instead of a table")
     bt.set_defaults(fn=cmd_bench)

@@ -58,7 +58,7 @@ class Model(nn.Module):
     closed_form: ClassVar[bool] = False
     trainable: ClassVar[bool] = True
     train_settings: ClassVar[tuple[str, ...]] = GRADIENT_SETTINGS
-    # one phase, one pass and a `loss` free of host reads: a step may be a CUDA graph (graphs.py)
+    # a `loss` free of host reads: each phase's step may be a CUDA graph (graphs.py)
     graph_step: ClassVar[bool] = False
     multinomial: ClassVar[bool] = False
 

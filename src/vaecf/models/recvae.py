@@ -75,6 +75,7 @@ class Encoder(nn.Module):
 class RecVAE(Model):
     spec = specs.RECVAE
     multinomial = True
+    graph_step = True  # one graph per phase
 
     def __init__(self, n_items: int, config: RecVAEConfig | None = None):
         super().__init__(n_items, config)
