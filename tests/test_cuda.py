@@ -150,15 +150,17 @@ def test_host_data_with_pinned_prefetch_equals_device_data(ds, root):
     assert ndcg(a) == pytest.approx(ndcg(b), abs=2e-3)
 
 
-def test_resume_continues_the_run(ds, root):
-    full = vaecf.train(ds, cfg(DEVICE, epochs=4), root / "full", model="multvae")
-    vaecf.train(ds, cfg(DEVICE, epochs=2), root / "half", model="multvae")
-    resumed = vaecf.train(ds, cfg(DEVICE, epochs=4), root / "half", model="multvae", resume=True)
-    rows = (root / "half/metrics.jsonl").read_text().splitlines()
+@pytest.mark.parametrize("name", ["multvae", "recvae"])
+def test_resume_continues_the_run(ds, root, name):
+    kw = dict(model=name, model_config=model_config(name))
+    full = vaecf.train(ds, cfg(DEVICE, epochs=4), root / f"full-{name}", **kw)
+    vaecf.train(ds, cfg(DEVICE, epochs=2), root / f"half-{name}", **kw)
+    resumed = vaecf.train(ds, cfg(DEVICE, epochs=4), root / f"half-{name}", resume=True, **kw)
+    rows = (root / f"half-{name}/metrics.jsonl").read_text().splitlines()
     assert [json.loads(r)["epoch"] for r in rows] == [1, 2, 3, 4]
     # bit-exact on the CPU (tests/test_trainer.py); CUDA's atomic scatter-add may differ in the
     # last bits, so the two runs agree within float noise rather than exactly
-    print(f"full {ndcg(full):.6f} resumed {ndcg(resumed):.6f}")
+    print(f"{name} full {ndcg(full):.6f} resumed {ndcg(resumed):.6f}")
     assert ndcg(resumed) == pytest.approx(ndcg(full), abs=5e-3)
 
 

@@ -169,9 +169,10 @@ def sparse_rows_product(
     """(B, d): row u is the sum over u's non-zeros i of v_i * weight[item_i], the sparse input
     times a (n_items, d) first layer: `embedding_bag`, or with `gather` a gather and an
     index_add (a (nnz, d) temporary). On a GPU the gather is faster inside a CUDA graph of
-    Mult-VAE's step (H200, batch 500: +13-16% a step; eagerly fp32 the same, bf16 +10%;
-    benchmarks/cuda_graph_probe.py), and was slower in RecVAE's eager step (bf16 22,022 ->
-    19,778 users/s, one run each), which keeps embedding_bag."""
+    Mult-VAE's step (H200, batch 500: +13-16% a step; eagerly fp32 the same, bf16 +10%) and of
+    RecVAE's (fp32 26,115 -> 38,626 users/s, bf16 27,627 -> 41,588; benchmarks/
+    cuda_graph_probe.py), but slower in RecVAE's eager step (bf16 22,022 -> 19,778 users/s, one
+    run each), which keeps embedding_bag outside a graph."""
     v = v.to(weight.dtype)
     if not gather:
         return F.embedding_bag(

@@ -62,7 +62,10 @@ class Encoder(nn.Module):
         v = batch.values
         inv_norm = torch.rsqrt(batch.row_sums(v * v).clamp_min(1e-12))
         v = F.dropout(v * inv_norm[batch.row_ids], dropout, self.training and dropout > 0)
-        h = sparse_rows_product(batch, self.in_weight, v)
+        # inside a CUDA graph's capture gather + index_add (faster there), else embedding_bag
+        # (faster eagerly); see sparse_rows_product
+        gather = v.is_cuda and torch.cuda.is_current_stream_capturing()
+        h = sparse_rows_product(batch, self.in_weight, v, gather)
         h = self.norms[0](swish(h + self.in_bias))  # (B, hidden)
         skip = h
         for layer, norm in zip(self.layers, self.norms[1:]):
