@@ -55,7 +55,7 @@ class TrainConfig:
     cuda_graphs: bool = setting(
         True,
         "on a GPU, replay each full batch's training step (gather, forward, backward, Adam) as "
-        "a CUDA graph: Mult-VAE/DAE in one process at fp32, tf32 or bf16",
+        "a CUDA graph (one per phase): in one process at fp32, tf32 or bf16",
     )
     eval_every: int = setting(1, "validate every N epochs (and after the last)")
     checkpoint_every: float = setting(
