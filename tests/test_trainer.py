@@ -223,3 +223,31 @@ def test_a_diverging_run_exits_1_naming_the_epoch_and_what_to_do(small_ds, tmp_p
     assert rc == 1, err
     assert "failed: the training loss became" in err and "--lr" in err
     assert "Traceback" not in err
+
+
+@pytest.mark.parametrize("name", ["multdae", "recvae"])
+def test_fold_in_rows_join_the_training_rows_only_when_asked(small_ds, tmp_path, name):
+    """With `fold_in_rows` a gradient model trains on the training users and then the held-out
+    users' fold-in rows (exactly those, never their targets); without, on the first alone."""
+    import scipy.sparse as sp
+
+    from vaecf.trainer import Trainer, resolve_config
+
+    n = {k: small_ds.split(k).shape[0] for k in ("train", "validation_tr", "test_tr")}
+    for use in (False, True):
+        spec = vaecf.ModelConfig("multdae", fold_in_rows=use)
+        if name == "recvae":
+            spec = vaecf.RecVAEConfig(hidden_dim=32, latent_dim=16, n_layers=2, fold_in_rows=use)
+        run = vaecf.train(
+            small_ds, fast_cfg(epochs=1), tmp_path / f"r{use}", model=name, model_config=spec
+        )
+        rows = json.loads((run.run_dir / "results.json").read_text())["train_rows"]
+        assert rows == n["train"] + (n["validation_tr"] + n["test_tr"] if use else 0)
+    cfg = resolve_config(fast_cfg(epochs=1), vaecf.models.get(name), n["train"])
+    got = Trainer(small_ds, cfg, name, spec, tmp_path / "t")._train_rows()
+    want = sp.vstack([small_ds.split(k) for k in ("train", "validation_tr", "test_tr")])
+    assert (got != want.tocsr()).nnz == 0
+    for held in ("validation", "test"):  # no target is a training input
+        te = small_ds.split(f"{held}_te")
+        start = n["train"] + (n["validation_tr"] if held == "test" else 0)
+        assert got[start : start + te.shape[0]].multiply(te).nnz == 0

@@ -46,6 +46,12 @@ POPULARITY_HELP = (
 
 
 # -- settings -------------------------------------------------------------------------------------
+FOLD_IN_TRAIN_HELP = (
+    "train on the held-out users' fold-in rows too (never their targets), as EASE's X^T X "
+    "holds them: they are known inputs at scoring time; false: the training users' rows only"
+)
+
+
 @dataclass
 class ModelConfig:
     """Mult-VAE and Mult-DAE (`model` says which)."""
@@ -58,6 +64,7 @@ class ModelConfig:
     latent_dim: int = setting(200, "size of z (Mult-DAE: its one hidden layer)")
     dropout: float = setting(0.5, "dropout rate on the normalised input")
     weight_decay: float | None = setting(None, "lam in lam * sum(W^2) (Mult-VAE 0, Mult-DAE 0.01)")
+    fold_in_rows: bool = setting(False, FOLD_IN_TRAIN_HELP)
 
     def __post_init__(self) -> None:
         if self.model not in ("multvae", "multdae"):
@@ -85,6 +92,7 @@ class RecVAEConfig:
     layer_norm_eps: float = setting(0.1, "epsilon of the encoder's layer norms")
     encoder_passes: int = setting(3, "encoder passes over the users per epoch")
     decoder_passes: int = setting(1, "decoder passes over the users per epoch")
+    fold_in_rows: bool = setting(False, FOLD_IN_TRAIN_HELP)
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.dropout < 1.0:

@@ -299,6 +299,15 @@ class _Run:
         self.on_epoch: Callable[[dict], None] | None = None
         self.score_test = True
 
+    def _train_rows(self) -> sp.csr_matrix:
+        """What the model trains on: the training users' rows, and with the model's
+        `fold_in_rows` the held-out users' fold-in rows after them (never their targets)."""
+        train = self.ds.split("train")
+        if not getattr(self.model.config, "fold_in_rows", False):
+            return train
+        parts = [train, self.ds.split("validation_tr"), self.ds.split("test_tr")]
+        return sp.vstack(parts).tocsr()
+
     def _check_memory(self) -> None:
         """Before the model is built: refuse what will not fit (closed-form models check
         inside their fit, where the solver is chosen)."""
@@ -353,6 +362,8 @@ class _Run:
             "epochs": self.epoch,
             "steps": self.step,
         }
+        if hasattr(self, "train_csr"):  # gradient models: the rows trained on
+            results["train_rows"] = self.train_csr.n_rows
         if timing is not None:
             timing["test_s"] = time.perf_counter() - t0
             timing["total_s"] = time.perf_counter() - (t_start or t0)
@@ -420,7 +431,7 @@ class Trainer(_Run):
         super().__init__(*args, **kwargs)
         cfg = self.cfg
         host = cfg.data_on == "host"
-        self.train_csr = CSR.from_scipy(self.ds.split("train"), "cpu" if host else self.device)
+        self.train_csr = CSR.from_scipy(self._train_rows(), "cpu" if host else self.device)
         self.gen = torch.Generator().manual_seed(cfg.seed)
         self.opts = {
             name: make_optimizer(params, cfg.lr, self.device)
@@ -693,7 +704,7 @@ class Trainer(_Run):
             return self._result()
         if self.epoch == 0:  # a new run: the model's data-dependent parts, if it has any
             val = (self.ds.split("validation_tr"), self.ds.split("validation_te"))
-            prepared = self.model.prepare(self.ds.split("train"), val)
+            prepared = self.model.prepare(self._train_rows(), val)
             if prepared and cfg.progress and self.ctx.is_main:
                 tqdm.write(
                     f"{self.model.title}: " + ", ".join(f"{k} {v:g}" for k, v in prepared.items())
