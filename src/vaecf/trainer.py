@@ -299,15 +299,6 @@ class _Run:
         self.on_epoch: Callable[[dict], None] | None = None
         self.score_test = True
 
-    def _train_rows(self) -> sp.csr_matrix:
-        """What the model trains on: the training users' rows, and with the model's
-        `fold_in_rows` the held-out users' fold-in rows after them (never their targets)."""
-        train = self.ds.split("train")
-        if not getattr(self.model.config, "fold_in_rows", False):
-            return train
-        parts = [train, self.ds.split("validation_tr"), self.ds.split("test_tr")]
-        return sp.vstack(parts).tocsr()
-
     def _check_memory(self) -> None:
         """Before the model is built: refuse what will not fit (closed-form models check
         inside their fit, where the solver is chosen)."""
@@ -444,6 +435,15 @@ class Trainer(_Run):
         self._graph: dict[str, graphs.GraphedStep] | bool | None = None
         self.graph_steps = 0  # steps of this process replayed as a CUDA graph
 
+    def _train_rows(self) -> sp.csr_matrix:
+        """What the model trains on: the training users' rows, and with the model's
+        `fold_in_rows` the held-out users' fold-in rows after them (never their targets)."""
+        train = self.ds.split("train")
+        if not getattr(self.model_cfg, "fold_in_rows", False):
+            return train
+        parts = [train, self.ds.split("validation_tr"), self.ds.split("test_tr")]
+        return sp.vstack(parts).tocsr()
+
     def _check_memory(self) -> None:
         """What training will hold (weights, gradients, Adam, a batch, the data, checkpoint
         copies), stated, and refused with the figures before anything large is allocated;
@@ -451,6 +451,7 @@ class Trainer(_Run):
         foreground (see vaecf.memory)."""
         cfg, ds = self.cfg, self.ds
         counts = ds.manifest["counts"]
+        fold_in = getattr(self.model_cfg, "fold_in_rows", False)
         # a step's users: the batch (at most every training user), split across the processes
         batch = min(cfg.batch_size, max(counts.get("n_train_users", 0), 1))
         batch = -(-batch // self.ctx.world) if self.ctx.enabled else batch
@@ -460,7 +461,8 @@ class Trainer(_Run):
             self.model_cfg,
             batch,
             cfg.precision,
-            counts.get("nnz_train", 0),
+            counts.get("nnz_train", 0)
+            + sum(counts.get(f"nnz_{k}_tr", 0) for k in ("validation", "test") if fold_in),
             ddp=self.ctx.enabled,
         )
         title = models.get(self.model_name).title
@@ -471,7 +473,7 @@ class Trainer(_Run):
                 self.device,
                 title,
                 batch,
-                lambda: ds.split("train").getnnz(axis=0),
+                lambda: self._train_rows().getnnz(axis=0),
                 memory.local_processes() if self.ctx.enabled else 1,
                 self.ctx.world if self.ctx.enabled else 1,
             )
