@@ -251,3 +251,41 @@ def test_fold_in_rows_join_the_training_rows_only_when_asked(small_ds, tmp_path,
         te = small_ds.split(f"{held}_te")
         start = n["train"] + (n["validation_tr"] if held == "test" else 0)
         assert got[start : start + te.shape[0]].multiply(te).nnz == 0
+
+
+def test_fold_in_rows_default_is_resolved_per_model_and_preset_and_recorded(small_ds, tmp_path):
+    """Unset, Mult-VAE trains on the fold-in rows too under --preset auto (not under paper);
+    Mult-DAE and RecVAE do not; config.json records the resolved value."""
+    n = {k: small_ds.split(k).shape[0] for k in ("train", "validation_tr", "test_tr")}
+    every = n["train"] + n["validation_tr"] + n["test_tr"]
+    for name, preset, want in [
+        ("multvae", "auto", every),
+        ("multvae", "paper", n["train"]),
+        ("multdae", "auto", n["train"]),
+        ("recvae", "auto", n["train"]),
+    ]:
+        out = tmp_path / f"{name}-{preset}"
+        spec = (
+            vaecf.RecVAEConfig(hidden_dim=32, latent_dim=16, n_layers=2)
+            if name == "recvae"
+            else None
+        )
+        vaecf.train(small_ds, fast_cfg(epochs=1, preset=preset), out, model=name, model_config=spec)
+        assert json.loads((out / "results.json").read_text())["train_rows"] == want, name
+        saved = json.loads((out / "config.json").read_text())["model"]["config"]["fold_in_rows"]
+        assert saved is (want == every)
+
+
+def test_a_run_from_before_fold_in_rows_resumes_on_the_training_rows(small_ds, tmp_path):
+    out = tmp_path / "old"
+    spec = vaecf.ModelConfig("multvae", fold_in_rows=False)
+    vaecf.train(small_ds, fast_cfg(epochs=1, preset="auto"), out, model_config=spec)
+    path = out / "config.json"
+    saved = json.loads(path.read_text())
+    del saved["model"]["config"]["fold_in_rows"]  # as written before the setting existed
+    path.write_text(json.dumps(saved))
+    vaecf.train(small_ds, fast_cfg(epochs=2, preset="auto"), out, resume=True)
+    assert (
+        json.loads((out / "results.json").read_text())["train_rows"]
+        == small_ds.split("train").shape[0]
+    )

@@ -48,7 +48,8 @@ POPULARITY_HELP = (
 # -- settings -------------------------------------------------------------------------------------
 FOLD_IN_TRAIN_HELP = (
     "train on the held-out users' fold-in rows too (never their targets), as EASE's X^T X "
-    "holds them: they are known inputs at scoring time; false: the training users' rows only"
+    "holds them: they are known inputs at scoring time; false: the training users' rows only, "
+    "as the paper trains"
 )
 
 
@@ -64,7 +65,10 @@ class ModelConfig:
     latent_dim: int = setting(200, "size of z (Mult-DAE: its one hidden layer)")
     dropout: float = setting(0.5, "dropout rate on the normalised input")
     weight_decay: float | None = setting(None, "lam in lam * sum(W^2) (Mult-VAE 0, Mult-DAE 0.01)")
-    fold_in_rows: bool = setting(False, FOLD_IN_TRAIN_HELP)
+    fold_in_rows: bool | None = setting(
+        None,
+        FOLD_IN_TRAIN_HELP + "; unset: true for Mult-VAE with --preset auto, else false",
+    )
 
     def __post_init__(self) -> None:
         if self.model not in ("multvae", "multdae"):

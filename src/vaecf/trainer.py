@@ -210,6 +210,8 @@ def _train(ds, config, out, model_config, resume, model, on_epoch, test) -> RunR
             raise RunError(f"{out} holds a {name} run; a resume cannot change the model")
         config = _resume_config(saved["train"], config)
         model_config = models.config_from_dict(name, saved["model"]["config"])
+        if getattr(model_config, "fold_in_rows", False) is None:  # a run from before the
+            model_config.fold_in_rows = False  # setting trained on the training users alone
     elif rundir.is_run(out):
         raise RunError(
             f"{out} already holds a run; pass --resume to continue it or choose another --out"
@@ -280,6 +282,9 @@ class _Run:
             model_cfg,
             out,
         )
+        if getattr(model_cfg, "fold_in_rows", False) is None:  # resolved and recorded
+            auto = cfg.preset == "auto" and models.get(model_name).fold_in_default
+            model_cfg.fold_in_rows = bool(auto)
         self.ctx = ctx or distributed.DistContext()
         self.device = prec.resolve_device(device or cfg.device)
         if self.device.type == "cpu":
