@@ -266,10 +266,13 @@ def test_train_writes_a_complete_run(ws):
     rows = read_jsonl(run_dir / "metrics.jsonl")
     assert [row["epoch"] for row in rows] == [1, 2, 3]
     assert all(np.isfinite(row["loss"]) and "validation" in row for row in rows)
-    n_train = ws.prepare.json()["counts"]["n_train_users"]
-    assert rows[-1]["step"] == 3 * -(-n_train // 100)  # ceil(training users / batch size)
-
+    counts = ws.prepare.json()["counts"]
     results = json.loads((run_dir / "results.json").read_text())
+    # Mult-VAE's default: the training users, then the held-out users' fold-in rows
+    n_rows = sum(counts[f"n_{k}_users"] for k in ("train", "validation", "test"))
+    assert results["train_rows"] == n_rows
+    assert rows[-1]["step"] == 3 * -(-n_rows // 100)  # ceil(rows / batch size)
+
     assert out["best_epoch"] == results["best_epoch"] in (1, 2, 3)
     assert out["test"] == results["test"]
     assert out["validation"] == results["validation"]
