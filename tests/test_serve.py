@@ -172,6 +172,8 @@ def test_fast_lane_and_routed_requests_answer_alike(server):
             '{"items": 5}',
             '{"items": [1], "allow": [2], "deny": [3]}',
             '{"items": [1], "x": 1}',
+            '{"items": [1], "exclude_seen": 0}',  # a JSON boolean only, as the schema says
+            '{"items": [1], "exclude_seen": "false"}',
         ]
         for bad in bad_bodies:
             a = c.post("/v1/recommend", content=bad, headers=fast)

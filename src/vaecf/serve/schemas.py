@@ -18,6 +18,7 @@ from pydantic import (
     BeforeValidator,
     ConfigDict,
     Field,
+    StrictBool,
     StrictInt,
     StringConstraints,
     model_validator,
@@ -203,7 +204,8 @@ def request_schemas(s: ServeSettings) -> tuple[type[BaseModel], type[BaseModel]]
         k: WholeNumber = Field(
             10, ge=1, le=s.max_k, description=f"how many items (max_k {s.max_k})"
         )
-        exclude_seen: bool = Field(True, description="never recommend the history's items")
+        # a JSON boolean only (pydantic would take 0, 1 or "yes" for one)
+        exclude_seen: StrictBool = Field(True, description="never recommend the history's items")
         allow: Filter = Field(None, description="recommend only among these ids")
         deny: Filter = Field(None, description="never recommend these ids")
 
