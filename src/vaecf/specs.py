@@ -67,7 +67,9 @@ class ModelConfig:
     weight_decay: float | None = setting(None, "lam in lam * sum(W^2) (Mult-VAE 0, Mult-DAE 0.01)")
     fold_in_rows: bool | None = setting(
         None,
-        FOLD_IN_TRAIN_HELP + "; unset: true for Mult-VAE with --preset auto, else false",
+        FOLD_IN_TRAIN_HELP + "; unset: true for Mult-VAE with --preset auto, else false (the "
+        "one flag for every model: EASE and EDLAE add the rows to X^T X, default true; "
+        "RecVAE and RecVAE+EDLAE default false)",
     )
 
     def __post_init__(self) -> None:
