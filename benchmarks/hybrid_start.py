@@ -11,9 +11,10 @@ use the same rows and penalty: `fold_in_rows = true`, `linear_popularity_exponen
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 from pathlib import Path
+
+from vaecf.rundir import load_results
 
 
 def main() -> int:
@@ -27,7 +28,7 @@ def main() -> int:
         got, ease = [], []
         for s in a.seeds.split(","):
             run = {
-                m: json.loads((a.out / d / "runs" / m / f"seed-{s}" / "results.json").read_text())
+                m: load_results(a.out / d / "runs" / m / f"seed-{s}")
                 for m in (a.hybrid, "edlae", "ease")
             }
             hv, ev = (run[m]["validation"]["ndcg@100"] for m in (a.hybrid, "edlae"))
