@@ -369,6 +369,50 @@ def test_hybrid_starts_where_edlae_ends(ds):
     torch.testing.assert_close(got, record["alpha"] * want, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("p,beta", [(0.0, 0.0), (0.3, 0.25)])
+def test_leave_one_out_offset_equals_a_refit_without_the_user(ds, p, beta):
+    """`leave_one_out`: each training row's linear scores equal a float64 numpy EDLAE fitted
+    on X^T X without that row (Lambda and the penalty held at the full data's), and the
+    scores at evaluation stay in sample."""
+    cfg = models.config_from_dict("recvae-edlae", {**vars(model_cfg("recvae-edlae"))})
+    cfg.leave_one_out, cfg.linear_dropout, cfg.linear_popularity_exponent = True, p, beta
+    hybrid = models.build("recvae-edlae", ds.n_items, cfg)
+    val = (ds.split("validation_tr"), ds.split("validation_te"))
+    train = ds.split("train")
+    hybrid.prepare(train, val)
+    x = train.toarray().astype(np.float64)
+    g = x.T @ x
+    lam = np.diag(30.0 + p / (1 - p) * np.diag(g))
+    scale = np.maximum(np.diag(g), 1.0) ** -beta
+    users = [0, 3, 17, 250]
+    batch = CSR.from_scipy(train).batch(torch.tensor(users))
+    with torch.no_grad():
+        got = hybrid._offset(batch, hybrid.alpha, hybrid.shallow, training=True)
+        kept = hybrid._offset(batch, hybrid.alpha, hybrid.shallow)
+    a = float(hybrid.alpha.detach())
+    for row, u in enumerate(users):
+        pu = np.linalg.inv(g - np.outer(x[u], x[u]) + lam)
+        b = -pu / np.diag(pu)[None, :]
+        np.fill_diagonal(b, 0.0)
+        want = x[u] @ (b * scale[None, :])
+        np.testing.assert_allclose(got[row].double().numpy(), a * want, rtol=2e-4, atol=2e-5)
+        # a real change: the in-sample scores differ, and evaluation keeps them
+        assert np.abs(kept[row].double().numpy() - a * want).max() > 1e-3
+    torch.testing.assert_close(kept, a * (batch_dense(batch, ds.n_items) @ hybrid.shallow))
+
+
+def batch_dense(batch, n_items: int) -> torch.Tensor:
+    out = torch.zeros(batch.batch_size, n_items)
+    return out.index_put_((batch.row_ids, batch.indices), batch.values)
+
+
+def test_leave_one_out_refuses_a_trained_linear_path():
+    cfg = models.config_from_dict("recvae-edlae", {**vars(model_cfg("recvae-edlae"))})
+    cfg.leave_one_out = cfg.train_linear = True
+    with pytest.raises(ConfigError, match="train_linear = false"):
+        models.build("recvae-edlae", 50, cfg)
+
+
 def test_trained_linear_path_moves_and_never_uses_its_diagonal(ds, tmp_path):
     """--train-linear: B is trained with the decoder; its diagonal (which the gradient does
     reach) never enters a score, sparse or dense."""
@@ -520,6 +564,93 @@ def test_ease_refuses_what_does_not_fit_before_allocating_with_advice_that_helps
     monkeypatch.setattr(ease, "available_bytes", lambda device: free * 16 + 1)  # one solve fits
     with pytest.raises(vaecf.RunError, match=r"give --l2 \(one solve needs"):
         searching.fit(x, validate=lambda m: {})
+
+
+# -- inf-AE -----------------------------------------------------------------------------------
+def test_infae_kernel_is_a_wide_networks_tangent_kernel():
+    """The closed form's kernel against the empirical neural tangent kernel of a real
+    one-hidden-layer ReLU network 200,000 units wide (NTK parameterisation): the sum over
+    parameters of the products of the output's gradients at x and y."""
+    from vaecf.models.infae import ntk
+
+    rng = np.random.default_rng(0)
+    x = (rng.random((6, 12)) < 0.4).astype(np.float64) * rng.random((6, 12)) * 3
+    x[0] = 0.0  # an empty history: zero kernel
+    m = 200_000
+    w, a = rng.standard_normal((m, 12)), rng.standard_normal(m)
+    pre = x @ w.T  # (6, m)
+    act, on = np.maximum(pre, 0.0), (pre > 0).astype(np.float64)
+    grad_a = act / np.sqrt(m)  # d f / d a_r
+    emp = grad_a @ grad_a.T + ((on * a**2) @ on.T / m) * (x @ x.T)  # + d f / d W_r terms
+    norms = torch.from_numpy(np.linalg.norm(x, axis=1))
+    got = ntk(torch.from_numpy(x @ x.T), norms, norms).numpy()
+    assert np.all(got[0] == 0) and np.all(got[:, 0] == 0)
+    np.testing.assert_allclose(got, emp, rtol=0.03, atol=0.02 * np.abs(emp).max())
+
+
+def test_infae_matches_numpy_kernel_ridge_and_keeps_the_best_ridge():
+    """Scores equal float64 numpy kernel ridge regression, K(x, X) (K + lambda m I)^-1 X;
+    the grid is recorded and its best point kept; fold-in rows join the fitted users."""
+    from vaecf.models.infae import ntk
+
+    rng = np.random.default_rng(3)
+    x = (rng.random((80, 30)) < 0.25).astype(np.float64)
+    held = (rng.random((10, 30)) < 0.25).astype(np.float64)
+
+    def k(a, b):
+        na, nb = np.linalg.norm(a, axis=1), np.linalg.norm(b, axis=1)
+        t = np.arccos(np.clip(a @ b.T / np.maximum(np.outer(na, nb), 1e-12), -1, 1))
+        return np.outer(na, nb) * (np.sin(t) + 2 * (np.pi - t) * np.cos(t)) / (2 * np.pi)
+
+    fitted = np.vstack([x, held[:5]])
+    fitted = fitted[fitted.sum(1) > 0]
+    kk = k(fitted, fitted)
+    want = k(held, fitted) @ np.linalg.solve(
+        kk + 0.3 * np.diag(kk).mean() * np.eye(len(kk)), fitted
+    )
+    model = models.build("infae", 30, {"ridge": 0.3})
+    rec = model.fit(sp.csr_matrix(x), fold_in=sp.csr_matrix(held[:5]))
+    assert rec["users"] == len(fitted) and rec["ridge"] == 0.3
+    batch = CSR.from_scipy(sp.csr_matrix(held)).batch(torch.arange(10))
+    np.testing.assert_allclose(model.scores(batch).double().numpy(), want, rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(
+        model.dense_scores(torch.from_numpy(held).float()).double().numpy(), want, atol=1e-4
+    )
+    assert torch.allclose(ntk(torch.eye(2), torch.ones(2), torch.ones(2)).diagonal(), torch.ones(2))
+    # the search: every lambda recorded, the best on validation kept (tried in rising order)
+    searching = models.build("infae", 30, {"ridge_grid": [30.0, 0.01, 0.3]})
+    values = iter([0.2, 0.5, 0.4])  # a validation that prefers 0.3
+    alphas = []
+
+    def validate(m):
+        alphas.append(m.alpha.clone())
+        return {"ndcg@100": next(values)}
+
+    rec = searching.fit(sp.csr_matrix(x), validate=validate)
+    assert [g["ridge"] for g in rec["grid"]] == [0.01, 0.3, 30.0] and rec["ridge"] == 0.3
+    assert torch.equal(searching.alpha, alphas[1]) and float(searching.l2) == 0.3
+    with pytest.raises(ConfigError, match="give --ridge"):
+        models.build("infae", 30, {"ridge_grid": [0.1, 1.0]}).fit(sp.csr_matrix(x))
+
+
+def test_infae_samples_users_and_refuses_what_does_not_fit(monkeypatch):
+    from vaecf.models import infae
+
+    rng = np.random.default_rng(4)
+    x = sp.csr_matrix((rng.random((200, 40)) < 0.2).astype(np.float32))
+    model = models.build("infae", 40, {"ridge": 1.0, "max_users": 50})
+    rec = model.fit(x)
+    assert rec["users"] == 50 and rec["rows"] == x.shape[0] and model.alpha.shape == (50, 40)
+    again = models.build("infae", 40, {"ridge": 1.0, "max_users": 50})
+    again.fit(x)
+    assert torch.equal(again.users_t, model.users_t)  # the sample is seeded
+    need = infae.fit_bytes(x.shape[0], 40, torch.float64)
+    monkeypatch.setattr(infae, "available_bytes", lambda device: need // 4)
+    big = models.build("infae", 40, {"ridge": 1.0})
+    with pytest.raises(vaecf.RunError, match=r"give --max-users 100 or less") as e:
+        big.fit(x)
+    assert "--kernel-dtype float32" in str(e.value)
+    assert big.alpha.numel() == 0  # refused before anything was fitted
 
 
 # -- RecVAE -----------------------------------------------------------------------------------

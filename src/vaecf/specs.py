@@ -133,6 +133,12 @@ class HybridConfig(RecVAEConfig):
         "train the EDLAE path's item-item matrix B jointly with the decoder (its diagonal "
         "held at zero; VASP-style, Vančura & Kordík 2021); false: B stays frozen",
     )
+    leave_one_out: bool = setting(
+        False,
+        "train on each training user's EDLAE scores with that user's own row left out of "
+        "X^T X (exact for the fitted Lambda, by Sherman-Morrison), so that the VAE learns what "
+        "the linear path misses on users it has not seen; false: the in-sample scores",
+    )
 
 
 @dataclass
@@ -298,6 +304,42 @@ class AutoConfig:
             raise ConfigError("--margin-z must be >= 0 (standard errors of the paired gain)")
 
 
+@dataclass
+class InfAEConfig:
+    ridge: float | None = setting(
+        None,
+        "inf-AE: the kernel ridge lambda, in units of the mean of K's diagonal (the mean "
+        "squared history norm); unset: chosen on validation NDCG@100 from --ridge-grid",
+    )
+    ridge_grid: list[float] = setting(
+        help="inf-AE: lambdas to try when --ridge is unset",
+        factory=lambda: [0.01, 0.03, 0.1, 0.3, 1.0, 3.0, 10.0, 30.0, 100.0],
+    )
+    fold_in_rows: bool = setting(
+        True,
+        "add the held-out users' fold-in rows (never their targets) to the users the kernel "
+        "regression is fitted on, as EASE adds them to X^T X; false: the training users only",
+    )
+    max_users: int = setting(
+        20000,
+        "inf-AE: fit on at most this many users (a seeded random sample beyond it): the fit "
+        "holds a users x users kernel and its factor, and every score reads a users x items "
+        "matrix",
+    )
+    kernel_dtype: Literal["float32", "float64"] = setting(
+        "float64", "inf-AE: dtype of the kernel and its Cholesky solve"
+    )
+    sample_seed: int = setting(0, "inf-AE: seed of the --max-users sample")
+
+    def __post_init__(self) -> None:
+        if self.ridge is not None and self.ridge <= 0:
+            raise ConfigError("ridge (lambda) must be positive")
+        if not self.ridge_grid or min(self.ridge_grid) <= 0:
+            raise ConfigError("ridge_grid must hold positive lambdas")
+        if self.max_users < 1:
+            raise ConfigError("max_users must be at least 1")
+
+
 # -- declarations ---------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class Spec:
@@ -346,6 +388,16 @@ RECVAE_EDLAE = Spec(
     "autoencoder",
     "RecVAE whose logits add a frozen EDLAE path, alpha (x B), fitted before training",
     HybridConfig,
+)
+INFAE = Spec(
+    "infae",
+    "inf-AE",
+    "autoencoder",
+    "the infinitely wide one-hidden-layer autoencoder in closed form: kernel ridge regression "
+    "over users with its neural tangent kernel (Sachdeva et al., NeurIPS 2022)",
+    InfAEConfig,
+    closed_form=True,
+    train_settings=(),
 )
 EASE = Spec(
     "ease",
@@ -397,7 +449,8 @@ BLEND = Spec(
 
 # The registry's order (vaecf.models.MODELS has a class for each, in this order).
 SPECS: dict[str, Spec] = {
-    s.name: s for s in (MULTVAE, MULTDAE, RECVAE, RECVAE_EDLAE, EASE, EDLAE, POPULAR, AUTO, BLEND)
+    s.name: s
+    for s in (MULTVAE, MULTDAE, RECVAE, RECVAE_EDLAE, INFAE, EASE, EDLAE, POPULAR, AUTO, BLEND)
 }
 
 

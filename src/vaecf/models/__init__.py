@@ -10,6 +10,7 @@ from vaecf.models.base import Model, Phase
 from vaecf.models.blend import Auto, AutoConfig, Blend, BlendConfig
 from vaecf.models.ease import EASE, EDLAE, EASEConfig, EDLAEConfig
 from vaecf.models.hybrid import HybridConfig, RecVAEEDLAE
+from vaecf.models.infae import InfAE, InfAEConfig
 from vaecf.models.multvae import ModelConfig, MultDAE, MultVAE, build_model
 from vaecf.models.popular import Popular, PopularConfig
 from vaecf.models.recvae import RecVAE, RecVAEConfig
@@ -17,7 +18,8 @@ from vaecf.specs import SPECS, describe
 
 # The registry: adding a model is its module and one entry here.
 MODELS: dict[str, type[Model]] = {
-    m.name: m for m in (MultVAE, MultDAE, RecVAE, RecVAEEDLAE, EASE, EDLAE, Popular, Auto, Blend)
+    m.name: m
+    for m in (MultVAE, MultDAE, RecVAE, RecVAEEDLAE, InfAE, EASE, EDLAE, Popular, Auto, Blend)
 }
 if [m.spec for m in MODELS.values()] != list(SPECS.values()):  # a model added to one, not both
     raise ImportError("vaecf.models.MODELS and vaecf.specs.SPECS must list the same models")
@@ -33,6 +35,8 @@ __all__ = [
     "EASEConfig",
     "EDLAEConfig",
     "HybridConfig",
+    "InfAE",
+    "InfAEConfig",
     "RecVAEEDLAE",
     "Model",
     "ModelConfig",

@@ -1,0 +1,181 @@
+"""inf-AE: the infinitely wide autoencoder in closed form (Sachdeva, Dhaliwal, Wu, McAuley,
+"Infinite Recommendation Networks: A Data-Centric Approach", NeurIPS 2022).
+
+An autoencoder x -> W2 relu(W1 x) with one hidden layer, trained to reconstruct its users' rows
+by gradient descent on the squared error, becomes kernel ridge regression over users as the
+hidden layer grows without bound, with the network's neural tangent kernel (Jacot et al. 2018):
+
+    K(x, y) = |x| |y| (sin t + 2 (pi - t) cos t) / (2 pi),   t = the angle between x and y,
+
+(the ReLU layer's arc-cosine kernels of order 0 and 1). Fitted on the users' rows X (U x n):
+alpha = (K(X, X) + lambda m I)^-1 X, m the mean of K's diagonal (so lambda is scale-free); a
+history x scores s(x) = K(x, X) alpha. One hyper-parameter, lambda, chosen on validation; one
+Cholesky solve per tried lambda. Non-linear in x where EASE is linear, and fitted over users
+where EASE is fitted over items: it costs U^2 memory and U^3 time, so it is for data with up to
+a few tens of thousands of users (`--max-users` fits on a seeded sample beyond that) and any
+number of items.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable
+
+import numpy as np
+import scipy.sparse as sp
+import torch
+
+from vaecf import specs
+from vaecf.data.matrix import SparseBatch
+from vaecf.errors import ConfigError, RunError
+from vaecf.memory import available_bytes
+from vaecf.models.base import Model, sparse_rows_product
+from vaecf.specs import InfAEConfig
+
+
+def ntk(dot: torch.Tensor, norms_a: torch.Tensor, norms_b: torch.Tensor) -> torch.Tensor:
+    """The one-hidden-layer ReLU network's neural tangent kernel from the inputs' dot products
+    (A, B) and norms (A,), (B,); a zero row gives zeros."""
+    scale = norms_a[:, None] * norms_b[None, :]
+    cos = (dot / scale.clamp_min(1e-12)).clamp(-1.0, 1.0)
+    t = torch.arccos(cos)
+    return scale * (torch.sin(t) + 2.0 * (math.pi - t) * cos) / (2.0 * math.pi)
+
+
+def fit_bytes(n_users: int, n_items: int, dtype: torch.dtype) -> int:
+    """What a fit holds at its peak: the kernel and its factor (dtype), the right-hand side
+    and its solution (dtype), the kept users' transposed rows, the best alpha so far and the
+    one being tried (float32)."""
+    size = torch.tensor([], dtype=dtype).element_size()
+    return 2 * n_users * n_users * size + 2 * n_users * n_items * size + 3 * n_users * n_items * 4
+
+
+class InfAE(Model):
+    spec = specs.INFAE
+
+    @classmethod
+    def search_space(cls, trial, n_train_users: int) -> dict[str, dict]:
+        """lambda, log-uniform over 0.003 to 300 (in units of the kernel's mean diagonal)."""
+        return {
+            "train": {},
+            "model": {"ridge": trial.suggest_float("ridge", 3e-3, 300.0, log=True)},
+        }
+
+    def __init__(self, n_items: int, config: InfAEConfig | None = None):
+        super().__init__(n_items, config)
+        # the fitted users' rows transposed (n_items, U), their norms (U,) and the dual
+        # weights alpha (U, n_items); empty until fitted (or loaded)
+        self.register_buffer("users_t", torch.empty(n_items, 0))
+        self.register_buffer("user_norms", torch.empty(0))
+        self.register_buffer("alpha", torch.empty(0, n_items))
+        self.register_buffer("l2", torch.tensor(float("nan"), dtype=torch.float64))
+
+    def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
+        """The buffers' shapes depend on the fitted users: taken as they come."""
+        for name in ("users_t", "user_norms", "alpha"):
+            if prefix + name in state_dict:
+                setattr(self, name, state_dict[prefix + name])
+        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
+
+    # -- scoring ------------------------------------------------------------------------------
+    def scores(self, batch: SparseBatch) -> torch.Tensor:
+        v = batch.values.float()
+        dot = sparse_rows_product(batch, self.users_t, v).float()  # (B, U) = x X^T
+        norms = batch.row_sums(v * v).sqrt()
+        return ntk(dot, norms, self.user_norms) @ self.alpha.float()
+
+    def dense_scores(self, x: torch.Tensor) -> torch.Tensor:
+        norms = (x * x).sum(1).sqrt()
+        return ntk(x @ self.users_t, norms, self.user_norms) @ self.alpha
+
+    def item_vectors(self) -> torch.Tensor:
+        """Each item's column of the fitted users' rows: items are similar when the same
+        users hold them."""
+        return self.users_t
+
+    # -- fitting ------------------------------------------------------------------------------
+    def fit(
+        self,
+        train: sp.csr_matrix,
+        validate: Callable[[Model], dict] | None = None,
+        select_metric: str = "ndcg@100",
+        log: Callable[[str], None] | None = None,
+        validation=None,
+        fold_in: sp.csr_matrix | None = None,
+    ) -> dict:
+        cfg, device = self.config, self.users_t.device
+        dtype = getattr(torch, cfg.kernel_dtype)
+        l2s = [cfg.ridge] if cfg.ridge is not None else sorted(cfg.ridge_grid)
+        if len(l2s) > 1 and validate is None:
+            raise ConfigError(f"{self.name} needs validation data to choose lambda; give --ridge")
+        t0 = time.perf_counter()
+        x = train.tocsr()
+        if cfg.fold_in_rows and fold_in is not None and fold_in.nnz:
+            x = sp.vstack([x, fold_in.tocsr()]).tocsr()
+        x = x[np.diff(x.indptr) > 0]  # an empty row adds nothing but a zero kernel row
+        n_rows = x.shape[0]
+        if n_rows > cfg.max_users:
+            keep = np.random.default_rng(cfg.sample_seed).choice(
+                n_rows, cfg.max_users, replace=False
+            )
+            x = x[np.sort(keep)]
+        u = x.shape[0]
+        if u == 0:
+            raise RunError(f"{self.title} has no training user with an item to fit on")
+        need, free = fit_bytes(u, self.n_items, dtype), available_bytes(device)
+        plan = (
+            f"{self.title}: {u:,} users"
+            + (f" (a sample of {n_rows:,}; --max-users)" if u < n_rows else "")
+            + f", about {need / 2**30:.1f} GiB of {free / 2**30:.1f} GiB free on {device}"
+        )
+        if need > free:
+            fits = max(1, int(u * math.sqrt(free / need)))
+            raise RunError(
+                f"{plan}: does not fit; give --max-users {fits:,} or less (a sample of the "
+                "users)" + (", or --kernel-dtype float32" if dtype == torch.float64 else "")
+            )
+        if log:
+            log(plan)
+        xt = torch.from_numpy(x.astype(np.float32).toarray()).to(device)  # (U, n_items)
+        norms = xt.double().square().sum(1).sqrt().to(dtype)
+        xd = xt.to(dtype)
+        kernel = ntk(xd @ xd.T, norms, norms)  # (U, U)
+        mean_diag = float(kernel.diagonal().mean())
+        self.users_t, self.user_norms = xt.T.contiguous(), norms.float()
+        del xt
+        tried, best = [], None
+        for l2 in l2s:
+            t1 = time.perf_counter()
+            a = kernel.clone()
+            a.diagonal().add_(l2 * mean_diag)
+            chol, info = torch.linalg.cholesky_ex(a)
+            del a
+            if int(info):
+                raise RunError(
+                    f"the kernel plus {l2} x its mean diagonal is singular: raise --ridge"
+                )
+            self.alpha = torch.cholesky_solve(xd, chol).float()
+            del chol
+            row = {"ridge": l2}
+            value = 0.0
+            if len(l2s) > 1:
+                row["validation"] = validate(self)
+                value = row["validation"][select_metric]
+            tried.append({**row, "seconds": round(time.perf_counter() - t1, 3)})
+            if log and len(l2s) > 1:
+                log(f"{self.title}: lambda {l2:g}, validation {select_metric} {value:.4f}")
+            if best is None or value > best[0]:
+                best = (value, l2, self.alpha)
+        _, l2, self.alpha = best
+        self.l2 = torch.tensor(l2, dtype=torch.float64)
+        return {
+            "ridge": l2,
+            "grid": tried if len(l2s) > 1 else None,
+            "users": u,
+            "rows": n_rows,
+            "kernel_mean_diagonal": mean_diag,
+            "seconds": round(time.perf_counter() - t0, 3),
+            "kernel_dtype": cfg.kernel_dtype,
+            "device": str(device),
+        }
