@@ -133,12 +133,6 @@ class HybridConfig(RecVAEConfig):
         "train the EDLAE path's item-item matrix B jointly with the decoder (its diagonal "
         "held at zero; VASP-style, Vančura & Kordík 2021); false: B stays frozen",
     )
-    leave_one_out: bool = setting(
-        False,
-        "train on each training user's EDLAE scores with that user's own row left out of "
-        "X^T X (exact for the fitted Lambda, by Sherman-Morrison), so that the VAE learns what "
-        "the linear path misses on users it has not seen; false: the in-sample scores",
-    )
 
 
 @dataclass
@@ -321,7 +315,7 @@ class InfAEConfig:
         "regression is fitted on, as EASE adds them to X^T X; false: the training users only",
     )
     max_users: int = setting(
-        20000,
+        10000,
         "inf-AE: fit on at most this many users (a seeded random sample beyond it): the fit "
         "holds a users x users kernel and its factor, and every score reads a users x items "
         "matrix",

@@ -20,9 +20,8 @@ from torch import nn
 
 from vaecf import specs
 from vaecf.data.matrix import CSR, SparseBatch
-from vaecf.errors import ConfigError
 from vaecf.models.base import Phase
-from vaecf.models.ease import EDLAE, _metrics_of, _penalty, _sparse_rows
+from vaecf.models.ease import EDLAE, _metrics_of, _sparse_rows
 from vaecf.models.fused import linear_multinomial_nll
 from vaecf.models.recvae import RecVAE
 from vaecf.specs import HybridConfig  # noqa: F401 (its home was here)
@@ -41,14 +40,6 @@ class RecVAEEDLAE(RecVAE):
         else:
             self.register_buffer("shallow", b)
         self.alpha = nn.Parameter(torch.tensor(float(self.config.alpha or 1.0)))
-        if self.config.leave_one_out:
-            if self.config.train_linear:
-                raise ConfigError(
-                    "leave_one_out needs the EDLAE path frozen: set train_linear = false"
-                )
-            # diag P and the penalty's column scales, fitted in prepare()
-            self.register_buffer("linear_p_diag", torch.ones(n_items))
-            self.register_buffer("linear_scale", torch.ones(n_items))
 
     def prepare(self, train: sp.csr_matrix, validation) -> dict:
         """Fit the EDLAE path on the training users (before the first epoch)."""
@@ -67,8 +58,6 @@ class RecVAEEDLAE(RecVAE):
         )
         with torch.no_grad():
             self.shallow.copy_(linear.weight)
-            if self.config.leave_one_out:
-                self._fit_left_out(train, record)
             # start where the linear model ends: a zero decoder, and alpha the scale at which
             # softmax(alpha x B) best fits the training users (x B is in regression units)
             self.decoder.weight.zero_()
@@ -83,47 +72,12 @@ class RecVAEEDLAE(RecVAE):
         }
 
     @torch.no_grad()
-    def _fit_left_out(self, train: sp.csr_matrix, record: dict) -> None:
-        """diag P of the fitted B's (lambda, p) and its penalty's column scales. From
-        (G + Lambda) P = I at (j, j), with P_kj = -B_kj P_jj / s_j off the diagonal:
-        1 / P_jj = G_jj + Lambda_jj - (G B)_jj / s_j; G B's diagonal is sum_k G_jk B_kj."""
-        x = train.tocsr().astype("float64")
-        g = (x.T @ x).tocoo()
-        gd = torch.from_numpy(x.multiply(x).sum(axis=0).A1)
-        scale = _penalty(gd, record["popularity_exponent"]).double()
-        p = record.get("dropout") or 0.0
-        lam = record["l2"] + p / (1.0 - p) * gd
-        b = self.shallow.detach().cpu().double()
-        rows, cols = (torch.from_numpy(v.astype("int64")) for v in (g.row, g.col))
-        gb = torch.zeros(self.n_items, dtype=torch.float64).index_add_(
-            0, rows, torch.from_numpy(g.data) * b[cols, rows]
-        )
-        inv = gd + lam - gb / scale
-        self.linear_p_diag.copy_((1.0 / inv).float())
-        self.linear_scale.copy_(scale.float())
-
-    def _left_out(self, batch: SparseBatch, s: torch.Tensor) -> torch.Tensor:
-        """Each row's x B with its own row left out of X^T X, from s = x B (float32)."""
-        d, scale = self.linear_p_diag, self.linear_scale
-        s = s.float()
-        v = s * (-d / scale)  # x P off the diagonal
-        vals = batch.values.float()
-        at = (batch.row_ids, batch.indices)
-        v = v.index_put(at, vals * d[batch.indices], accumulate=True)  # and x_j P_jj
-        h = batch.row_sums(vals * v[at])  # x P x^T, < 1
-        rest = (1.0 - h).clamp_min(1e-6)[:, None] * d + v * v
-        out = (-v / rest).index_put(at, vals, accumulate=True)
-        return out * scale
-
-    @torch.no_grad()
     def _likeliest_alpha(self, train: sp.csr_matrix, n_users: int = 2000) -> float:
         """The alpha of ALPHA_GRID with the highest multinomial log-likelihood of
         softmax(alpha x B) on (up to `n_users` of) the training users."""
         x = CSR.from_scipy(train.tocsr()[:n_users], self.shallow.device)
         batch = x.batch(torch.arange(x.n_rows, device=self.shallow.device))
         s = _sparse_rows(self.shallow, batch)  # (B, n_items)
-        if self.config.leave_one_out:  # the scores training will see
-            s = self._left_out(batch, s)
         picked = s[batch.row_ids, batch.indices] * batch.values
         best = None
         for a in ALPHA_GRID:
@@ -140,12 +94,8 @@ class RecVAEEDLAE(RecVAE):
             groups["decoder"].append(self.shallow)
         return groups
 
-    def _offset(
-        self, batch: SparseBatch, alpha: torch.Tensor, shallow: torch.Tensor, training=False
-    ):
+    def _offset(self, batch: SparseBatch, alpha: torch.Tensor, shallow: torch.Tensor):
         s = _sparse_rows(shallow, batch)  # (B, n_items)
-        if training and self.config.leave_one_out:
-            return alpha * self._left_out(batch, s)
         if self.config.train_linear:  # B's diagonal is trained away: take it back out
             own = batch.values.to(s.dtype) * shallow.diagonal()[batch.indices]
             s = s.index_put((batch.row_ids, batch.indices), -own, accumulate=True)
@@ -167,5 +117,4 @@ class RecVAEEDLAE(RecVAE):
         alpha, shallow = self.alpha, self.shallow
         if phase is not None and phase.name == "encoder":
             alpha, shallow = alpha.detach(), shallow.detach()
-        offset = self._offset(batch, alpha, shallow, training=True)
-        return linear_multinomial_nll(z, w, b, batch, offset)
+        return linear_multinomial_nll(z, w, b, batch, self._offset(batch, alpha, shallow))

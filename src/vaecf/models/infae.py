@@ -81,9 +81,14 @@ class InfAE(Model):
     # -- scoring ------------------------------------------------------------------------------
     def scores(self, batch: SparseBatch) -> torch.Tensor:
         v = batch.values.float()
-        dot = sparse_rows_product(batch, self.users_t, v).float()  # (B, U) = x X^T
-        norms = batch.row_sums(v * v).sqrt()
-        return ntk(dot, norms, self.user_norms) @ self.alpha.float()
+        dot = sparse_rows_product(batch, self.users_t, v).double()  # (B, U) = x X^T
+        norms = batch.row_sums(v.double() ** 2).sqrt()
+        # the angles in float64: arccos is ill-conditioned near cos = 1 (similar users)
+        k = ntk(dot, norms, self.user_norms.double()).to(self.alpha.dtype)
+        # and the sum over users at alpha's width, never autocast's: alpha's terms cancel
+        # (bf16 products cost 0.004 test NDCG@100 on ml-latest-small and FilmTrust)
+        with torch.autocast(k.device.type, enabled=False):
+            return k @ self.alpha
 
     def dense_scores(self, x: torch.Tensor) -> torch.Tensor:
         norms = (x * x).sum(1).sqrt()
