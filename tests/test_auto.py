@@ -52,6 +52,13 @@ def test_auto_picks_the_planted_winner_without_the_test_split(ds, tmp_path):
     )
     again = vaecf.train(ds, quiet(), tmp_path / "a", auto)  # finished: read back, not refitted
     assert again.test_metrics == results["test"]
+    # killed after the winner was written but before its results: a resume with no settings
+    # given (as `vaecf compare` and `--resume` give none) continues with the run's own
+    (tmp_path / "a" / "results.json").unlink()
+    resumed = vaecf.train(ds, None, tmp_path / "a", None, resume=True, model="auto")
+    again = json.loads((resumed.run_dir / "results.json").read_text())
+    assert [c["model"] for c in again["auto"]["candidates"]] == ["popular", "ease"]
+    assert again["test"] == results["test"]
 
 
 def test_auto_blends_and_skips_what_does_not_fit(ds, tmp_path, monkeypatch):

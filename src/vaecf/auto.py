@@ -11,8 +11,9 @@ every candidate's validation metrics and seconds.
 
 from __future__ import annotations
 
+import json
 import time
-from dataclasses import replace
+from dataclasses import asdict, replace
 from pathlib import Path
 
 import numpy as np
@@ -20,7 +21,7 @@ import numpy as np
 from vaecf import models, rundir
 from vaecf import precision as prec
 from vaecf._io import atomic_file, write_json
-from vaecf.config import ANNEAL_SETTINGS, GRADIENT_SETTINGS, TrainConfig
+from vaecf.config import ANNEAL_SETTINGS, GRADIENT_SETTINGS, TrainConfig, from_dict
 from vaecf.data.matrix import CSR
 from vaecf.data.prepare import PreparedDataset
 from vaecf.errors import ConfigError, RunError
@@ -29,6 +30,17 @@ from vaecf.models.blend import AutoConfig
 from vaecf.specs import LINEAR_CV_BETAS
 
 BLEND_WEIGHTS = [0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9]
+SETTINGS = "auto_settings.json"  # the settings an auto run started with, for its resume
+
+
+def saved_settings(out: Path) -> tuple[TrainConfig | None, AutoConfig | None]:
+    """The training and selection settings an auto run in `out` started with (None, None
+    where it has not started)."""
+    path = Path(out) / SETTINGS
+    if not path.is_file():
+        return None, None
+    saved = json.loads(path.read_text())
+    return from_dict(TrainConfig, saved["train"]), from_dict(AutoConfig, saved["auto"])
 
 
 def candidate_config(cfg: TrainConfig, name: str) -> TrainConfig:
@@ -64,6 +76,9 @@ def train_auto(
     if rundir.is_run(out) and (out / rundir.RESULTS).is_file():
         res = rundir.load_results(out)
         return RunResult(out, res["best_epoch"], res["validation"], res["test"], [])
+    if not (out / SETTINGS).is_file():  # what a resume continues with (the run directory
+        out.mkdir(parents=True, exist_ok=True)  # itself takes the winner's settings)
+        write_json(out / SETTINGS, {"train": cfg.to_dict(), "auto": asdict(auto)})
     t_start = time.perf_counter()
     metric = cfg.select_metric
     record, fitted = [], {}

@@ -174,8 +174,12 @@ def train(
     out = Path(out)
     test = test and ds.manifest["counts"]["n_test_users"] > 0  # a production split has none
     if model == "auto" or isinstance(model_config, models.AutoConfig):
-        from vaecf.auto import train_auto
+        from vaecf.auto import saved_settings, train_auto
 
+        if resume and (config is None or model_config is None):  # the run's own settings
+            given = saved_settings(out)
+            config = config or given[0]
+            model_config = model_config or given[1]
         config = config or TrainConfig()
         config.validate()
         with writer_lock(out, "vaecf train"):

@@ -1,0 +1,80 @@
+"""inf-AE's fit at growing user counts: seconds and peak memory of one fit (`--model infae`)
+on synthetic data with planted taste groups, one process per size (each its own peak RSS).
+
+A fit holds a users x users kernel and its Cholesky factor and solves for a users x items
+right-hand side: U^3 / 3 for the factor and 2 U^2 n for the solve, per tried lambda; the search
+tries --ridge-grid's 9 lambdas, so it costs about 9 times a one-lambda fit's solve part.
+
+    python benchmarks/infae_scale.py [--users 2500,5000,10000] [--items 20000] [--ridge 1]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import resource
+import subprocess
+import sys
+import time
+
+
+def one(users: int, items: int, ridge: float, dtype: str) -> dict:
+    import numpy as np
+    import scipy.sparse as sp
+    import torch
+
+    from vaecf import models
+    from vaecf.data import synthetic
+    from vaecf.models.infae import fit_bytes
+
+    df = synthetic.generate(n_users=users, n_items=items, n_groups=40, mean_items=60, seed=1)
+    u = np.unique(df["user_id"].to_numpy(), return_inverse=True)[1]
+    i = df["item_id"].to_numpy()
+    x = sp.csr_matrix((np.ones(len(u), np.float32), (u, i)), shape=(u.max() + 1, items))
+    x.sum_duplicates()
+    x.data[:] = 1.0
+    model = models.build("infae", items, {"ridge": ridge, "kernel_dtype": dtype})
+    t0 = time.perf_counter()
+    rec = model.fit(x)
+    fit_s = time.perf_counter() - t0
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # KiB -> GiB
+    return {
+        "users": rec["users"],
+        "items": items,
+        "nnz": int(x.nnz),
+        "fit_s": round(fit_s, 1),
+        "peak_gib": round(peak, 2),
+        "estimate_gib": round(fit_bytes(rec["users"], items, getattr(torch, dtype)) / 2**30, 2),
+        "threads": torch.get_num_threads(),
+    }
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--users", default="2500,5000,10000")
+    ap.add_argument("--items", type=int, default=20000)
+    ap.add_argument("--ridge", type=float, default=1.0)
+    ap.add_argument("--dtype", default="float64", choices=["float32", "float64"])
+    ap.add_argument("--one", type=int, help=argparse.SUPPRESS)  # a child: one size
+    a = ap.parse_args()
+    if a.one:
+        print(json.dumps(one(a.one, a.items, a.ridge, a.dtype)))
+        return 0
+    print(f"CPU: {platform.processor() or platform.machine()}; kernel {a.dtype}, one lambda")
+    print("| users | items | interactions | fit s | peak RSS GiB | estimate GiB |")
+    print("|---:|---:|---:|---:|---:|---:|")
+    for users in (int(v) for v in a.users.split(",")):
+        cmd = [sys.executable, __file__, "--one", str(users), "--items", str(a.items)]
+        cmd += ["--ridge", str(a.ridge), "--dtype", a.dtype]
+        r = json.loads(subprocess.run(cmd, check=True, capture_output=True, text=True).stdout)
+        print(
+            f"| {r['users']:,} | {r['items']:,} | {r['nnz']:,} | {r['fit_s']} | "
+            f"{r['peak_gib']} | {r['estimate_gib']} |",
+            flush=True,
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
