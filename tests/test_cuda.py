@@ -174,23 +174,29 @@ CV = dict(selection="cv", popularity_grid=[0.0, 0.1, 0.25])
         ("edlae", "dense", {}),
         ("edlae", "sparse", {}),
         ("edlae", "dense", CV),  # lambda, p and beta chosen on validation + training-user folds
+        ("infae", None, {}),  # the closed-form autoencoder: its kernel solve on the device
     ],
 )
 def test_linear_models_agree_with_the_cpu(ds, root, name, solver, extra):
-    spec = vaecf.EASEConfig if name == "ease" else vaecf.EDLAEConfig
+    from vaecf import models
+
+    spec = models.get(name).Config
+    if solver is not None:
+        extra = {**extra, "solver": solver}
     runs = {
         tag: vaecf.train(
             ds,
             vaecf.TrainConfig(device=dev, progress=False),
             root / f"{name}-{solver}-{len(extra)}-{tag}",
-            model_config=spec(solver=solver, **extra),
+            model_config=spec(**extra),
         )
         for tag, dev in (("ref", "cpu"), ("dev", DEVICE))
     }
     fits = [
         json.loads((r.run_dir / "metrics.jsonl").read_text().splitlines()[0]) for r in runs.values()
     ]
-    picked = [{k: fit.get(k) for k in ("l2", "dropout", "popularity_exponent")} for fit in fits]
+    chosen = ("l2", "dropout", "popularity_exponent", "ridge")
+    picked = [{k: fit.get(k) for k in chosen} for fit in fits]
     print(name, solver, [ndcg(r) for r in runs.values()], picked)
     assert picked[0] == picked[1], "the GPU's search chose other settings"
     assert ndcg(runs["dev"]) == pytest.approx(ndcg(runs["ref"]), abs=2e-3)
