@@ -593,6 +593,23 @@ def test_infae_matches_numpy_kernel_ridge_and_keeps_the_best_ridge():
         models.build("infae", 30, {"ridge_grid": [0.1, 1.0]}).fit(sp.csr_matrix(x))
 
 
+def test_infae_search_on_the_validation_split_equals_scoring_each_fitted_model(ds):
+    """Given the validation split, a tried lambda is scored from the factor alone (no alpha):
+    the same metrics and choice as scoring each fitted model, and the winner's alpha."""
+    from vaecf.evaluate import evaluate_scores
+
+    val = (ds.split("validation_tr"), ds.split("validation_te"))
+    vc = tuple(CSR.from_scipy(m) for m in val)
+    grid = {"ridge_grid": [0.03, 0.3, 3.0, 30.0]}
+    fast, slow = (models.build("infae", ds.n_items, grid) for _ in range(2))
+    a = fast.fit(ds.split("train"), validate=lambda m: 1 / 0, validation=val)
+    b = slow.fit(ds.split("train"), validate=lambda m: evaluate_scores(m.scores, *vc))
+    assert a["ridge"] == b["ridge"]
+    for x, y in zip(a["grid"], b["grid"]):
+        assert x["validation"]["ndcg@100"] == pytest.approx(y["validation"]["ndcg@100"], abs=1e-4)
+    torch.testing.assert_close(fast.alpha, slow.alpha)
+
+
 def test_infae_samples_users_and_refuses_what_does_not_fit(monkeypatch):
     from vaecf.models import infae
 
