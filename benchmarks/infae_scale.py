@@ -6,6 +6,7 @@ right-hand side: U^3 / 3 for the factor and 2 U^2 n for the solve, per tried lam
 tries --ridge-grid's 9 lambdas, so it costs about 9 times a one-lambda fit's solve part.
 
     python benchmarks/infae_scale.py [--users 2500,5000,10000] [--items 20000] [--ridge 1]
+        [--search 1000]
 """
 
 from __future__ import annotations
@@ -19,7 +20,17 @@ import sys
 import time
 
 
-def one(users: int, items: int, ridge: float, dtype: str) -> dict:
+def split_80_20(x, rng):
+    """Each row's items split 80/20 at random (fold-in, target), as held-out users are."""
+    import scipy.sparse as sp
+
+    x = x.tocoo()
+    keep = rng.random(x.nnz) < 0.8
+    part = [sp.csr_matrix((x.data[m], (x.row[m], x.col[m])), shape=x.shape) for m in (keep, ~keep)]
+    return part[0], part[1]
+
+
+def one(users: int, items: int, ridge: float, dtype: str, search: int) -> dict:
     import numpy as np
     import scipy.sparse as sp
     import torch
@@ -34,9 +45,14 @@ def one(users: int, items: int, ridge: float, dtype: str) -> dict:
     x = sp.csr_matrix((np.ones(len(u), np.float32), (u, i)), shape=(u.max() + 1, items))
     x.sum_duplicates()
     x.data[:] = 1.0
-    model = models.build("infae", items, {"ridge": ridge, "kernel_dtype": dtype})
+    settings = {"kernel_dtype": dtype, **({} if search else {"ridge": ridge})}
+    model = models.build("infae", items, settings)
+    validation = None
+    if search:  # the last `search` users held out, 80/20, as the validation split
+        validation = split_80_20(x[-search:], np.random.default_rng(2))
+        x = x[:-search]
     t0 = time.perf_counter()
-    rec = model.fit(x)
+    rec = model.fit(x, validation=validation)
     fit_s = time.perf_counter() - t0
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # KiB -> GiB
     return {
@@ -56,17 +72,25 @@ def main() -> int:
     ap.add_argument("--items", type=int, default=20000)
     ap.add_argument("--ridge", type=float, default=1.0)
     ap.add_argument("--dtype", default="float64", choices=["float32", "float64"])
+    ap.add_argument(
+        "--search",
+        type=int,
+        default=0,
+        help="hold out this many users as a validation split and search --ridge-grid's 9 "
+        "lambdas on them instead of fitting --ridge",
+    )
     ap.add_argument("--one", type=int, help=argparse.SUPPRESS)  # a child: one size
     a = ap.parse_args()
     if a.one:
-        print(json.dumps(one(a.one, a.items, a.ridge, a.dtype)))
+        print(json.dumps(one(a.one, a.items, a.ridge, a.dtype, a.search)))
         return 0
-    print(f"CPU: {platform.processor() or platform.machine()}; kernel {a.dtype}, one lambda")
+    what = f"9 lambdas on {a.search:,} validation users" if a.search else "one lambda"
+    print(f"CPU: {platform.processor() or platform.machine()}; kernel {a.dtype}, {what}")
     print("| users | items | interactions | fit s | peak RSS GiB | estimate GiB |")
     print("|---:|---:|---:|---:|---:|---:|")
     for users in (int(v) for v in a.users.split(",")):
         cmd = [sys.executable, __file__, "--one", str(users), "--items", str(a.items)]
-        cmd += ["--ridge", str(a.ridge), "--dtype", a.dtype]
+        cmd += ["--ridge", str(a.ridge), "--dtype", a.dtype, "--search", str(a.search)]
         r = json.loads(subprocess.run(cmd, check=True, capture_output=True, text=True).stdout)
         print(
             f"| {r['users']:,} | {r['items']:,} | {r['nnz']:,} | {r['fit_s']} | "

@@ -128,7 +128,7 @@ class InfAE(Model):
         cfg, device = self.config, self.users_t.device
         dtype = getattr(torch, cfg.kernel_dtype)
         l2s = [cfg.ridge] if cfg.ridge is not None else sorted(cfg.ridge_grid)
-        if len(l2s) > 1 and validate is None:
+        if len(l2s) > 1 and validate is None and validation is None:
             raise ConfigError(f"{self.name} needs validation data to choose lambda; give --ridge")
         t0 = time.perf_counter()
         x = train.tocsr()
