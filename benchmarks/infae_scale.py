@@ -2,8 +2,9 @@
 on synthetic data with planted taste groups, one process per size (each its own peak RSS).
 
 A fit holds a users x users kernel and its Cholesky factor and solves for a users x items
-right-hand side: U^3 / 3 for the factor and 2 U^2 n for the solve, per tried lambda; the search
-tries --ridge-grid's 9 lambdas, so it costs about 9 times a one-lambda fit's solve part.
+right-hand side: U^3 / 3 for the factor and 2 U^2 n for the solve. With --search, each of
+--ridge-grid's 9 lambdas costs its factor and a solve for the validation users' kernel rows;
+the users x items solve is made once, for the winner.
 
     python benchmarks/infae_scale.py [--users 2500,5000,10000] [--items 20000] [--ridge 1]
         [--search 1000]
