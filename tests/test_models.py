@@ -610,6 +610,17 @@ def test_infae_search_on_the_validation_split_equals_scoring_each_fitted_model(d
     torch.testing.assert_close(fast.alpha, slow.alpha)
 
 
+@pytest.mark.parametrize("name", ["edlae", "infae"])
+def test_a_search_selects_on_any_select_metric(ds, tmp_path, name):
+    """--select-metric beyond the three reported metrics: every tried point records it and
+    the kept point is its best (it raised a KeyError before)."""
+    run = vaecf.train(ds, cfg_for(name, select_metric="ndcg@10"), tmp_path / name, model_cfg(name))
+    row = json.loads((run.run_dir / "metrics.jsonl").read_text().splitlines()[0])
+    best = max(row["grid"], key=lambda g: g["validation"]["ndcg@10"])
+    key = "ridge" if name == "infae" else "l2"
+    assert row[key] == best[key] and "ndcg@10" in run.validation_metrics
+
+
 def test_infae_samples_users_and_refuses_what_does_not_fit(monkeypatch):
     from vaecf.models import infae
 

@@ -25,7 +25,7 @@ from vaecf.config import ANNEAL_SETTINGS, GRADIENT_SETTINGS, TrainConfig, from_d
 from vaecf.data.matrix import CSR
 from vaecf.data.prepare import PreparedDataset
 from vaecf.errors import ConfigError, RunError
-from vaecf.evaluate import evaluate_model, model_scores, per_user_metric
+from vaecf.evaluate import evaluate_model, metrics_with, model_scores, per_user_metric
 from vaecf.models.blend import AutoConfig
 from vaecf.specs import LINEAR_CV_BETAS
 
@@ -221,7 +221,7 @@ def _best_blend(ds, record, fitted, loaded, metric, val, per_user, cfg, log):
     tried, best, per_weight = [], None, []
     for w in BLEND_WEIGHTS:
         blend.config.weight = w
-        m = evaluate_model(blend, *val, batch_size=cfg.eval_batch_size)
+        m = evaluate_model(blend, *val, metrics_with(metric), batch_size=cfg.eval_batch_size)
         tried.append({"weight": w, "validation": m})
         per_weight.append(_per_user(blend.eval(), val, metric, cfg))
         if best is None or m[metric] > best[1][metric]:
@@ -270,7 +270,8 @@ def _materialise(ds, cfg, out, winner, record, fitted, test, t_start, selection)
     test_metrics = None
     if test:
         fold_in, target = (CSR.from_scipy(ds.split(f"test_{p}")) for p in ("tr", "te"))
-        test_metrics = evaluate_model(model, fold_in, target, batch_size=cfg.eval_batch_size)
+        every = metrics_with(cfg.select_metric)
+        test_metrics = evaluate_model(model, fold_in, target, every, cfg.eval_batch_size)
     results = {
         "model": name,
         "best_epoch": 1,

@@ -14,6 +14,12 @@ from vaecf.metrics import parse_metric, ranking_metrics
 
 DEFAULT_METRICS = ("recall@20", "recall@50", "ndcg@100")
 
+
+def metrics_with(select_metric: str) -> tuple[str, ...]:
+    """The reported metrics and the one a selection compares (`--select-metric`)."""
+    return tuple(dict.fromkeys((*DEFAULT_METRICS, select_metric)))
+
+
 ScoreFn = Callable[[SparseBatch], torch.Tensor]  # batch -> (B, n_items) scores
 SCORE_BUDGET = 2**29  # bytes of float32 scores per evaluation batch: fewer users at 67k+ items
 

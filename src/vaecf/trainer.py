@@ -29,7 +29,7 @@ from vaecf.config import ANNEAL_SETTINGS, GRADIENT_SETTINGS, TrainConfig, from_d
 from vaecf.data.matrix import CSR, prefetch_batches
 from vaecf.data.prepare import PreparedDataset
 from vaecf.errors import ConfigError, RunError
-from vaecf.evaluate import evaluate_model
+from vaecf.evaluate import evaluate_model, metrics_with
 from vaecf.models import Model, Phase
 from vaecf.runtime import tune_cpu_allocator
 
@@ -332,6 +332,7 @@ class _Run:
             self.model,
             fold_in,
             target,
+            metrics_with(self.cfg.select_metric),
             batch_size=self.cfg.eval_batch_size,
             precision=self.cfg.precision,
             dist=self.ctx,

@@ -186,7 +186,12 @@ def _penalty(diag: torch.Tensor, beta: float) -> torch.Tensor:
 
 
 def _beta_metrics(
-    b: torch.Tensor, diag: torch.Tensor, betas: list[float], fold_in: CSR, target: CSR
+    b: torch.Tensor,
+    diag: torch.Tensor,
+    betas: list[float],
+    fold_in: CSR,
+    target: CSR,
+    metrics: tuple[str, ...],
 ) -> list[dict]:
     """Metrics of the unpenalised B under each penalty beta: X B's columns rescaled, which
     is X (B's columns rescaled), without a copy of B."""
@@ -195,7 +200,8 @@ def _beta_metrics(
     out = []
     for beta in betas:
         scale = _penalty(diag, beta).to(b.device)
-        out.append(evaluate_scores(lambda t, s=scale: _sparse_rows(b, t) * s, fold_in, target))
+        fn = lambda t, s=scale: _sparse_rows(b, t) * s  # noqa: E731
+        out.append(evaluate_scores(fn, fold_in, target, metrics))
     return out
 
 
@@ -403,17 +409,21 @@ class EASE(Model):
                 views.append((part, df, *(_csr_on(m, cols, device) for m in (f_in, f_te))))
             return d, val, views
 
+        from vaecf.evaluate import metrics_with
+
+        metrics = metrics_with(select_metric)
+
         def point(g, view, l2: float, p: float) -> list[dict]:
             """Per beta: the validation (and cv) metrics of (lambda, p) on Gram `g` and its
             stage's `view`, and the value the selection compares."""
             d, val, views = view
             b = linear_weights(g, l2, p, self._emphasis()).float()
-            rows = [{"validation": m} for m in _beta_metrics(b, d, betas, *val)]
+            rows = [{"validation": m} for m in _beta_metrics(b, d, betas, *val, metrics)]
             del b
             per_fold = []
             for part, df, f_in, f_te in views:
                 bf = linear_weights(g, l2, p, self._emphasis(), part).float()
-                per_fold.append(_beta_metrics(bf, df, betas, f_in, f_te))
+                per_fold.append(_beta_metrics(bf, df, betas, f_in, f_te, metrics))
                 del bf
             for i, (beta, row) in enumerate(zip(betas, rows)):
                 row.update(l2=l2, dropout=p, popularity_exponent=beta)

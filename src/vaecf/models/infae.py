@@ -29,7 +29,7 @@ import torch
 from vaecf import specs
 from vaecf.data.matrix import CSR, SparseBatch
 from vaecf.errors import ConfigError, RunError
-from vaecf.evaluate import evaluate_scores
+from vaecf.evaluate import evaluate_scores, metrics_with
 from vaecf.memory import available_bytes
 from vaecf.models.base import Model, sparse_rows_product
 from vaecf.specs import InfAEConfig
@@ -187,7 +187,9 @@ class InfAE(Model):
             chol = factor(l2)
             row = {"ridge": l2}
             if own:
-                row["validation"] = evaluate_scores(self._solved(chol), *val)
+                row["validation"] = evaluate_scores(
+                    self._solved(chol), *val, metrics_with(select_metric)
+                )
             else:
                 self.alpha = torch.cholesky_solve(xd, chol).float()
                 if len(l2s) > 1:
