@@ -200,8 +200,9 @@ def _beta_metrics(
     out = []
     for beta in betas:
         scale = _penalty(diag, beta).to(b.device)
-        fn = lambda t, s=scale: _sparse_rows(b, t) * s  # noqa: E731
-        out.append(evaluate_scores(fn, fold_in, target, metrics))
+        out.append(
+            evaluate_scores(lambda t, s=scale: _sparse_rows(b, t) * s, fold_in, target, metrics)
+        )
     return out
 
 
