@@ -452,6 +452,53 @@ def test_sparse_solver_scores_rank_and_round_trip(ds, tmp_path):
     assert abs(results["test"]["ndcg@100"] - dense) < 0.03
 
 
+def test_sparse_solver_cv_selection_equals_the_dense_one_where_every_pair_co_occurs():
+    """--selection cv with the sparse solver: each tried (lambda, p, beta) is scored on the
+    validation users and on every fold, each fold's B solved by the sparse solver on the
+    Gram with the fold's rows swapped. Where every pair of items co-occurs (in every fold's
+    Gram too) and every other item is a neighbour, that is the dense solver's selection:
+    the same figures at every point, the same choice and the same B."""
+    rng = np.random.default_rng(7)
+    n = 25
+    x = sp.csr_matrix((rng.random((150, n)) < 0.5).astype(np.float32))
+    val = tuple(sp.csr_matrix((rng.random((30, n)) < p).astype(np.float32)) for p in (0.4, 0.15))
+    vc = tuple(CSR.from_scipy(m) for m in val)
+    cfg = {
+        "l2_grid": [3.0, 30.0],
+        "dropout_grid": [0.0, 0.3],
+        "popularity_grid": [0.0, 0.5],
+        "selection": "cv",
+        "cv_folds": 3,
+        "search": "grid",
+        "solve_dtype": "float64",
+        "neighbours": n - 1,
+    }
+    recs, bs, lines = {}, {}, []
+    for solver in ("dense", "sparse"):
+        model = models.build("edlae", n, {**cfg, "solver": solver})
+        recs[solver] = model.fit(
+            x, validate=lambda m: evaluate_model(m, *vc), validation=val, log=lines.append
+        )
+        bs[solver] = model.item_vectors().to_dense() if model.sparse else model.weight
+    sparse, dense = recs["sparse"], recs["dense"]
+    assert sparse["solver"] == "sparse" and sparse["selection"] == "cv"
+    assert sparse["cv_folds"] == dense["cv_folds"] == 3
+    assert any("cv: 4 sparse solves per point tried" in line for line in lines)
+    assert len(sparse["grid"]) == len(dense["grid"]) == 8  # every beta scored, no extra solve
+    for a, b in zip(sparse["grid"], dense["grid"]):
+        assert (a["l2"], a["dropout"], a["popularity_exponent"]) == (
+            b["l2"],
+            b["dropout"],
+            b["popularity_exponent"],
+        )
+        assert a["cv"]["n_users"] == b["cv"]["n_users"] > 100
+        assert a["cv"]["ndcg@100"] == pytest.approx(b["cv"]["ndcg@100"], abs=1e-5)
+        assert a["value"] == pytest.approx(b["value"], abs=1e-5)
+    pick = ("l2", "dropout", "popularity_exponent")
+    assert [sparse[k] for k in pick] == [dense[k] for k in pick]
+    torch.testing.assert_close(bs["sparse"], bs["dense"], rtol=1e-4, atol=1e-6)
+
+
 def test_popular_items_get_wider_neighbourhoods():
     """popular_share: the most popular items' columns are those of a solve with
     popular_neighbours for every item, the others those of a solve with neighbours."""

@@ -188,7 +188,7 @@ class EASEConfig:
         "those and --cv-folds folds of the training users (each fold's users held out of "
         "X^T X but for a random 80 percent of their items, their other 20 percent predicted, "
         "as held-out users are): cv-folds + 1 solves per point, a choice made on many more "
-        "users (dense solver)",
+        "users (either solver)",
     )
     cv_folds: int = setting(5, "folds of the training users for --selection cv")
     cv_repeats: int = setting(

@@ -186,23 +186,24 @@ def _penalty(diag: torch.Tensor, beta: float) -> torch.Tensor:
 
 
 def _beta_metrics(
-    b: torch.Tensor,
+    b: torch.Tensor | Callable[[SparseBatch], torch.Tensor],
     diag: torch.Tensor,
     betas: list[float],
     fold_in: CSR,
     target: CSR,
-    metrics: tuple[str, ...],
+    metrics: tuple[str, ...] | None = None,
 ) -> list[dict]:
-    """Metrics of the unpenalised B under each penalty beta: X B's columns rescaled, which
-    is X (B's columns rescaled), without a copy of B."""
-    from vaecf.evaluate import evaluate_scores
+    """Metrics of the unpenalised B (a dense table, or a function of a batch giving its rows of
+    X B) under each penalty beta: X B's columns rescaled, which is X (B's columns rescaled),
+    without a copy of B."""
+    from vaecf.evaluate import DEFAULT_METRICS, evaluate_scores
 
+    metrics = metrics or DEFAULT_METRICS
+    rows = b if callable(b) else (lambda t: _sparse_rows(b, t))
     out = []
     for beta in betas:
-        scale = _penalty(diag, beta).to(b.device)
-        out.append(
-            evaluate_scores(lambda t, s=scale: _sparse_rows(b, t) * s, fold_in, target, metrics)
-        )
+        scale = _penalty(diag, beta).to(target.device)
+        out.append(evaluate_scores(lambda t, s=scale: rows(t) * s, fold_in, target, metrics))
     return out
 
 
@@ -368,16 +369,13 @@ class EASE(Model):
         if cfg.fold_in_rows and fold_in is not None and fold_in.nnz:
             x = sp.vstack([x, fold_in.tocsr()]).tocsr()
         cv = cfg.selection == "cv" and not single
-        solver, plan = self._solver(x, dtype, device, single)
+        solver, plan = self._solver(x, dtype, device, single, cv)
         if log:
             log(f"{self.title}: {plan}")
         x = x.astype(np.float64 if dtype == torch.float64 else np.float32)
         gram_sp = (x.T @ x).tocsr()  # sparse: at most the sum of squared history lengths
         gram_sp.sort_indices()
         diag = torch.from_numpy(gram_sp.diagonal())
-        if solver == "sparse" and len(betas) > 1:
-            betas = [cfg.popularity_exponent]  # the sparse solver's B is scaled in place
-        cv = cv and solver == "dense"
         # the selection's own scoring (several betas, or folds): anything but one B on the
         # validation users alone, which the caller's `validate` scores
         own = cv or len(betas) > 1
@@ -414,18 +412,36 @@ class EASE(Model):
 
         metrics = metrics_with(select_metric)
 
-        def point(g, view, l2: float, p: float) -> list[dict]:
-            """Per beta: the validation (and cv) metrics of (lambda, p) on Gram `g` and its
-            stage's `view`, and the value the selection compares."""
+        k, wide = cfg.neighbours, (cfg.popular_share, cfg.popular_neighbours)
+        kept: list = []  # the sparse solver's B of the point last scored
+
+        def dense_solve(g, l2: float, p: float):
+            """B (dense) from Gram `g` with a fold's correction `part` (None: as it is)."""
+            return lambda part: linear_weights(g, l2, p, self._emphasis(), part).float()
+
+        def sparse_solve(g0: sp.csr_matrix, l2: float, p: float):
+            """X B's rows from the sparse solver's B on the Gram `g0` with a fold's correction
+            (None: as it is, and that B kept)."""
+
+            def solve(part):
+                g = g0 if part is None else (g0 + part).tocsr()
+                parts = neighbour_weights(x, l2, p, k, device, dtype, g, *wide)
+                if part is None:
+                    kept[:] = [parts]
+                return lambda t: sparse_b_rows(*parts, t, self.n_items)
+
+            return solve
+
+        def point(solve, view, l2: float, p: float) -> list[dict]:
+            """Per beta: the validation (and cv) metrics of (lambda, p), B made by
+            `solve(fold correction)`, on its stage's `view`, and the value the selection
+            compares. One B at a time."""
             d, val, views = view
-            b = linear_weights(g, l2, p, self._emphasis()).float()
-            rows = [{"validation": m} for m in _beta_metrics(b, d, betas, *val, metrics)]
-            del b
-            per_fold = []
-            for part, df, f_in, f_te in views:
-                bf = linear_weights(g, l2, p, self._emphasis(), part).float()
-                per_fold.append(_beta_metrics(bf, df, betas, f_in, f_te, metrics))
-                del bf
+            rows = [{"validation": m} for m in _beta_metrics(solve(None), d, betas, *val, metrics)]
+            per_fold = [
+                _beta_metrics(solve(part), df, betas, f_in, f_te, metrics)
+                for part, df, f_in, f_te in views
+            ]
             for i, (beta, row) in enumerate(zip(betas, rows)):
                 row.update(l2=l2, dropout=p, popularity_exponent=beta)
                 parts = [row["validation"]]
@@ -460,7 +476,7 @@ class EASE(Model):
             curve: dict[tuple[float, float, float], float] = {}
             for l2, p in full:
                 t1 = time.perf_counter()
-                rows = point(sub, view, l2, p)
+                rows = point(dense_solve(sub, l2, p), view, l2, p)
                 for row in rows:
                     seconds = round((time.perf_counter() - t1) / len(rows), 3)
                     note({"stage": "coarse", "n_items": len(cols), **row, "seconds": seconds})
@@ -481,14 +497,17 @@ class EASE(Model):
             row = {"stage": "full", "n_items": self.n_items, "l2": l2, "dropout": p}
             if own:
                 self.weight = torch.empty(0, device=device)
-                for r in point(gram, view, l2, p):
+                if solver == "sparse":
+                    solve = sparse_solve(gram_sp, l2, p)
+                else:
+                    solve = dense_solve(gram, l2, p)
+                for r in point(solve, view, l2, p):
                     note({**row, **r, "seconds": round(time.perf_counter() - t1, 3)})
                     if best is None or r["value"] > best[0]:
-                        best = (r["value"], l2, p, r["popularity_exponent"], None)
+                        # the sparse B is kept unpenalised; a dense one is solved again
+                        best = (r["value"], l2, p, r["popularity_exponent"], kept[:1] or None)
                 continue
             if solver == "sparse":
-                k = cfg.neighbours
-                wide = (cfg.popular_share, cfg.popular_neighbours)
                 self._set_sparse(neighbour_weights(x, l2, p, k, device, dtype, gram_sp, *wide))
                 self.b_values.mul_(_penalty(diag, betas[0]).to(device)[self.b_indices])
             else:
@@ -504,9 +523,13 @@ class EASE(Model):
             if best is None or value > best[0]:
                 best = (value, l2, p, betas[0], [getattr(self, n) for n in self._B])
         _, l2, p, beta, b = best
+        kept.clear()
         if b is None:  # chosen by the selection's own scoring: solve the winner once more
             self.weight = linear_weights(gram, l2, p, self._emphasis()).to(torch.float32)
             self.weight.mul_(_penalty(diag, beta).to(device))
+        elif len(b) == 1:  # the sparse B the selection's own scoring kept, penalised now
+            self._set_sparse(b[0])
+            self.b_values.mul_(_penalty(diag, beta).to(device)[self.b_indices])
         else:
             for name, t in zip(self._B, b):
                 setattr(self, name, t)
@@ -542,9 +565,12 @@ class EASE(Model):
             "device": str(device),
         }
 
-    def _solver(self, x: sp.csr_matrix, dtype: torch.dtype, device: torch.device, single: bool):
+    def _solver(
+        self, x: sp.csr_matrix, dtype: torch.dtype, device: torch.device, single: bool, cv: bool
+    ):
         """The solver to use ("dense" or "sparse") and a line on what it will need, after
-        checking that it fits in memory; before anything large is allocated."""
+        checking that it fits in memory (with `cv`, the sparse solver's fold Gram and B as
+        well); before anything large is allocated."""
         cfg, n = self.config, self.n_items
         self.weight = torch.empty(0, device=device)  # a previous B's memory back first
         if device.type == "cuda":
@@ -561,10 +587,16 @@ class EASE(Model):
             raise ConfigError("the sparse solver fits EASE and EDLAE, not --emphasis none")
         k = min(cfg.neighbours, n)
         # the sparse Gram (and its copy while built), B twice (the best kept while searching),
-        # and a block's work: its dense part of G, its systems, their factors and copies
+        # and a block's work: its dense part of G, its systems, their factors and copies; cv
+        # adds a fold's Gram (the Gram with the fold's rows swapped) and that fold's B
         wide, big = int(cfg.popular_share * n), min(cfg.popular_neighbours, n)
         extra = wide * max(0, big - k)  # the popular items' longer columns
-        need = gram_bytes(x) + 2 * (n * k + extra) * 16 + block_bytes(n, max(k, big if wide else k))
+        copies = (3, 3) if cv else (2, 2)  # (Grams, Bs) at once, in halves of gram_bytes
+        need = (
+            gram_bytes(x) * copies[0] // 2
+            + copies[1] * (n * k + extra) * 16
+            + block_bytes(n, max(k, big if wide else k))
+        )
         host = available_bytes(torch.device("cpu"))
         if need > host:
             raise RunError(
@@ -580,7 +612,10 @@ class EASE(Model):
         )
         more = f" ({big} for the {wide:,} most popular)" if wide else ""
         plan = f"sparse solver, {k} neighbours per item{more}{why}: about {need / 2**30:.1f} GiB"
-        return solver, f"{plan} of {host / 2**30:.1f} GiB free on the host"
+        plan += f" of {host / 2**30:.1f} GiB free on the host"
+        if cv:
+            plan += f"; cv: {cfg.cv_folds * cfg.cv_repeats + 1} sparse solves per point tried"
+        return solver, plan
 
 
 class EDLAE(EASE):
