@@ -535,8 +535,13 @@ def test_auto_solver_goes_sparse_where_dense_does_not_fit(ds, monkeypatch):
     assert record["solver"] == "sparse" and record["nnz"] <= n * 10 + wide
     assert record["popular_share"] == 0.02 and record["popular_neighbours"] == 1024
     monkeypatch.setattr(ease, "available_bytes", lambda device: 10**6)
-    with pytest.raises(vaecf.RunError, match=r"sparse solver on .* needs about .* GiB"):
+    with pytest.raises(vaecf.RunError, match=r"sparse solver on .* needs about .* GiB") as e:
         models.build("ease", n, {"l2": 30.0}).fit(x)  # neither fits: refused with figures
+    assert "--selection" not in str(e.value)
+    val = (ds.split("validation_tr"), ds.split("validation_te"))
+    with pytest.raises(vaecf.RunError, match=r"or choose with --selection validation"):
+        cfg = {"l2_grid": [3.0, 30.0], "selection": "cv"}  # cv holds a fold's Gram and B too
+        models.build("ease", n, cfg).fit(x, validate=lambda m: {}, validation=val)
     with pytest.raises(ConfigError, match="not --emphasis none"):
         cfg = {"l2": 3.0, "dropout": 0.2, "emphasis": "none", "solver": "sparse"}
         models.build("edlae", n, cfg).fit(x)

@@ -604,6 +604,7 @@ class EASE(Model):
                 f"(the sparse X^T X and B with {k} neighbours per item) but the host has "
                 f"{host / 2**30:.1f} GiB free; drop rare items when preparing "
                 "(--min-item-users) or lower --neighbours"
+                + (" (or choose with --selection validation: no fold Gram and B)" if cv else "")
             )
         why = (
             f" (the dense arrays would need {dense / 2**30:.1f} GiB)"
