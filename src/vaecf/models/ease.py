@@ -591,7 +591,7 @@ class EASE(Model):
         # adds a fold's Gram (the Gram with the fold's rows swapped) and that fold's B
         wide, big = int(cfg.popular_share * n), min(cfg.popular_neighbours, n)
         extra = wide * max(0, big - k)  # the popular items' longer columns
-        copies = (3, 3) if cv else (2, 2)  # (Grams, Bs) at once, in halves of gram_bytes
+        copies = (3, 3) if cv else (2, 2)  # (Gram copies, Bs) held at once; gram_bytes is 2
         need = (
             gram_bytes(x) * copies[0] // 2
             + copies[1] * (n * k + extra) * 16
