@@ -8,7 +8,7 @@ them: ~500 users a split on ml-latest-small, against 50 test users), over a lamb
 the split's p and each popularity penalty beta.
 
     python benchmarks/sparse_calibrate.py --data DIR/ml-latest-small/data --splits 1:0.33,3:0.2
-        [--l2 56.2,100,177.8,300,533.5] [--betas 0.1,0.25] [--gammas 0,-0.25]
+        [--l2 56.2,100,177.8,300,533.5] [--betas 0.1,0.25] [--gammas 0,0.25]
 
 --splits: seed:p pairs (p, EDLAE's dropout, as the split's dense fit chose it).
 """
@@ -77,7 +77,7 @@ def main() -> None:
     ap.add_argument("--splits", default="1:0.33,3:0.2", help="seed:p pairs")
     ap.add_argument("--l2", default="56.2,100,177.8,300,533.5")
     ap.add_argument("--betas", default="0.1,0.25")
-    ap.add_argument("--gammas", default="0,-0.25")
+    ap.add_argument("--gammas", default="0,0.25")
     a = ap.parse_args()
     l2s, betas, gammas = floats(a.l2), floats(a.betas), floats(a.gammas)
     for pair in a.splits.split(","):
