@@ -499,6 +499,38 @@ def test_sparse_solver_cv_selection_equals_the_dense_one_where_every_pair_co_occ
     torch.testing.assert_close(bs["sparse"], bs["dense"], rtol=1e-4, atol=1e-6)
 
 
+def test_sparse_solver_fast_search_chooses_on_folds_through_train(ds, tmp_path):
+    """A run with the sparse solver, --selection cv and the fast search: the coarse stage (a
+    dense sub-problem) and both full-catalogue points are scored on folds too, every beta of
+    the grid is tried, the best pooled full point is kept, and the run holds its sparse B."""
+    settings = {
+        "l2_grid": [1.0, 30.0, 1000.0],
+        "dropout_grid": [0.0, 0.33],
+        "popularity_grid": [0.0, 0.25],
+        "selection": "cv",
+        "cv_folds": 3,
+        "coarse_items": 60,
+        "solver": "sparse",
+        "neighbours": 20,
+    }
+    cfg = models.config_from_dict("edlae", settings)
+    run = vaecf.train(ds, cfg_for("edlae"), tmp_path / "run", cfg, model="edlae")
+    row = json.loads((run.run_dir / "metrics.jsonl").read_text().splitlines()[0])
+    assert row["solver"] == "sparse" and row["selection"] == "cv" and row["cv_folds"] == 3
+    coarse = [g for g in row["grid"] if g["stage"] == "coarse"]
+    full = [g for g in row["grid"] if g["stage"] == "full"]
+    assert len(coarse) == 12 and {g["n_items"] for g in coarse} == {60}
+    assert len(full) == 4 and {g["popularity_exponent"] for g in full} == {0.0, 0.25}
+    assert all("cv" in g and g["cv"]["n_users"] > 100 for g in coarse + full)
+    best = max(full, key=lambda g: g["value"])
+    pick = ("l2", "dropout", "popularity_exponent")
+    assert [row[k] for k in pick] == [best[k] for k in pick]
+    model = vaecf.Recommender.load(run.run_dir).model
+    wide = int(0.02 * ds.n_items) * (ds.n_items - 1 - 20)  # the popular tier's longer columns
+    assert model.sparse and model.b_values.numel() <= ds.n_items * 20 + wide
+    assert math.isfinite(run.test_metrics["ndcg@100"]) and run.test_metrics["ndcg@100"] > 0.2
+
+
 def test_popular_items_get_wider_neighbourhoods():
     """popular_share: the most popular items' columns are those of a solve with
     popular_neighbours for every item, the others those of a solve with neighbours."""
