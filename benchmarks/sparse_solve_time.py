@@ -1,0 +1,69 @@
+"""Seconds of one sparse-solver solve (`neighbour_weights`: 256 neighbours, 1,024 for the 2%
+most popular items) on a synthetic Gram, for one or more source trees side by side (each in
+its own process, in turn, `--rounds` times; the median is printed).
+
+    python benchmarks/sparse_solve_time.py [--users 60000] [--items 15000] [--rounds 3] \\
+        [--tree LABEL=PATH ...]
+
+--tree: a checkout's src directory to time (e.g. a `git worktree` of an earlier commit);
+default: this tree's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+
+CHILD = """
+import json, sys, time
+import numpy as np, scipy.sparse as sp, torch
+from vaecf.data import synthetic
+from vaecf.models.neighbourhood import neighbour_weights
+users, items = int(sys.argv[1]), int(sys.argv[2])
+df = synthetic.generate(n_users=users, n_items=items, n_groups=20, mean_items=30, seed=1)
+_, u = np.unique(df["user_id"].to_numpy(), return_inverse=True)
+_, i = np.unique(df["item_id"].to_numpy(), return_inverse=True)
+x = sp.csr_matrix((np.ones(len(u), np.float32), (u, i)))
+x.data[:] = 1.0
+g = (x.T @ x).tocsr()
+t = time.perf_counter()
+neighbour_weights(None, 100.0, 0.33, 256, torch.device("cpu"), torch.float32, g, 0.02, 1024)
+print(json.dumps({"seconds": time.perf_counter() - t, "items": x.shape[1], "gram_nnz": g.nnz}))
+"""
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--users", type=int, default=60000)
+    ap.add_argument("--items", type=int, default=15000)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--tree", action="append", default=[], help="LABEL=SRC_DIR")
+    a = ap.parse_args()
+    here = str(Path(__file__).resolve().parents[1] / "src")
+    trees = [t.split("=", 1) for t in a.tree] or [["this tree", here]]
+    times: dict[str, list[float]] = {label: [] for label, _ in trees}
+    info = {}
+    for _ in range(a.rounds):
+        for label, src in trees:
+            env = {**os.environ, "PYTHONPATH": src}
+            cmd = [sys.executable, "-c", CHILD, str(a.users), str(a.items)]
+            out = subprocess.run(cmd, env=env, check=True, capture_output=True, text=True)
+            info = json.loads(out.stdout.strip().splitlines()[-1])
+            times[label].append(info["seconds"])
+    print(f"CPU: {platform.processor() or platform.machine()}, threads {os.cpu_count()}")
+    print(f"{info['items']:,} items, X^T X with {info['gram_nnz']:,} non-zeros")
+    print("| tree | median s | per round |")
+    print("|---|---:|---|")
+    for label, ts in times.items():
+        rounds = " ".join(f"{t:.1f}" for t in ts)
+        print(f"| {label} | {statistics.median(ts):.1f} | {rounds} |")
+
+
+if __name__ == "__main__":
+    main()
