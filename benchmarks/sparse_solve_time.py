@@ -56,7 +56,13 @@ def main() -> None:
             out = subprocess.run(cmd, env=env, check=True, capture_output=True, text=True)
             info = json.loads(out.stdout.strip().splitlines()[-1])
             times[label].append(info["seconds"])
-    print(f"CPU: {platform.processor() or platform.machine()}, threads {os.cpu_count()}")
+    cpu = platform.machine()
+    if Path("/proc/cpuinfo").is_file():
+        lines = Path("/proc/cpuinfo").read_text().splitlines()
+        names = [v.split(":", 1)[1].strip() for v in lines if v.startswith("model name")]
+        fam = [v.split(":", 1)[1].strip() for v in lines if v.startswith(("cpu family", "model\t"))]
+        cpu = f"{names[0] if names else cpu} (family/model {'/'.join(fam[:2])})"
+    print(f"CPU: {cpu}, {os.cpu_count()} CPUs")
     print(f"{info['items']:,} items, X^T X with {info['gram_nnz']:,} non-zeros")
     print("| tree | median s | per round |")
     print("|---|---:|---|")
