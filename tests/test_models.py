@@ -570,10 +570,16 @@ def test_auto_solver_goes_sparse_where_dense_does_not_fit(ds, monkeypatch):
     with pytest.raises(vaecf.RunError, match=r"sparse solver on .* needs about .* GiB") as e:
         models.build("ease", n, {"l2": 30.0}).fit(x)  # neither fits: refused with figures
     assert "--selection" not in str(e.value)
+    # cv holds a fold's Gram (half of gram_bytes' two copies) and B too: where only they do
+    # not fit, choosing on validation is advised; where nothing fits, it is not
     val = (ds.split("validation_tr"), ds.split("validation_te"))
-    with pytest.raises(vaecf.RunError, match=r"or choose with --selection validation"):
-        cfg = {"l2_grid": [3.0, 30.0], "selection": "cv"}  # cv holds a fold's Gram and B too
-        models.build("ease", n, cfg).fit(x, validate=lambda m: {}, validation=val)
+    cv = {"l2_grid": [3.0, 30.0], "selection": "cv"}
+    monkeypatch.setattr(ease, "gram_bytes", lambda x: 10**9)
+    for free, advised in ((12 * 10**8, True), (10**6, False)):
+        monkeypatch.setattr(ease, "available_bytes", lambda device, f=free: f)
+        with pytest.raises(vaecf.RunError, match=r"sparse solver on .* needs about") as e:
+            models.build("ease", n, cv).fit(x, validate=lambda m: {}, validation=val)
+        assert ("or choose with --selection validation" in str(e.value)) == advised
     with pytest.raises(ConfigError, match="not --emphasis none"):
         cfg = {"l2": 3.0, "dropout": 0.2, "emphasis": "none", "solver": "sparse"}
         models.build("edlae", n, cfg).fit(x)

@@ -591,20 +591,22 @@ class EASE(Model):
         # adds a fold's Gram (the Gram with the fold's rows swapped) and that fold's B
         wide, big = int(cfg.popular_share * n), min(cfg.popular_neighbours, n)
         extra = wide * max(0, big - k)  # the popular items' longer columns
-        copies = (3, 3) if cv else (2, 2)  # (Gram copies, Bs) held at once; gram_bytes is 2
-        need = (
-            gram_bytes(x) * copies[0] // 2
-            + copies[1] * (n * k + extra) * 16
-            + block_bytes(n, max(k, big if wide else k))
-        )
+        b_bytes, g_bytes = (n * k + extra) * 16, gram_bytes(x)  # gram_bytes: two copies
+        plain = g_bytes + 2 * b_bytes + block_bytes(n, max(k, big if wide else k))
+        need = plain + (g_bytes // 2 + b_bytes if cv else 0)
         host = available_bytes(torch.device("cpu"))
         if need > host:
+            other = (
+                f"; or choose with --selection validation (--linear-cv false under --model "
+                f"auto): no fold Gram and B, about {plain / 2**30:.1f} GiB"
+                if cv and plain <= host
+                else ""
+            )
             raise RunError(
                 f"{self.title}'s sparse solver on {n:,} items needs about {need / 2**30:.1f} GiB "
                 f"(the sparse X^T X and B with {k} neighbours per item) but the host has "
                 f"{host / 2**30:.1f} GiB free; drop rare items when preparing "
-                "(--min-item-users) or lower --neighbours"
-                + (" (or choose with --selection validation: no fold Gram and B)" if cv else "")
+                f"(--min-item-users) or lower --neighbours{other}"
             )
         why = (
             f" (the dense arrays would need {dense / 2**30:.1f} GiB)"
