@@ -20,15 +20,12 @@ import argparse
 import numpy as np
 import scipy.sparse as sp
 import torch
+from linear_select_cv import floats
 
 from vaecf.data.matrix import CSR
 from vaecf.data.prepare import PreparedDataset
 from vaecf.models.ease import _beta_metrics, cv_folds, linear_weights
 from vaecf.models.neighbourhood import neighbour_weights, sparse_b_rows
-
-
-def floats(s: str) -> list[float]:
-    return [float(v) for v in s.split(",")]
 
 
 def one_split(path: str, p: float, l2s, betas, gammas) -> dict:

@@ -3,10 +3,11 @@ most popular items) on a synthetic Gram, for one or more source trees side by si
 its own process, in turn, `--rounds` times; the median is printed).
 
     python benchmarks/sparse_solve_time.py [--users 60000] [--items 15000] [--rounds 3] \\
-        [--tree LABEL=PATH ...]
+        [--tree LABEL=PATH ...] [--profile]
 
 --tree: a checkout's src directory to time (e.g. a `git worktree` of an earlier commit);
-default: this tree's.
+default: this tree's. --profile: one solve of the first tree under cProfile instead, its
+largest costs (cumulative seconds) printed.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import platform
 import statistics
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 CHILD = """
@@ -32,8 +34,15 @@ _, i = np.unique(df["item_id"].to_numpy(), return_inverse=True)
 x = sp.csr_matrix((np.ones(len(u), np.float32), (u, i)))
 x.data[:] = 1.0
 g = (x.T @ x).tocsr()
+cpu = torch.device("cpu")
+solve = lambda: neighbour_weights(None, 100.0, 0.33, 256, cpu, torch.float32, g, 0.02, 1024)
+if len(sys.argv) > 3:  # --profile
+    import cProfile, pstats
+    cProfile.run("solve()", sys.argv[3])
+    pstats.Stats(sys.argv[3]).sort_stats("cumulative").print_stats(14)
+    raise SystemExit
 t = time.perf_counter()
-neighbour_weights(None, 100.0, 0.33, 256, torch.device("cpu"), torch.float32, g, 0.02, 1024)
+solve()
 print(json.dumps({"seconds": time.perf_counter() - t, "items": x.shape[1], "gram_nnz": g.nnz}))
 """
 
@@ -44,9 +53,16 @@ def main() -> None:
     ap.add_argument("--items", type=int, default=15000)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--tree", action="append", default=[], help="LABEL=SRC_DIR")
+    ap.add_argument("--profile", action="store_true", help="one solve under cProfile")
     a = ap.parse_args()
     here = str(Path(__file__).resolve().parents[1] / "src")
     trees = [t.split("=", 1) for t in a.tree] or [["this tree", here]]
+    if a.profile:
+        with tempfile.TemporaryDirectory() as tmp:
+            env = {**os.environ, "PYTHONPATH": trees[0][1]}
+            cmd = [sys.executable, "-c", CHILD, str(a.users), str(a.items), f"{tmp}/solve.prof"]
+            subprocess.run(cmd, env=env, check=True)
+        return
     times: dict[str, list[float]] = {label: [] for label, _ in trees}
     info = {}
     for _ in range(a.rounds):
