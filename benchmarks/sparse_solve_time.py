@@ -3,10 +3,11 @@ most popular items) on a synthetic Gram, for one or more source trees side by si
 its own process, in turn, `--rounds` times; the median is printed).
 
     python benchmarks/sparse_solve_time.py [--users 60000] [--items 15000] [--rounds 3] \\
-        [--tree LABEL=PATH ...] [--profile]
+        [--tree LABEL=PATH ...] [--device cpu --device cuda ...] [--profile]
 
 --tree: a checkout's src directory to time (e.g. a `git worktree` of an earlier commit);
-default: this tree's. --profile: one solve of the first tree under cProfile instead, its
+default: this tree's. --device: where the batched Cholesky solves run (each tree on each
+device; default cpu; the Gram and the neighbour choice stay on the host). --profile: one solve of the first tree under cProfile instead, its
 largest costs (cumulative seconds) printed.
 """
 
@@ -34,17 +35,27 @@ _, i = np.unique(df["item_id"].to_numpy(), return_inverse=True)
 x = sp.csr_matrix((np.ones(len(u), np.float32), (u, i)))
 x.data[:] = 1.0
 g = (x.T @ x).tocsr()
-cpu = torch.device("cpu")
-solve = lambda: neighbour_weights(None, 100.0, 0.33, 256, cpu, torch.float32, g, 0.02, 1024)
-if len(sys.argv) > 3:  # --profile
+dev = torch.device(sys.argv[3])
+solve = lambda: neighbour_weights(None, 100.0, 0.33, 256, dev, torch.float32, g, 0.02, 1024)
+if len(sys.argv) > 4:  # --profile
     import cProfile, pstats
-    cProfile.run("solve()", sys.argv[3])
-    pstats.Stats(sys.argv[3]).sort_stats("cumulative").print_stats(14)
+    cProfile.run("solve()", sys.argv[4])
+    pstats.Stats(sys.argv[4]).sort_stats("cumulative").print_stats(14)
     raise SystemExit
+if dev.type == "cuda":  # the device's start-up (context, kernels) is not the solve's
+    neighbour_weights(None, 100.0, 0.33, 256, dev, torch.float32, g[:2000, :2000].tocsr(), 0.02, 1024)
+    torch.cuda.synchronize()
 t = time.perf_counter()
 solve()
+if dev.type == "cuda":
+    torch.cuda.synchronize()
 print(json.dumps({"seconds": time.perf_counter() - t, "items": x.shape[1], "gram_nnz": g.nnz}))
 """
+
+
+def path(src: str) -> str:
+    """The tree's src first, then what PYTHONPATH already holds (packages installed aside)."""
+    return os.pathsep.join(p for p in (src, os.environ.get("PYTHONPATH", "")) if p)
 
 
 def main() -> None:
@@ -53,22 +64,28 @@ def main() -> None:
     ap.add_argument("--items", type=int, default=15000)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--tree", action="append", default=[], help="LABEL=SRC_DIR")
+    ap.add_argument("--device", action="append", default=[], help="cpu, cuda (repeatable)")
     ap.add_argument("--profile", action="store_true", help="one solve under cProfile")
     a = ap.parse_args()
     here = str(Path(__file__).resolve().parents[1] / "src")
     trees = [t.split("=", 1) for t in a.tree] or [["this tree", here]]
+    if a.device:  # each tree on each device, labelled so
+        trees = [[f"{label}, {d}", src, d] for label, src in trees for d in a.device]
+    else:
+        trees = [[label, src, "cpu"] for label, src in trees]
     if a.profile:
         with tempfile.TemporaryDirectory() as tmp:
-            env = {**os.environ, "PYTHONPATH": trees[0][1]}
-            cmd = [sys.executable, "-c", CHILD, str(a.users), str(a.items), f"{tmp}/solve.prof"]
+            env = {**os.environ, "PYTHONPATH": path(trees[0][1])}
+            cmd = [sys.executable, "-c", CHILD, str(a.users), str(a.items), trees[0][2]]
+            cmd.append(f"{tmp}/solve.prof")
             subprocess.run(cmd, env=env, check=True)
         return
-    times: dict[str, list[float]] = {label: [] for label, _ in trees}
+    times: dict[str, list[float]] = {label: [] for label, _, _ in trees}
     info = {}
     for _ in range(a.rounds):
-        for label, src in trees:
-            env = {**os.environ, "PYTHONPATH": src}
-            cmd = [sys.executable, "-c", CHILD, str(a.users), str(a.items)]
+        for label, src, dev in trees:
+            env = {**os.environ, "PYTHONPATH": path(src)}
+            cmd = [sys.executable, "-c", CHILD, str(a.users), str(a.items), dev]
             out = subprocess.run(cmd, env=env, check=True, capture_output=True, text=True)
             info = json.loads(out.stdout.strip().splitlines()[-1])
             times[label].append(info["seconds"])

@@ -174,6 +174,7 @@ CV = dict(selection="cv", popularity_grid=[0.0, 0.1, 0.25])
         ("edlae", "dense", {}),
         ("edlae", "sparse", {}),
         ("edlae", "dense", CV),  # lambda, p and beta chosen on validation + training-user folds
+        ("edlae", "sparse", CV),  # the same on folds, each fold's B by the sparse solver
         ("infae", None, {}),  # the closed-form autoencoder: its kernel solve on the device
     ],
 )
@@ -195,10 +196,12 @@ def test_linear_models_agree_with_the_cpu(ds, root, name, solver, extra):
     fits = [
         json.loads((r.run_dir / "metrics.jsonl").read_text().splitlines()[0]) for r in runs.values()
     ]
-    chosen = ("l2", "dropout", "popularity_exponent", "ridge")
+    chosen = ("l2", "dropout", "popularity_exponent", "ridge", "selection")
     picked = [{k: fit.get(k) for k in chosen} for fit in fits]
     print(name, solver, [ndcg(r) for r in runs.values()], picked)
     assert picked[0] == picked[1], "the GPU's search chose other settings"
+    if extra.get("selection") == "cv":
+        assert picked[1]["selection"] == "cv"
     assert ndcg(runs["dev"]) == pytest.approx(ndcg(runs["ref"]), abs=2e-3)
     a, b = (
         vaecf.Recommender.load(r.run_dir, device=dev).scores([[1, 2, 3, 40, 41]])[0]
