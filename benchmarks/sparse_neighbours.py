@@ -27,8 +27,9 @@ from vaecf.models.ease import _metrics_of, linear_weights
 from vaecf.models.neighbourhood import neighbour_weights, sparse_b_rows
 
 
-def popular_first(gram: sp.csr_matrix, k: int) -> tuple[np.ndarray, np.ndarray]:
-    """`neighbours_of` with ties of count broken by the more popular item, then the lower id."""
+def popular_first(gram: sp.csr_matrix, k: int, *_) -> tuple[np.ndarray, np.ndarray]:
+    """`neighbours_of` with ties of count broken by the more popular item, then the lower id
+    (every item's; the solver is run without a popular tier and with the count rank)."""
     n, diag = gram.shape[0], gram.diagonal()
     out, strongest = np.full((n, k), n, dtype=np.int64), np.arange(n)
     for j in range(n):

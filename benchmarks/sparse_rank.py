@@ -23,15 +23,18 @@ import vaecf.models.neighbourhood as nb
 from vaecf.data.matrix import CSR
 from vaecf.models.ease import _metrics_of, linear_weights
 
-COUNT_NEIGHBOURS = nb.neighbours_of
+PACKAGE_RANKS = nb.rank_weights
 
 
-def rank_weights(name: str, diag: np.ndarray, lam: np.ndarray) -> np.ndarray:
-    return {
-        "count": np.ones_like(diag),
-        "cosine": 1.0 / np.sqrt(np.maximum(diag, 1.0)),
-        "ridge": 1.0 / (diag + lam),
-    }[name]
+def ranks(a: argparse.Namespace):
+    """The package's ranks, and "ridge": 1 / (G_ii + Lambda_i) at the script's lambda, p."""
+
+    def rank_weights(name: str, diag: np.ndarray) -> np.ndarray:
+        if name == "ridge":
+            return 1.0 / (diag + a.l2 + a.p / (1 - a.p) * diag)
+        return PACKAGE_RANKS(name, diag)
+
+    return rank_weights
 
 
 def one_split(path: str, a: argparse.Namespace) -> dict:
@@ -40,25 +43,18 @@ def one_split(path: str, a: argparse.Namespace) -> dict:
     gram = (x.T @ x).tocsr()
     n = gram.shape[0]
     test = tuple(CSR.from_scipy(m) for m in test)
-    diag = gram.diagonal().astype(np.float64)
-    lam = a.l2 + a.p / (1 - a.p) * diag
     dense = linear_weights(torch.from_numpy(gram.toarray()), a.l2, a.p).float()
     out = {"dense": _metrics_of(dense, *test)["ndcg@100"]}
     del dense
     for name in a.rank.split(","):
-        scale = sp.diags(rank_weights(name, diag, lam))
-
-        def ranked(g, k, items=None, scale=scale):  # column i of G scaled by item i's weight
-            return COUNT_NEIGHBOURS((g @ scale).tocsr(), k, items)
-
-        nb.neighbours_of = ranked
+        nb.rank_weights = ranks(a)
         try:
             ip, ix, v = nb.neighbour_weights(
                 x, a.l2, a.p, a.k, torch.device("cpu"), gram=gram,
-                popular_share=a.popular_share, popular_k=1024,
+                popular_share=a.popular_share, popular_k=1024, rank=name,
             )  # fmt: skip
         finally:
-            nb.neighbours_of = COUNT_NEIGHBOURS
+            nb.rank_weights = PACKAGE_RANKS
         b = sp.csr_matrix((v.numpy(), ix.numpy(), ip.numpy()), shape=(n, n))
         out[name] = _metrics_of(torch.from_numpy(b.toarray()), *test)["ndcg@100"]
     return out

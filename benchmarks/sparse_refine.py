@@ -79,7 +79,7 @@ def main() -> None:
     t0 = time.perf_counter()
     nbrs = refined_neighbours(gram, b, lam, a.neighbours, a.swap)
     count_rule = nb.neighbours_of
-    nb.neighbours_of = lambda g, k: (nbrs, count_rule(g, k)[1])
+    nb.neighbours_of = lambda g, k, *_: (nbrs, count_rule(g, k)[1])
     try:
         b2 = nb.neighbour_weights(x, a.l2, a.p, a.neighbours, torch.device("cpu"), gram=gram)
     finally:

@@ -3,11 +3,13 @@ most popular items) on a synthetic Gram, for one or more source trees side by si
 its own process, in turn, `--rounds` times; the median is printed).
 
     python benchmarks/sparse_solve_time.py [--users 60000] [--items 15000] [--rounds 3] \\
-        [--tree LABEL=PATH ...] [--device cpu --device cuda ...] [--profile]
+        [--tree LABEL=PATH ...] [--device cpu --device cuda ...] [--rank count] [--profile]
 
 --tree: a checkout's src directory to time (e.g. a `git worktree` of an earlier commit);
-default: this tree's. --device: where the batched Cholesky solves run (each tree on each
-device; default cpu; the Gram and the neighbour choice stay on the host). --profile: one solve of the first tree under cProfile instead, its
+default: this tree's. --device: where the batched Cholesky solves run (default cpu; the
+Gram and the neighbour choice stay on the host). --rank: the neighbour rank (default count,
+which a tree from before the rank existed also solves with). Each tree is timed on each
+device with each rank. --profile: one solve of the first tree under cProfile instead, its
 largest costs (cumulative seconds) printed.
 """
 
@@ -35,15 +37,17 @@ _, i = np.unique(df["item_id"].to_numpy(), return_inverse=True)
 x = sp.csr_matrix((np.ones(len(u), np.float32), (u, i)))
 x.data[:] = 1.0
 g = (x.T @ x).tocsr()
-dev = torch.device(sys.argv[3])
-solve = lambda: neighbour_weights(None, 100.0, 0.33, 256, dev, torch.float32, g, 0.02, 1024)
-if len(sys.argv) > 4:  # --profile
+dev, rank = torch.device(sys.argv[3]), sys.argv[4]
+kw = {} if rank == "count" else {"rank": rank}
+solve = lambda: neighbour_weights(None, 100.0, 0.33, 256, dev, torch.float32, g, 0.02, 1024, **kw)
+if len(sys.argv) > 5:  # --profile
     import cProfile, pstats
-    cProfile.run("solve()", sys.argv[4])
-    pstats.Stats(sys.argv[4]).sort_stats("cumulative").print_stats(14)
+    cProfile.run("solve()", sys.argv[5])
+    pstats.Stats(sys.argv[5]).sort_stats("cumulative").print_stats(14)
     raise SystemExit
 if dev.type == "cuda":  # the device's start-up (context, kernels) is not the solve's
-    neighbour_weights(None, 100.0, 0.33, 256, dev, torch.float32, g[:2000, :2000].tocsr(), 0.02, 1024)
+    head = g[:2000, :2000].tocsr()
+    neighbour_weights(None, 100.0, 0.33, 256, dev, torch.float32, head, 0.02, 1024, **kw)
     torch.cuda.synchronize()
 t = time.perf_counter()
 solve()
@@ -65,27 +69,31 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--tree", action="append", default=[], help="LABEL=SRC_DIR")
     ap.add_argument("--device", action="append", default=[], help="cpu, cuda (repeatable)")
+    ap.add_argument("--rank", action="append", default=[], help="count, cosine (repeatable)")
     ap.add_argument("--profile", action="store_true", help="one solve under cProfile")
     a = ap.parse_args()
     here = str(Path(__file__).resolve().parents[1] / "src")
     trees = [t.split("=", 1) for t in a.tree] or [["this tree", here]]
-    if a.device:  # each tree on each device, labelled so
-        trees = [[f"{label}, {d}", src, d] for label, src in trees for d in a.device]
-    else:
-        trees = [[label, src, "cpu"] for label, src in trees]
+    runs = [  # each tree on each device with each rank, labelled by what is given
+        [", ".join([label, *([d] if a.device else []), *([r] if a.rank else [])]), src, d, r]
+        for label, src in trees
+        for d in a.device or ["cpu"]
+        for r in a.rank or ["count"]
+    ]
     if a.profile:
         with tempfile.TemporaryDirectory() as tmp:
-            env = {**os.environ, "PYTHONPATH": path(trees[0][1])}
-            cmd = [sys.executable, "-c", CHILD, str(a.users), str(a.items), trees[0][2]]
+            _, src, dev, rank = runs[0]
+            env = {**os.environ, "PYTHONPATH": path(src)}
+            cmd = [sys.executable, "-c", CHILD, str(a.users), str(a.items), dev, rank]
             cmd.append(f"{tmp}/solve.prof")
             subprocess.run(cmd, env=env, check=True)
         return
-    times: dict[str, list[float]] = {label: [] for label, _, _ in trees}
+    times: dict[str, list[float]] = {run[0]: [] for run in runs}
     info = {}
     for _ in range(a.rounds):
-        for label, src, dev in trees:
+        for label, src, dev, rank in runs:
             env = {**os.environ, "PYTHONPATH": path(src)}
-            cmd = [sys.executable, "-c", CHILD, str(a.users), str(a.items), dev]
+            cmd = [sys.executable, "-c", CHILD, str(a.users), str(a.items), dev, rank]
             out = subprocess.run(cmd, env=env, check=True, capture_output=True, text=True)
             info = json.loads(out.stdout.strip().splitlines()[-1])
             times[label].append(info["seconds"])

@@ -23,7 +23,12 @@ from vaecf.errors import ConfigError
 from vaecf.evaluate import evaluate_model
 from vaecf.models.ease import _metrics_of, cv_folds
 from vaecf.models.multvae import auto_batch_size, scaled_anneal_steps
-from vaecf.models.neighbourhood import neighbour_weights, popular_tier
+from vaecf.models.neighbourhood import (
+    neighbour_weights,
+    neighbours_of,
+    popular_tier,
+    rank_weights,
+)
 from vaecf.trainer import resolve_config
 
 # every model fitted on its own (auto and blend are selections of these: tests/test_auto.py)
@@ -555,6 +560,23 @@ def test_popular_items_get_wider_neighbourhoods():
     assert (np.count_nonzero(mixed[:, top], axis=0) > 8).all()
 
 
+def test_neighbour_rank_cosine_lets_specific_rarer_items_in():
+    """Item 0 co-occurs 10 times with item 1 (seen 100 times) and 4 times with item 2 (seen 4
+    times, always with 0): by count 1 is its neighbour, by cosine (10/10 < 4/2) it is 2; and
+    the solve's column 0 is the ridge regression on the chosen neighbour alone."""
+    g = sp.csr_matrix(np.array([[20.0, 10, 4], [10, 100, 0], [4, 0, 4]]))
+    by_count = neighbours_of(g, 1, weight=rank_weights("count", g.diagonal()))[0]
+    by_cosine = neighbours_of(g, 1, weight=rank_weights("cosine", g.diagonal()))[0]
+    assert by_count[0].tolist() == [1] and by_cosine[0].tolist() == [2]
+    for rank, i in (("count", 1), ("cosine", 2)):
+        ip, ix, v = neighbour_weights(None, 3.0, 0.0, 1, torch.device("cpu"), gram=g, rank=rank)
+        b = sp.csr_matrix((v.numpy(), ix.numpy(), ip.numpy()), shape=(3, 3)).toarray()
+        assert b[i, 0] == pytest.approx(g[i, 0] / (g[i, i] + 3.0), rel=1e-6)
+        assert b[3 - i, 0] == 0.0
+    with pytest.raises(ValueError, match="unknown neighbour rank"):
+        rank_weights("jaccard", g.diagonal())
+
+
 def test_auto_solver_goes_sparse_where_dense_does_not_fit(ds, monkeypatch):
     from vaecf.models import ease
 
@@ -566,6 +588,7 @@ def test_auto_solver_goes_sparse_where_dense_does_not_fit(ds, monkeypatch):
     wide = int(0.02 * n) * (n - 1 - 10)  # the popular tier's columns (1024 > n - 1 here)
     assert record["solver"] == "sparse" and record["nnz"] <= n * 10 + wide
     assert record["popular_share"] == 0.02 and record["popular_neighbours"] == 1024
+    assert record["neighbour_rank"] == "cosine"
     monkeypatch.setattr(ease, "available_bytes", lambda device: 10**6)
     with pytest.raises(vaecf.RunError, match=r"sparse solver on .* needs about .* GiB") as e:
         models.build("ease", n, {"l2": 30.0}).fit(x)  # neither fits: refused with figures

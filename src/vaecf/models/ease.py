@@ -412,7 +412,8 @@ class EASE(Model):
 
         metrics = metrics_with(select_metric)
 
-        k, wide = cfg.neighbours, (cfg.popular_share, cfg.popular_neighbours)
+        k = cfg.neighbours
+        opts = (cfg.popular_share, cfg.popular_neighbours, cfg.neighbour_rank)
         kept: list = []  # the sparse solver's B of the point last scored
 
         def dense_solve(g, l2: float, p: float):
@@ -425,7 +426,7 @@ class EASE(Model):
 
             def solve(part):
                 g = g0 if part is None else (g0 + part).tocsr()
-                parts = neighbour_weights(x, l2, p, k, device, dtype, g, *wide)
+                parts = neighbour_weights(x, l2, p, k, device, dtype, g, *opts)
                 if part is None:
                     kept[:] = [parts]
                 return lambda t: sparse_b_rows(*parts, t, self.n_items)
@@ -508,7 +509,7 @@ class EASE(Model):
                         best = (r["value"], l2, p, r["popularity_exponent"], kept[:1] or None)
                 continue
             if solver == "sparse":
-                self._set_sparse(neighbour_weights(x, l2, p, k, device, dtype, gram_sp, *wide))
+                self._set_sparse(neighbour_weights(x, l2, p, k, device, dtype, gram_sp, *opts))
                 self.b_values.mul_(_penalty(diag, betas[0]).to(device)[self.b_indices])
             else:
                 self.weight = torch.empty(0, device=device)  # the last B goes before the next
@@ -552,6 +553,7 @@ class EASE(Model):
                     "neighbours": cfg.neighbours,
                     "popular_share": cfg.popular_share,
                     "popular_neighbours": cfg.popular_neighbours,
+                    "neighbour_rank": cfg.neighbour_rank,
                     "nnz": int(self.b_values.numel()),
                 }
                 if self.sparse
