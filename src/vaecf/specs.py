@@ -163,7 +163,7 @@ class EASEConfig:
     solver: Literal["auto", "dense", "sparse"] = setting(
         "auto",
         "dense: the exact n_items^2 solve; sparse: each item's column of B solved over its "
-        "--neighbours most co-occurring items (no n_items^2 array; for large catalogues); "
+        "--neighbours nearest items (no n_items^2 array; for large catalogues); "
         "auto: dense where its arrays fit the device's free memory, else sparse",
     )
     neighbours: int = setting(

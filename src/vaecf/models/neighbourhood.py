@@ -3,7 +3,8 @@
 EASE's column j is the ridge regression of item j's column of X on every other item's (its
 zero-diagonal constraint is exactly that), and EDLAE's the same with a per-item ridge
 Lambda_i = lambda + p/(1-p) G_ii. The sparse solver restricts item j's regression to its
-`neighbours` items of highest co-occurrence G_ij (a neighbourhood-restricted EASE):
+`neighbours` nearest items N_j, by cosine G_ij / sqrt(G_ii) or by the count G_ij
+(`rank_weights`; a neighbourhood-restricted EASE):
 
     b_j = (G[N_j, N_j] + diagMat(Lambda[N_j]))^-1 G[N_j, j],   B[N_j, j] = b_j,
 
