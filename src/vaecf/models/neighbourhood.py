@@ -141,7 +141,8 @@ def neighbour_weights(
     be given to reuse it across a search. The systems are solved in `dtype`. The columns of
     the `popular_share` most popular items are solved over `popular_k` neighbours instead of
     k: they are the most often recommended, and co-occur with the most items. `rank`: which
-    items are neighbours (`rank_weights`)."""
+    items are neighbours (`rank_weights`; "count" here, as the benchmarks' earlier figures
+    were solved, while the models' `neighbour_rank` setting defaults to "cosine")."""
     if gram is None:
         gram = (x.T @ x).tocsr()
     gram.sort_indices()
