@@ -28,19 +28,26 @@ from vaecf.models.ease import _beta_metrics, cv_folds, linear_weights
 from vaecf.models.neighbourhood import neighbour_weights, sparse_b_rows
 
 
-def one_split(path: str, p: float, l2s, betas, gammas) -> dict:
-    """(variant, beta, lambda) -> (NDCG@100 sum, users) over the split's folds."""
+def fold_grams(path: str):
+    """The split's 5 folds as `--selection cv` draws them: each fold's Gram (X^T X of every
+    row, the fold's users' rows cut to their fold-in items; CSR, sorted), its diagonal, and
+    the fold's (fold-in, target) rows."""
     ds = PreparedDataset(path)
     train = ds.split("train").astype(np.float32).tocsr()
     rows = [train, ds.split("validation_tr"), ds.split("test_tr")]
     x = sp.vstack(rows).tocsr().astype(np.float32)
     gram = (x.T @ x).tocsr()
-    out: dict = {}
     for delta, f_in, f_te in cv_folds(train, 5, np.float32, 0):
         g = (gram + delta).tocsr()
         g.sort_indices()
-        n, diag = g.shape[0], torch.from_numpy(g.diagonal())
-        fold = (CSR.from_scipy(f_in), CSR.from_scipy(f_te))
+        yield g, torch.from_numpy(g.diagonal()), (CSR.from_scipy(f_in), CSR.from_scipy(f_te))
+
+
+def one_split(path: str, p: float, l2s, betas, gammas) -> dict:
+    """(variant, beta, lambda) -> (NDCG@100 sum, users) over the split's folds."""
+    out: dict = {}
+    for g, diag, fold in fold_grams(path):
+        n = g.shape[0]
         off = g.copy()
         off.setdiag(0)
         off.eliminate_zeros()

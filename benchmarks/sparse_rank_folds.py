@@ -17,14 +17,12 @@ from __future__ import annotations
 import argparse
 
 import numpy as np
-import scipy.sparse as sp
 import torch
 from linear_select_cv import floats
+from sparse_calibrate import fold_grams
 
 import vaecf.models.neighbourhood as nb
-from vaecf.data.matrix import CSR
-from vaecf.data.prepare import PreparedDataset
-from vaecf.models.ease import _beta_metrics, cv_folds, linear_weights
+from vaecf.models.ease import _beta_metrics, linear_weights
 
 PACKAGE_RANKS = nb.rank_weights
 
@@ -38,16 +36,9 @@ def main() -> None:
     ap.add_argument("--rank", default="count,cosine")
     a = ap.parse_args()
     l2s, betas, ranks = floats(a.l2), floats(a.betas), a.rank.split(",")
-    ds = PreparedDataset(a.data)
-    train = ds.split("train").astype(np.float32).tocsr()
-    x = sp.vstack([train, ds.split("validation_tr"), ds.split("test_tr")]).tocsr()
-    gram = (x.astype(np.float32).T @ x.astype(np.float32)).tocsr()
     sums: dict = {}
-    for delta, f_in, f_te in cv_folds(train, 5, np.float32, 0):
-        g = (gram + delta).tocsr()
-        g.sort_indices()
-        n, diag = g.shape[0], torch.from_numpy(g.diagonal())
-        fold = (CSR.from_scipy(f_in), CSR.from_scipy(f_te))
+    for g, diag, fold in fold_grams(a.data):
+        n = g.shape[0]
         for l2 in l2s:
             lam = l2 + a.p / (1 - a.p) * g.diagonal().astype(np.float64)
             dense = linear_weights(torch.from_numpy(g.toarray()), l2, a.p).float()
