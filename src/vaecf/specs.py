@@ -178,10 +178,10 @@ class EASEConfig:
     popular_neighbours: int = setting(1024, "items per column of B for --popular-share")
     neighbour_rank: Literal["count", "cosine"] = setting(
         "cosine",
-        "the sparse solver: an item j's neighbours are the items i of largest count: "
-        "co-occurrence G_ij; cosine: G_ij / sqrt(G_ii), the norm of X_i b_ij for i's "
-        "coefficient b_ij = G_ij / G_ii were it j's only neighbour (less popular but more "
-        "specific items come in)",
+        "the sparse solver's choice of an item j's neighbours: cosine: the items i of largest "
+        "G_ij / sqrt(G_ii), how far i alone moves j's scores (specific, less popular items "
+        "come in); count: of largest co-occurrence G_ij (mostly the popular items; a faster "
+        "solve)",
     )
     popularity_exponent: float = setting(0.0, POPULARITY_HELP)
     popularity_grid: list[float] = setting(
