@@ -28,8 +28,8 @@ from vaecf.errors import RunError
 
 # a block's neighbourhoods' union at most this many items (dense G on it): building G[span,
 # span] scans the span's rows of G, so a span much wider than the block's own neighbourhoods
-# costs more than it saves (cosine neighbourhoods overlap less than the counts' did: 8,192
-# took 70 s for one 15,000-item solve, 2,048 44 s; the counts' 21 and 20 s)
+# costs more than it saves (one 15,000-item solve: 8,192 22.7 s by cosine, 19.4 s by count;
+# 2,048 19.8 s and 18.7 s)
 BLOCK_UNION = 2048
 BLOCK_SYSTEM_BYTES = 2**28  # a block's (items x k x k) systems: at most this many bytes
 
@@ -65,8 +65,8 @@ def neighbours_of(
 ) -> tuple[np.ndarray, np.ndarray]:
     """(len(items), k) each of `items`' (default: all) k other items of highest G_ij
     weight_i (`rank_weights`; default the count G_ij; ties: lower index first; in index
-    order, padded with n_items where an item co-occurs with fewer), and each one's strongest
-    (itself where it co-occurs with none)."""
+    order, padded with n_items where an item co-occurs with fewer), and each one's most
+    co-occurring item, whatever the rank (itself where it co-occurs with none)."""
     n = gram.shape[0]
     items = np.arange(n) if items is None else items
     out = np.full((len(items), k), n, dtype=np.int64)
@@ -77,8 +77,8 @@ def neighbours_of(
         keep = cols != j
         cols, vals = cols[keep], vals[keep]
         if len(cols):
+            strongest[r] = cols[np.argmax(vals)]  # the first of the largest: lowest index
             order = np.lexsort((cols, -(vals if weight is None else vals * weight[cols])))[:k]
-            strongest[r] = cols[order[0]]
             cols = cols[order]
         out[r, : len(cols)] = np.sort(cols)
     return out, strongest
@@ -159,8 +159,10 @@ def neighbour_weights(
         if not len(group):
             continue
         nbrs, strongest = neighbours_of(gram, kk, group, weight)  # (len(group), kk), padded n
-        # items that share their strongest neighbour share much of their neighbourhoods: in
-        # that order, a block's span covers more items, and fewer of G's rows are gathered
+        # items that share their most co-occurring item share much of their neighbourhoods
+        # (by either rank; ordered by cosine's first neighbour instead, a 15,000-item solve
+        # took 2.2x as long): in that order a block's span covers more items, and fewer of
+        # G's rows are gathered
         order = np.lexsort((group, strongest))
         max_items = max(1, BLOCK_SYSTEM_BYTES // (8 * kk * kk))
         for rows, span in _blocks(group, nbrs, order, BLOCK_UNION, max_items, n):
