@@ -180,8 +180,7 @@ class EASEConfig:
         "cosine",
         "the sparse solver's choice of an item j's neighbours: cosine: the items i of largest "
         "G_ij / sqrt(G_ii), how far i alone moves j's scores (specific, less popular items "
-        "come in); count: of largest co-occurrence G_ij (mostly the popular items; a faster "
-        "solve)",
+        "come in); count: of largest co-occurrence G_ij (mostly the popular items)",
     )
     popularity_exponent: float = setting(0.0, POPULARITY_HELP)
     popularity_grid: list[float] = setting(

@@ -27,9 +27,8 @@ from vaecf.data.matrix import SparseBatch
 from vaecf.errors import RunError
 
 # a block's neighbourhoods' union at most this many items (dense G on it): building G[span,
-# span] scans the span's rows of G, so a span much wider than the block's own neighbourhoods
-# costs more than it saves (one 15,000-item solve: 8,192 22.7 s by cosine, 19.4 s by count;
-# 2,048 19.8 s and 18.7 s)
+# span] scans the span's rows of G, so a span much wider than its items' own neighbourhoods
+# costs more than it saves (benchmarks/README.md, "A 60,000-item catalogue")
 BLOCK_UNION = 2048
 BLOCK_SYSTEM_BYTES = 2**28  # a block's (items x k x k) systems: at most this many bytes
 
