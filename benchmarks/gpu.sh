@@ -9,10 +9,8 @@
 # bench: training users/s beside the dense-input PyTorch reference on the same GPU (ML-20M
 #        shape, batch 500, every precision), RecVAE's step, and inference latency/throughput;
 # items: Mult-VAE and RecVAE training at 100,000 and 500,000 items (users/s, peak GPU memory);
-# graphs: the CUDA-graph probe (eager vs graph steps) and 20 ML-20M epochs with and without
-#        graphs (run_time.py --variant);
-# recvae: RecVAE's step eager and as one graph per phase (embedding_bag or gather first layer),
-#        and 5 ML-20M epochs of RecVAE with and without graphs;
+# graphs: 20 ML-20M epochs with and without CUDA graphs (run_time.py --variant);
+# recvae: 5 ML-20M epochs of RecVAE with and without graphs;
 # run:   the paper's whole ML-20M run (synthetic ML-20M shape, 200 epochs) at bf16;
 # suite: core test files with the GPU visible (`auto` devices pick it); give it a call of its own.
 # Logs and tables go to OUTDIR; run from the repository root.
@@ -45,14 +43,10 @@ for part in $parts; do
         done | tee "$out/bench_infer.txt"
         ;;
     graphs)
-        timeout 120 $py benchmarks/cuda_graph_probe.py --precision fp32 --precision bf16 2>&1 |
-            tee "$out/graph_probe.txt"
         timeout 200 $py benchmarks/run_time.py --datasets ml-20m --device cuda --precision bf16 \
             --epochs 20 --variant "eager=--cuda-graphs false" 2>&1 | tee "$out/run_graphs.txt"
         ;;
     recvae)
-        timeout 150 $py benchmarks/cuda_graph_probe.py --model recvae --precision fp32 \
-            --precision tf32 --precision bf16 --steps 20 --rounds 2 2>&1 | tee "$out/recvae_probe.txt"
         timeout 300 $py benchmarks/run_time.py --datasets ml-20m --device cuda --precision bf16 \
             --epochs 5 --variant "rv-eager=--model recvae --cuda-graphs false" \
             --variant "rv-graph=--model recvae" 2>&1 | tee "$out/run_recvae.txt"
