@@ -21,7 +21,7 @@ from vaecf.data import synthetic
 from vaecf.data.matrix import CSR
 from vaecf.errors import ConfigError
 from vaecf.evaluate import evaluate_model
-from vaecf.models.ease import _metrics_of, cv_folds
+from vaecf.models.linear import cv_folds, metrics_of
 from vaecf.models.multvae import auto_batch_size, scaled_anneal_steps
 from vaecf.models.neighbourhood import (
     neighbour_weights,
@@ -285,7 +285,7 @@ def test_cv_selection_with_few_or_no_foldable_users():
         x = sp.csr_matrix((rng.random((30, 20)) < density).astype(np.float32))
         assert (np.diff(x.indptr) >= 5).sum() == folds  # this draw's users with 5+ items
         rec = models.build("edlae", 20, cfg).fit(
-            x, validate=lambda m: _metrics_of(m.weight, *vc), validation=val
+            x, validate=lambda m: metrics_of(m.weight, *vc), validation=val
         )
         assert rec["selection"] == ("cv" if folds else "validation")
         assert rec.get("cv_folds", 0) == folds
@@ -312,7 +312,7 @@ def test_cv_selection_pools_folds_and_validation_against_numpy(ds, repeats):
     }
     model = models.build("edlae", ds.n_items, cfg)
     vc = tuple(CSR.from_scipy(m) for m in val)
-    rec = model.fit(train, validate=lambda m: _metrics_of(m.weight, *vc), validation=val)
+    rec = model.fit(train, validate=lambda m: metrics_of(m.weight, *vc), validation=val)
     assert rec["selection"] == "cv" and rec["cv_folds"] == 3 * repeats
     x = train.toarray()
     g = x.T @ x
@@ -348,7 +348,7 @@ def test_cv_selection_pools_folds_and_validation_against_numpy(ds, repeats):
     # beta is searched without cv too (validation alone), and the grid records every beta
     cfg.pop("selection")
     rec = models.build("edlae", ds.n_items, cfg).fit(
-        train, validate=lambda m: _metrics_of(m.weight, *vc), validation=val
+        train, validate=lambda m: metrics_of(m.weight, *vc), validation=val
     )
     assert rec["selection"] == "validation" and "cv" not in rec["grid"][0]
     assert {r["popularity_exponent"] for r in rec["grid"]} == {0.0, 0.5}
@@ -609,7 +609,7 @@ def test_auto_solver_goes_sparse_where_dense_does_not_fit(ds, monkeypatch):
 
 
 def test_ease_refuses_what_does_not_fit_before_allocating_with_advice_that_helps(monkeypatch):
-    from vaecf.models import ease
+    from vaecf.models import linear
 
     n = 2000
     model = models.build("ease", n, {"l2": 10.0, "solver": "dense"})
@@ -617,12 +617,12 @@ def test_ease_refuses_what_does_not_fit_before_allocating_with_advice_that_helps
     rows = [u for j in range(n) for u in range(j // 10)]
     cols = [j for j in range(n) for _ in range(j // 10)]
     x = sp.csr_matrix((np.ones(len(rows), np.float32), (rows, cols)), shape=(200, n))
-    free = ease.linear_bytes(500, torch.float32, False)  # room for 500 items' arrays
-    monkeypatch.setattr(ease, "available_bytes", lambda device: free)
+    free = linear.linear_bytes(500, torch.float32, False)  # room for 500 items' arrays
+    monkeypatch.setattr(linear, "available_bytes", lambda device: free)
     with pytest.raises(vaecf.RunError) as e:
         model.fit(x)
     msg = str(e.value)
-    assert f"needs about {ease.linear_bytes(n, torch.float32, False) / 2**30:.1f} GiB" in msg
+    assert f"needs about {linear.linear_bytes(n, torch.float32, False) / 2**30:.1f} GiB" in msg
     assert "keep the 500 items with at least 150 users" in msg and "--min-item-users 150" in msg
     assert "float32" not in msg.split("free;")[1]  # already float32: no such advice
     assert model.weight.numel() == 0  # the placeholder went first; nothing large was made
@@ -630,7 +630,7 @@ def test_ease_refuses_what_does_not_fit_before_allocating_with_advice_that_helps
     with pytest.raises(vaecf.RunError, match=r"solve in float32"):
         model.fit(x)
     searching = models.build("ease", n, {"l2_grid": [1.0, 10.0], "solver": "dense"})
-    monkeypatch.setattr(ease, "available_bytes", lambda device: free * 16 + 1)  # one solve fits
+    monkeypatch.setattr(linear, "available_bytes", lambda device: free * 16 + 1)  # one solve fits
     with pytest.raises(vaecf.RunError, match=r"give --l2 \(one solve needs"):
         searching.fit(x, validate=lambda m: {})
 

@@ -21,8 +21,9 @@ from torch import nn
 from vaecf import specs
 from vaecf.data.matrix import CSR, SparseBatch
 from vaecf.models.base import Phase
-from vaecf.models.ease import EDLAE, _metrics_of, _sparse_rows
+from vaecf.models.ease import EDLAE
 from vaecf.models.fused import linear_multinomial_nll
+from vaecf.models.linear import metrics_of, sparse_rows
 from vaecf.models.recvae import RecVAE
 from vaecf.specs import HybridConfig  # noqa: F401 (its home was here)
 
@@ -54,7 +55,7 @@ class RecVAEEDLAE(RecVAE):
         linear = linear.to(self.shallow.device)
         val = tuple(CSR.from_scipy(m, self.shallow.device) for m in validation)
         record = linear.fit(
-            train, validate=lambda m: _metrics_of(m.weight, *val), validation=validation
+            train, validate=lambda m: metrics_of(m.weight, *val), validation=validation
         )
         with torch.no_grad():
             self.shallow.copy_(linear.weight)
@@ -77,7 +78,7 @@ class RecVAEEDLAE(RecVAE):
         softmax(alpha x B) on (up to `n_users` of) the training users."""
         x = CSR.from_scipy(train.tocsr()[:n_users], self.shallow.device)
         batch = x.batch(torch.arange(x.n_rows, device=self.shallow.device))
-        s = _sparse_rows(self.shallow, batch)  # (B, n_items)
+        s = sparse_rows(self.shallow, batch)  # (B, n_items)
         picked = s[batch.row_ids, batch.indices] * batch.values
         best = None
         for a in ALPHA_GRID:
@@ -95,7 +96,7 @@ class RecVAEEDLAE(RecVAE):
         return groups
 
     def _offset(self, batch: SparseBatch, alpha: torch.Tensor, shallow: torch.Tensor):
-        s = _sparse_rows(shallow, batch)  # (B, n_items)
+        s = sparse_rows(shallow, batch)  # (B, n_items)
         if self.config.train_linear:  # B's diagonal is trained away: take it back out
             own = batch.values.to(s.dtype) * shallow.diagonal()[batch.indices]
             s = s.index_put((batch.row_ids, batch.indices), -own, accumulate=True)

@@ -1,0 +1,157 @@
+"""The linear models' search over (lambda, p, beta): what one point of it costs and scores.
+
+Unset lambda (and p) are chosen on validation. The default `fast` search scores the whole grid
+on the `coarse_items` most popular items (an n^3 solve there is ~(n_items / coarse_items)^3
+cheaper), then solves the full catalogue twice: at the coarse best, and half a grid step from
+it toward its better coarse neighbour (at a grid edge: outward); `grid` solves the full
+catalogue at every grid point. Under `--selection cv` every point is also scored on folds of
+the training users (`linear.cv_folds`), and the selection compares the pooled figure.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import scipy.sparse as sp
+import torch
+
+from vaecf.models.linear import beta_metrics, csr_on, linear_weights, pooled, restrict
+from vaecf.models.neighbourhood import dense_block, neighbour_weights, sparse_b_rows
+
+REFINE_STEP = 10**0.25  # the fast search's step around the coarse best: half a grid step
+
+
+@dataclass
+class Search:
+    """What every point of one fit's search shares: the rows B is fitted on `x`, their sparse
+    Gram (and its dense copy for the dense solver), the validation split, the folds, the
+    penalties to try, and how each B is solved."""
+
+    x: sp.csr_matrix
+    gram_sp: sp.csr_matrix
+    gram: torch.Tensor | None
+    validation: tuple[sp.csr_matrix, sp.csr_matrix] | None
+    folds: list
+    betas: list[float]
+    metrics: tuple[str, ...]
+    select_metric: str
+    device: torch.device
+    dtype: torch.dtype
+    emphasis: str
+    sparse_opts: tuple  # neighbours, popular_share, popular_neighbours, neighbour_rank
+    log: Callable[[str], None] | None = None
+    title: str = ""
+    tried: list[dict] = field(default_factory=list)
+    kept: list = field(default_factory=list)  # the sparse solver's B of the point last scored
+
+    def __post_init__(self) -> None:
+        self.diag = torch.from_numpy(self.gram_sp.diagonal())  # each item's count
+
+    def view(self, cols=None):
+        """What scoring on the items `cols` (None: all) needs, made once per stage: their
+        counts, the validation split and each fold's (Gram correction, counts, fold-in,
+        target) restricted to them."""
+        d = self.diag if cols is None else self.diag[cols]
+        val = [csr_on(m, cols, self.device) for m in self.validation]
+        views = []
+        for delta, f_in, f_te in self.folds:
+            part = restrict(delta, cols)
+            df = d + torch.from_numpy(part.diagonal()).to(d)
+            views.append((part, df, *(csr_on(m, cols, self.device) for m in (f_in, f_te))))
+        return d, val, views
+
+    def dense_solve(self, g: torch.Tensor, l2: float, p: float):
+        """B (dense) from Gram `g` with a fold's correction `part` (None: as it is)."""
+        return lambda part: linear_weights(g, l2, p, self.emphasis, part).float()
+
+    def sparse_solve(self, l2: float, p: float):
+        """X B's rows from the sparse solver's B on the Gram with a fold's correction (None:
+        as it is, and that B kept)."""
+        n_items = self.gram_sp.shape[0]
+
+        def solve(part):
+            g = self.gram_sp if part is None else (self.gram_sp + part).tocsr()
+            k, *opts = self.sparse_opts
+            parts = neighbour_weights(self.x, l2, p, k, self.device, self.dtype, g, *opts)
+            if part is None:
+                self.kept[:] = [parts]
+            return lambda t: sparse_b_rows(*parts, t, n_items)
+
+        return solve
+
+    def point(self, solve, view, l2: float, p: float) -> list[dict]:
+        """Per beta: the validation (and cv) metrics of (lambda, p), B made by
+        `solve(fold correction)`, on its stage's `view`, and the value the selection compares.
+        One B at a time."""
+        d, val, views = view
+        got = beta_metrics(solve(None), d, self.betas, *val, self.metrics)
+        rows = [{"validation": m} for m in got]
+        per_fold = [
+            beta_metrics(solve(part), df, self.betas, f_in, f_te, self.metrics)
+            for part, df, f_in, f_te in views
+        ]
+        for i, (beta, row) in enumerate(zip(self.betas, rows)):
+            row.update(l2=l2, dropout=p, popularity_exponent=beta)
+            parts = [row["validation"]]
+            if per_fold:
+                row["cv"] = pooled([f[i] for f in per_fold])
+                parts.append(row["cv"])
+            row["value"] = pooled(parts)[self.select_metric]
+        return rows
+
+    def note(self, row: dict) -> None:
+        self.tried.append(row)
+        if self.log and "validation" in row:
+            metric = self.select_metric
+            cvm = f", cv {row['cv'][metric]:.4f}" if "cv" in row else ""
+            self.log(
+                f"{self.title} {row['stage']} ({row['n_items']:,} items) lambda "
+                f"{row['l2']:g} p {row['dropout']:g} beta {row['popularity_exponent']:g}: "
+                f"{metric} {row['validation'][metric]:.4f}{cvm}"
+            )
+
+    def coarse(self, l2s: list[float], dropouts: list[float], n_coarse: int, refine: bool):
+        """The whole grid on the `n_coarse` most popular items (their own sub-problem); the
+        (lambda, p) points the full catalogue then solves: the coarse best and, with `refine`,
+        half a grid step toward its better coarse neighbour."""
+        cols = torch.topk(self.diag, n_coarse).indices.sort().values.numpy()
+        sub = torch.from_numpy(dense_block(self.gram_sp, cols))
+        sub = sub.to(device=self.device, dtype=self.dtype)
+        view = self.view(cols)
+        curve: dict[tuple[float, float, float], float] = {}
+        for l2, p in [(l2, p) for p in dropouts for l2 in l2s]:
+            t1 = time.perf_counter()
+            rows = self.point(self.dense_solve(sub, l2, p), view, l2, p)
+            for row in rows:
+                seconds = round((time.perf_counter() - t1) / len(rows), 3)
+                self.note({"stage": "coarse", "n_items": len(cols), **row, "seconds": seconds})
+                curve[(l2, p, row["popularity_exponent"])] = row["value"]
+        del sub
+        # the first of equals: the smaller lambda, p and beta
+        l2, p, beta = max(curve, key=curve.get)
+        full = [(l2, p)]
+        if refine:  # half a grid step toward the better coarse neighbour
+            i = l2s.index(l2)
+            down = curve[(l2s[i - 1], p, beta)] if i > 0 else math.inf
+            up = curve[(l2s[i + 1], p, beta)] if i + 1 < len(l2s) else math.inf
+            full.append((l2 / REFINE_STEP if down >= up else l2 * REFINE_STEP, p))
+        return full
+
+    def scored(self, full: list[tuple[float, float]], n_items: int, sparse: bool):
+        """The full catalogue's points scored by the search itself (several betas, or folds):
+        (value, lambda, p, beta, the sparse B kept unpenalised or None: a dense B is solved
+        again) of the best."""
+        view, best = self.view(None), None
+        for l2, p in full:
+            t1 = time.perf_counter()
+            row = {"stage": "full", "n_items": n_items, "l2": l2, "dropout": p}
+            solve = self.sparse_solve(l2, p) if sparse else self.dense_solve(self.gram, l2, p)
+            for r in self.point(solve, view, l2, p):
+                self.note({**row, **r, "seconds": round(time.perf_counter() - t1, 3)})
+                if best is None or r["value"] > best[0]:
+                    best = (r["value"], l2, p, r["popularity_exponent"], self.kept[:1] or None)
+        self.kept.clear()
+        return best
