@@ -14,14 +14,14 @@ from typing import Literal
 
 from vaecf.data.prepare import PrepareSettings
 from vaecf.errors import ConfigError
-from vaecf.settings import setting, validate_fields
+from vaecf.settings import Compute, setting, validate_fields
 from vaecf.specs import ANNEAL_SETTINGS, GRADIENT_SETTINGS, ModelConfig
-
-Precision = Literal["auto", "fp32", "tf32", "bf16", "fp16"]
 
 
 @dataclass
-class TrainConfig:
+class TrainConfig(Compute):
+    """How a model trains (its device and precision: `Compute`, shared with other verbs)."""
+
     preset: Literal["auto", "paper"] = setting(
         "auto",
         "auto: unset training settings fitted to the data (batch size, KL annealing length); "
@@ -41,12 +41,6 @@ class TrainConfig:
     )
     anneal_cap: float | None = setting(None, "Mult-VAE: largest KL weight beta (paper 0.2)")
     seed: int = setting(98765, "seed of initialisation, shuffling, dropout and sampling")
-    device: str = setting("auto", "auto (cuda if present), cpu, cuda, cuda:N")
-    precision: Precision = setting(
-        "auto",
-        "numeric precision; auto: bf16 where the CPU/GPU computes it natively, else fp32; "
-        "fp16 uses dynamic loss scaling",
-    )
     data_on: Literal["device", "host"] = setting(
         "device",
         "keep the training matrix on the device, or on the host with batches prefetched by a "

@@ -1,21 +1,24 @@
 """Declaring a setting once: `setting(default, help)` in a dataclass, its type the annotation.
 
 The command line derives its options from these declarations (vaecf.cli.options), and
-`validate_fields` checks the enumerations (`Literal` types) before any work starts.
+`validate_fields` checks the enumerations (`Literal` types) before any work starts. The settings
+several verbs share (device, precision, model) are declared here, once.
 """
 
 from __future__ import annotations
 
 import typing
-from dataclasses import MISSING, field
+from dataclasses import MISSING, dataclass, field
 from typing import Any, Literal
 
 from vaecf.errors import ConfigError
 
 
-def setting(default: Any = MISSING, help: str = "", *, factory=None) -> Any:
-    """A dataclass field with its help text (shown by `--help`)."""
-    meta = {"help": help}
+def setting(default: Any = MISSING, help: str = "", *, factory=None, **cli) -> Any:
+    """A dataclass field with its help text (shown by `--help`); `cli`: how its option differs
+    from `--name VALUE` (flag="--other" or a positional name, action="store_true" or "append",
+    nargs, metavar)."""
+    meta = {"help": help, "cli": cli}
     if factory is not None:
         return field(default_factory=factory, metadata=meta)
     return field(default=default, metadata=meta)
@@ -26,13 +29,10 @@ def hints(cls) -> dict[str, Any]:
 
 
 def choices_of(tp) -> tuple | None:
-    """The allowed values of a Literal (or Optional Literal) annotation, else None."""
+    """The allowed values of a Literal annotation (also inside Optional or list), else None."""
     if typing.get_origin(tp) is Literal:
         return typing.get_args(tp)
-    for arg in typing.get_args(tp):
-        if typing.get_origin(arg) is Literal:
-            return typing.get_args(arg)
-    return None
+    return next(filter(None, map(choices_of, typing.get_args(tp))), None)
 
 
 def validate_fields(obj) -> None:
@@ -49,5 +49,39 @@ def validate_fields(obj) -> None:
 
 # what a model trains in (vaecf.precision), and what a trained one can be served and scored in
 # (vaecf.models.serving): the same, and int8 item layers
-TRAIN_PRECISIONS = ("fp32", "tf32", "bf16", "fp16")
-SERVING_PRECISIONS = (*TRAIN_PRECISIONS, "int8")
+TrainPrecision = Literal["fp32", "tf32", "bf16", "fp16"]
+ServingPrecision = Literal[TrainPrecision, "int8"]
+TRAIN_PRECISIONS, SERVING_PRECISIONS = map(typing.get_args, (TrainPrecision, ServingPrecision))
+DEVICE_HELP = "cpu, cuda, cuda:N, or auto: cuda if present"
+
+
+@dataclass
+class Compute:
+    """Where and in what precision training and evaluation compute (train, tune, bench)."""
+
+    device: str = setting("auto", DEVICE_HELP)
+    precision: Literal["auto", TrainPrecision] = setting(
+        "auto",
+        "numeric precision; auto: bf16 where the CPU/GPU computes it natively, else fp32; "
+        "fp16 uses dynamic loss scaling",
+    )
+
+
+@dataclass
+class Scoring:
+    """Where and in what precision a trained model answers (serve, score, recommend)."""
+
+    device: str = setting("cpu", DEVICE_HELP)
+    precision: ServingPrecision = setting(
+        "fp32",
+        "fp32: the scores the run was evaluated with; int8: the item-sized layers in int8 with "
+        "one scale per item (Mult-VAE, Mult-DAE, RecVAE), a quarter of their fp32 bytes, held "
+        "and read per call (the other layers stay in fp32, or bf16 on a CPU with native bf16)",
+    )
+
+
+@dataclass
+class ModelChoice:
+    """The model a verb trains or times: a registry name (choices from vaecf.specs.SPECS)."""
+
+    model: str = setting("multvae", "`vaecf models` describes them")

@@ -2,22 +2,84 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal
 
 from vaecf.cli.common import home, print_json
-from vaecf.cli.options import _bool
+from vaecf.cli.options import add_settings, from_args
+from vaecf.settings import Compute, ModelChoice, Scoring, ServingPrecision, TrainPrecision, setting
+
+ML20M_ITEMS = 20_108  # the default catalogue of the synthetic benchmarks: ML-20M's shape
+
+
+@dataclass
+class DemoSettings:
+    out: str | None = setting(None, "working directory (unset: $VAECF_HOME/demo)")
+    epochs: int = setting(20, "training epochs")
+    users: int = setting(12_000, "synthetic users")
+    items: int = setting(3_000, "synthetic items")
+    seed: int = setting(0, "generator seed")
+
+
+@dataclass
+class BenchTrain(Compute, ModelChoice):
+    precision: list[TrainPrecision] | None = setting(
+        None,
+        "repeat to compare several (unset: fp32, plus bf16 where the device has native bf16; "
+        "emulated bf16 is ~10x slower than fp32)",
+        action="append",
+    )
+    batch_size: int = setting(500, "users per step")
+    users: int = setting(136_677, "training users (ML-20M's)")
+    items: int = setting(ML20M_ITEMS, "items")
+    nnz: int = setting(10_000_000, "interactions")
+    steps: int = setting(30, "timed steps")
+    warmup: int = setting(5, "untimed steps first")
+    cuda_graphs: bool = setting(
+        True,
+        "on a GPU, time the step as training replays it, one CUDA graph per phase (not fp16); "
+        "false: the eager step, with its breakdown",
+    )
+
+
+@dataclass
+class BenchInfer(Scoring):
+    target: str = setting(
+        str(ML20M_ITEMS),
+        "a run directory, or a number of items for a fresh model",
+        flag="target",
+        nargs="?",
+    )
+    batch_size: list[int] = setting(
+        help="users per call; repeat for several", factory=lambda: [1, 1024], action="append"
+    )
+    precision: Literal["auto", ServingPrecision] = setting(
+        "auto", "auto: bf16 where the device has native bf16, else fp32; as serve --precision"
+    )
+    history: int = setting(50, "items per user history")
+    seconds: float = setting(3.0, "time per batch size")
+
+
+@dataclass
+class BenchEval(Compute):
+    users: int = setting(10_000, "held-out users")
+    items: int = setting(ML20M_ITEMS, "items")
+    history: int = setting(50, "items per user")
+    batch_size: int = setting(2000, "users per batch")
 
 
 # -- demo ---------------------------------------------------------------------------------------
 def cmd_demo(a) -> int:
     from vaecf.demo import run_demo
 
+    s = from_args(DemoSettings, a)
     run_demo(
-        out=Path(a.out) if a.out else home() / "demo",
-        epochs=a.epochs,
-        n_users=a.users,
-        n_items=a.items,
-        seed=a.seed,
+        out=Path(s.out) if s.out else home() / "demo",
+        epochs=s.epochs,
+        n_users=s.users,
+        n_items=s.items,
+        seed=s.seed,
     )
     return 0
 
@@ -26,22 +88,23 @@ def cmd_demo(a) -> int:
 def cmd_bench(a) -> int:
     from vaecf import bench
 
+    s = from_args({"train": BenchTrain, "infer": BenchInfer, "eval": BenchEval}[a.what], a)
     if a.what == "train":
         res = [
             bench.bench_train(
                 p,
-                a.batch_size,
-                a.users,
-                a.items,
-                a.nnz,
-                a.steps,
-                a.warmup,
-                a.device,
-                a.model,
+                s.batch_size,
+                s.users,
+                s.items,
+                s.nnz,
+                s.steps,
+                s.warmup,
+                s.device,
+                s.model,
                 progress=not a.json,
-                cuda_graphs=a.cuda_graphs,
+                cuda_graphs=s.cuda_graphs,
             )
-            for p in a.precision or bench.default_precisions(a.device)
+            for p in s.precision or bench.default_precisions(s.device)
         ]
         if a.json:
             print_json([r.to_dict() for r in res])
@@ -49,7 +112,7 @@ def cmd_bench(a) -> int:
             print(bench.format_train(res))
         return 0
     if a.what == "eval":
-        r = bench.bench_eval(a.items, a.users, a.history, a.batch_size, a.precision, a.device)
+        r = bench.bench_eval(s.items, s.users, s.history, s.batch_size, s.precision, s.device)
         if a.json:
             print_json(r)
         else:
@@ -59,15 +122,9 @@ def cmd_bench(a) -> int:
                 f"{r['users_per_s']:,.0f} users/s"
             )
         return 0
-    target = a.target if not a.target.isdigit() else int(a.target)
+    target = s.target if not s.target.isdigit() else int(s.target)
     rows = bench.bench_infer(
-        target,
-        a.batch_size or [1, 1024],
-        a.precision,
-        a.device,
-        a.history,
-        a.seconds,
-        progress=not a.json,
+        target, s.batch_size, s.precision, s.device, s.history, s.seconds, progress=not a.json
     )
     if a.json:
         print_json(rows)
@@ -85,11 +142,7 @@ def register(sub) -> None:
         description="Generate a synthetic dataset with planted taste groups, "
         "prepare it, train Mult-VAE, compare with popularity and recommend.",
     )
-    pd.add_argument("--out", help="working directory (default $VAECF_HOME/demo)")
-    pd.add_argument("--epochs", type=int, default=20, help="training epochs (default 20)")
-    pd.add_argument("--users", type=int, default=12_000, help="synthetic users (default 12000)")
-    pd.add_argument("--items", type=int, default=3_000, help="synthetic items (default 3000)")
-    pd.add_argument("--seed", type=int, default=0, help="generator seed (default 0)")
+    add_settings(pd, DemoSettings)
     pd.set_defaults(fn=cmd_demo)
 
     pb = sub.add_parser("bench", help="training throughput and inference latency benchmarks")
@@ -98,71 +151,15 @@ def register(sub) -> None:
         "train",
         help="users/s, GFLOP/s and step breakdown on a synthetic dataset (default: ML-20M's shape)",
     )
-    bt.add_argument(
-        "--precision",
-        action="append",
-        choices=["fp32", "tf32", "bf16", "fp16"],
-        help="repeat to compare several (default: fp32, plus bf16 where the device has native "
-        "bf16; emulated bf16 is ~10x slower than fp32)",
-    )
-    bt.add_argument("--batch-size", type=int, default=500, help="users per step (default 500)")
-    bt.add_argument("--users", type=int, default=136_677, help="training users (ML-20M: 136677)")
-    bt.add_argument("--items", type=int, default=20_108, help="items (ML-20M: 20108)")
-    bt.add_argument("--nnz", type=int, default=10_000_000, help="interactions (default 10M)")
-    bt.add_argument(
-        "--model",
-        choices=[n for n, m in SPECS.items() if not m.closed_form],
-        default="multvae",
-        help="gradient model to time (default multvae)",
-    )
-    bt.add_argument("--steps", type=int, default=30, help="timed steps (default 30)")
-    bt.add_argument("--warmup", type=int, default=5, help="untimed steps first (default 5)")
-    bt.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N")
-    bt.add_argument(
-        "--cuda-graphs",
-        type=_bool,
-        default=True,
-        metavar="true|false",
-        help="on a GPU, time the step as training replays it, one CUDA graph per phase (not "
-        "fp16; default true); false: the eager step, with its breakdown",
-    )
-    bt.add_argument("--json", action="store_true", help="print JSON instead of a table")
-    bt.set_defaults(fn=cmd_bench)
+    add_settings(bt, BenchTrain)["model"].choices = [
+        n for n, m in SPECS.items() if not m.closed_form
+    ]
     bi = bsub.add_parser("infer", help="latency percentiles and throughput of recommending")
-    bi.add_argument(
-        "target",
-        nargs="?",
-        default="20108",
-        help="a run directory, or a number of items for a fresh model (default 20108)",
-    )
-    bi.add_argument(
-        "--batch-size", type=int, action="append", help="repeat for several (default: 1 and 1024)"
-    )
-    bi.add_argument(
-        "--precision",
-        choices=["auto", "fp32", "bf16", "fp16", "int8"],
-        default="auto",
-        help="auto (default): bf16 where the device has native bf16, else fp32; int8: "
-        "item-sized layers in int8 with per-item scales",
-    )
-    bi.add_argument("--history", type=int, default=50, help="items per user history (default 50)")
-    bi.add_argument("--seconds", type=float, default=3.0, help="time per batch size (default 3)")
-    bi.add_argument("--device", default="cpu", help="cpu (default), cuda, cuda:N")
-    bi.add_argument("--json", action="store_true", help="print JSON instead of a table")
-    bi.set_defaults(fn=cmd_bench)
+    add_settings(bi, BenchInfer)
     be = bsub.add_parser(
         "eval", help="seconds for one full validation pass (fold-in, mask, top-100, metrics)"
     )
-    be.add_argument("--users", type=int, default=10_000, help="held-out users (default 10000)")
-    be.add_argument("--items", type=int, default=20_108, help="items (ML-20M: 20108)")
-    be.add_argument("--history", type=int, default=50, help="items per user (default 50)")
-    be.add_argument("--batch-size", type=int, default=2000, help="users per batch (default 2000)")
-    be.add_argument(
-        "--precision",
-        choices=["auto", "fp32", "tf32", "bf16", "fp16"],
-        default="auto",
-        help="auto (default): bf16 where the device has native bf16, else fp32",
-    )
-    be.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N")
-    be.add_argument("--json", action="store_true", help="print JSON instead of a line")
-    be.set_defaults(fn=cmd_bench)
+    add_settings(be, BenchEval)
+    for p in (bt, bi, be):
+        p.add_argument("--json", action="store_true", help="print JSON instead of a table")
+        p.set_defaults(fn=cmd_bench)

@@ -2,24 +2,34 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 
 from vaecf.cli.common import print_json
+from vaecf.cli.options import add_settings, from_args, given
+from vaecf.settings import setting
+
+
+@dataclass
+class DataPlaces:
+    """Where datasets are kept and fetched from (prepare NAME, download, info)."""
+
+    root: str | None = setting(None, "data root (unset: $VAECF_HOME, else ~/.cache/vaecf)")
+    url: str | None = setting(None, "download from this mirror URL instead of the official one")
 
 
 # -- prepare ------------------------------------------------------------------------------------
 def add_columns_options(p) -> None:
     """How a raw interactions file's columns are found (prepare csv, compare --data)."""
-    p.add_argument("--user-col", help="name of the user id column (default with --columns: user)")
-    p.add_argument("--item-col", help="name of the item id column (default with --columns: item)")
+    p.add_argument("--user-col", help="name of the user id column (with --columns: user)")
+    p.add_argument("--item-col", help="name of the item id column (with --columns: item)")
     p.add_argument(
         "--rating-col",
-        help="name of the rating column, needed by --min-rating (default with --columns: "
-        "rating, if named)",
+        help="name of the rating column, needed by --min-rating (with --columns: rating, if named)",
     )
     p.add_argument(
         "--sep",
-        help="field separator: one character (default ',', or tab for .tsv; '\\t' or tab, "
+        help="field separator: one character (unset: ',', or tab for .tsv; '\\t' or tab, "
         "space), or 'whitespace' for runs of spaces and tabs",
     )
     p.add_argument(
@@ -36,13 +46,6 @@ def add_columns_options(p) -> None:
 def cmd_prepare(a) -> int:
     from vaecf.data.prepare import PrepareSettings, prepare_csv
 
-    settings = PrepareSettings(
-        min_rating=a.min_rating,
-        min_user_items=a.min_user_items,
-        min_item_users=a.min_item_users,
-        heldout_users=a.heldout_users,
-        seed=a.seed,
-    )
     ds = prepare_csv(
         a.path,
         a.out,
@@ -50,7 +53,7 @@ def cmd_prepare(a) -> int:
         a.item_col,
         a.rating_col,
         a.sep,
-        settings,
+        from_args(PrepareSettings, a),
         overwrite=a.overwrite,
         item_names=a.item_names,
         name_col=a.name_col,
@@ -61,12 +64,7 @@ def cmd_prepare(a) -> int:
     if a.json:
         print_json({"path": str(ds.path), **ds.manifest})
     else:
-        c = ds.manifest["counts"]
-        print(
-            f"prepared {ds.path}: {c['n_train_users']} training users, {c['n_items']} items, "
-            f"{c['nnz_train']} training interactions; {c['n_validation_users']} validation + "
-            f"{c['n_test_users']} test users"
-        )
+        print(_prepared_summary(ds))
     return 0
 
 
@@ -80,20 +78,9 @@ def _prepared_summary(ds) -> str:
 
 
 def cmd_prepare_dataset(a) -> int:
-    from vaecf.data.prepare import dataset_settings, prepare_dataset
+    from vaecf.data.prepare import PrepareSettings, dataset_settings, prepare_dataset
 
-    settings = dataset_settings(
-        a.source,
-        protocol=a.protocol,
-        seed=a.seed,
-        min_rating=a.min_rating,
-        min_user_items=a.min_user_items,
-        min_item_users=a.min_item_users,
-        heldout_users=a.heldout_users,
-        validation_frac=a.validation_frac,
-        test_frac=a.test_frac,
-        target_frac=a.target_frac,
-    )
+    settings = dataset_settings(a.source, **given(a, PrepareSettings.__dataclass_fields__))
     if a.all_rows:
         settings.min_rating = None
     ds = prepare_dataset(
@@ -227,54 +214,17 @@ def _add_dataset_prepare(psub, name: str, spec) -> None:
         help="a file or directory you already have (the archive, the raw file(s), "
         "or a directory holding them) instead of downloading",
     )
-    pn.add_argument(
-        "--protocol",
-        choices=["liang", "thesis"],
-        help=f"liang: N validation + N test users (the paper); thesis: 86/7/7 "
-        f"percent of users (default {d.get('protocol', 'liang')})",
-    )
-    pn.add_argument("--seed", type=int, help="shuffle/split seed (default 98765, the paper's)")
-    pn.add_argument(
-        "--min-rating",
-        type=float,
-        help=f"keep rows with rating >= X (default {d.get('min_rating')})",
-    )
+    from vaecf.data.prepare import PROTOCOL_FIELDS, PrepareSettings
+
+    shown = {k: v for p in PROTOCOL_FIELDS.values() for k, v in p.items()} | spec.defaults
+    add_settings(pn, PrepareSettings, defaults=shown)
     pn.add_argument(
         "--all-rows",
         action="store_true",
         help="treat every row as a positive (no rating threshold)",
     )
-    pn.add_argument(
-        "--min-user-items",
-        type=int,
-        help=f"drop users with fewer positives (default {d.get('min_user_items', 5)})",
-    )
-    pn.add_argument(
-        "--min-item-users",
-        type=int,
-        help=f"first drop items with fewer users (default {d.get('min_item_users', 0)})",
-    )
-    pn.add_argument(
-        "--heldout-users",
-        type=int,
-        help=f"liang: N validation and N test users (default {d.get('heldout_users', 10_000)})",
-    )
-    pn.add_argument(
-        "--validation-frac",
-        type=float,
-        help="thesis: fraction of users for validation (default 0.07)",
-    )
-    pn.add_argument(
-        "--test-frac", type=float, help="thesis: fraction of users for test (default 0.07)"
-    )
-    pn.add_argument(
-        "--target-frac",
-        type=float,
-        help="fraction of each held-out user's items to predict (default 0.2)",
-    )
-    pn.add_argument("--root", help="data root (default $VAECF_HOME or ~/.cache/vaecf)")
-    pn.add_argument("--url", help="download from this mirror URL instead of the official one")
-    pn.add_argument("--out", help="output directory (default <root>/prepared/NAME-FINGERPRINT)")
+    add_settings(pn, DataPlaces)
+    pn.add_argument("--out", help="output directory (unset: <root>/prepared/NAME-FINGERPRINT)")
     pn.add_argument(
         "--overwrite",
         action="store_true",
@@ -297,31 +247,10 @@ def register(sub) -> None:
     )
     pc.add_argument("--path", required=True, help="the interactions file (.csv, .tsv, .parquet)")
     add_columns_options(pc)
-    pc.add_argument(
-        "--min-rating",
-        type=float,
-        help="keep rows with rating >= X as positives "
-        "(the paper's 'rating > 3.5' on MovieLens is 4); default: every row",
-    )
-    pc.add_argument(
-        "--min-user-items",
-        type=int,
-        default=5,
-        help="drop users with fewer positives (default 5, as the paper)",
-    )
-    pc.add_argument(
-        "--min-item-users",
-        type=int,
-        default=0,
-        help="first drop items with fewer users (default 0: none)",
-    )
-    pc.add_argument(
-        "--heldout-users",
-        type=int,
-        required=True,
-        help="N: users in the validation split, and again in the test split",
-    )
-    pc.add_argument("--seed", type=int, default=98765, help="shuffle/split seed (paper: 98765)")
+    from vaecf.data.prepare import PrepareSettings
+
+    names = ("min_rating", "min_user_items", "min_item_users", "heldout_users", "seed")
+    add_settings(pc, PrepareSettings, only=names)["heldout_users"].required = True
     pc.add_argument(
         "--item-names",
         metavar="FILE",
@@ -331,7 +260,7 @@ def register(sub) -> None:
     pc.add_argument("--name-col", help="--item-names: the column holding the name")
     pc.add_argument(
         "--name-id-col",
-        help="--item-names: the column holding the item id (default: the --item-col name)",
+        help="--item-names: the column holding the item id (unset: the --item-col name)",
     )
     pc.add_argument("--out", required=True, help="directory to write the prepared dataset to")
     pc.add_argument(
@@ -359,8 +288,7 @@ def register(sub) -> None:
         metavar="NAME",
         help="one of: " + ", ".join(registry.names()),
     )
-    pdl.add_argument("--root", help="data root (default $VAECF_HOME or ~/.cache/vaecf)")
-    pdl.add_argument("--url", help="download from this mirror URL instead of the official one")
+    add_settings(pdl, DataPlaces)
     pdl.add_argument("--quiet", action="store_true", help="no progress bar")
     pdl.add_argument("--json", action="store_true", help="print the file records as JSON")
     pdl.set_defaults(fn=cmd_download)
@@ -371,7 +299,7 @@ def register(sub) -> None:
         metavar="NAME|DIR",
         help="prepared dataset directory, or a dataset name (" + ", ".join(registry.names()) + ")",
     )
-    pi.add_argument("--root", help="data root for NAME (default $VAECF_HOME or ~/.cache/vaecf)")
+    add_settings(pi, DataPlaces, only=("root",))
     pi.add_argument(
         "--json",
         action="store_true",

@@ -4,10 +4,23 @@
 from __future__ import annotations
 
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 from vaecf.cli.common import metrics_table, print_json
 from vaecf.cli.data import add_columns_options
+from vaecf.cli.options import add_settings, from_args
+from vaecf.settings import Compute, ModelChoice, setting
+
+
+@dataclass
+class TuneSettings(ModelChoice):
+    trials: int = setting(20, "finished trials the study should hold (a resume runs the rest)")
+
+
+@dataclass
+class CompareSettings:
+    seeds: str = setting("98765,1,2,3,4", "split seeds, comma-separated")
 
 
 # -- tune ---------------------------------------------------------------------------------------
@@ -15,11 +28,12 @@ def cmd_tune(a) -> int:
     from vaecf import configfile
     from vaecf.experiments import tune
 
+    s = from_args(TuneSettings, a)
     base = configfile.read(a.config) if a.config else None
-    if base is not None and base.model not in (None, a.model):
+    if base is not None and base.model not in (None, s.model):
         from vaecf.errors import ConfigError
 
-        raise ConfigError(f"{a.config} configures {base.model}, not --model {a.model}")
+        raise ConfigError(f"{a.config} configures {base.model}, not --model {s.model}")
     if base is not None and a.device:
         base.train["device"] = a.device
     elif a.device:
@@ -28,8 +42,8 @@ def cmd_tune(a) -> int:
     res = tune.tune(
         a.data,
         a.out,
-        model=a.model,
-        trials=a.trials,
+        model=s.model,
+        trials=s.trials,
         timeout=a.timeout,
         seed=a.seed,
         resume=a.resume,
@@ -107,7 +121,7 @@ def cmd_compare(a) -> int:
             a.data,
             a.out,
             entries,
-            compare.parse_seeds(a.seeds),
+            compare.parse_seeds(from_args(CompareSettings, a).seeds),
             prepare,
             epochs=a.epochs,
             device=a.device,
@@ -166,25 +180,20 @@ def register(sub) -> None:
     )
     pt.add_argument("--data", required=True, help="prepared dataset directory")
     pt.add_argument("--out", required=True, help="study directory to create (or resume)")
-    pt.add_argument(
-        "--model",
-        default="multvae",
-        choices=[n for n, m in SPECS.items() if m.family != "selection"],
-        help="default multvae; popular has nothing to tune",
-    )
-    pt.add_argument(
-        "--trials",
-        type=int,
-        default=20,
-        help="finished trials the study should hold (default 20; a resume runs the rest)",
-    )
+    add_settings(pt, TuneSettings)["model"].choices = [
+        n for n, m in SPECS.items() if m.family != "selection"
+    ]
     pt.add_argument(
         "--timeout",
         type=float,
         help="stop after this many seconds; the running trial stops at its next validated "
         "epoch and is continued by --resume",
     )
-    pt.add_argument("--seed", type=int, help="seed of the sampler and of training (default 0)")
+    pt.add_argument(
+        "--seed",
+        type=int,
+        help="seed of the sampler and of training (unset: 0, or a resumed study's own)",
+    )
     pt.add_argument("--resume", action="store_true", help="continue the study in --out")
     pt.add_argument(
         "--config",
@@ -199,7 +208,7 @@ def register(sub) -> None:
         help="hold a search-space parameter at a value instead of searching it, e.g. "
         "--fix epochs=50 --fix hidden_dim=600 (repeatable; the names are listed when wrong)",
     )
-    pt.add_argument("--device", help="auto (default), cpu, cuda, cuda:N")
+    add_settings(pt, Compute, only=("device",))
     pt.add_argument("--json", action="store_true", help="print the result as JSON")
     pt.set_defaults(fn=cmd_tune)
 
@@ -224,13 +233,13 @@ def register(sub) -> None:
         help="comma-separated: registry names (multvae,recvae,ease,popular) or LABEL=FILE.toml "
         "(a best.toml or config.toml, e.g. tuned=STUDY/best.toml); the first is the reference",
     )
-    pc.add_argument("--seeds", default="98765,1,2,3,4", help="split seeds (default 98765,1,2,3,4)")
+    add_settings(pc, CompareSettings)
     add_columns_options(pc)
-    pc.add_argument("--min-rating", type=float, help="keep rows with rating >= X as positives")
-    pc.add_argument("--min-user-items", type=int, help="drop users with fewer (default 5)")
-    pc.add_argument("--heldout-users", type=int, help="N validation and N test users")
+    from vaecf.data.prepare import PrepareSettings
+
+    add_settings(pc, PrepareSettings, only=("min_rating", "min_user_items", "heldout_users"))
     pc.add_argument("--epochs", type=int, help="override the epochs of the gradient models")
-    pc.add_argument("--device", help="auto (default), cpu, cuda, cuda:N")
+    add_settings(pc, Compute, only=("device",))
     pc.add_argument("--no-plot", action="store_true", help="no compare.png")
     pc.add_argument("--json", action="store_true", help="print the summary as JSON")
     pc.set_defaults(fn=cmd_compare)

@@ -45,35 +45,42 @@ def _list_of(kind):
     return parse
 
 
-def add_settings(
-    group, cls, skip: tuple[str, ...] = (), note: str = "", seen: dict | None = None
-) -> list[str]:
-    """Add one option per field of dataclass `cls` (defaults None: an unset option is not
-    given). `seen` maps names already added (shared by several classes) to their help.
-    Returns the field names added."""
-    added = []
+def shown(default, cli: dict) -> str:
+    """The help's "(default X)": the declared default, unless there is none to show."""
+    if default is None or default in ("", []) or cli.get("action") == "store_true":
+        return ""
+    return f" (default {','.join(map(str, default)) if isinstance(default, list) else default})"
+
+
+def add_settings(group, cls, skip=(), note="", seen=None, only=None, defaults=None) -> dict:
+    """Add one option per field of dataclass `cls` (or per name in `only`), with argparse
+    default None: an unset option is not given, and `from_args` fills in the declared default.
+    `seen` maps names already added (shared by several classes) to their help; `defaults`
+    overrides the default the help names (a dataset's own). Returns {name: its action}."""
+    added = {}
     types = hints(cls)
     for f in fields(cls):
-        if f.name in skip or (seen is not None and f.name in seen):
+        if f.name in skip or (only is not None and f.name not in only) or f.name in (seen or ()):
             continue
         kind, is_list = _base_type(types[f.name])
-        choices = choices_of(types[f.name])
+        cli = dict(f.metadata.get("cli", {}))
+        name = cli.pop("flag", flag(f.name))
+        if name != flag(f.name) and name.startswith("--") and kind is not bool:
+            cli.setdefault("metavar", name[2:].replace("-", "_").upper())  # as the flag reads
         default = f.default if f.default is not MISSING else f.default_factory()  # type: ignore
-        shown = ",".join(map(str, default)) if is_list else default
-        help_text = f.metadata.get("help", "")
-        if default is not None:
-            help_text += f" (default {shown})"
-        kw: dict = {"dest": f.name, "default": None, "help": note + help_text}
-        if choices is not None:
-            kw["choices"] = choices
-        elif kind is bool:
+        help_text = f.metadata.get("help", "") + shown((defaults or {}).get(f.name, default), cli)
+        kw: dict = {"default": None, "help": note + help_text, **cli}
+        kw.update({"dest": f.name} if name.startswith("-") else {})
+        if choices_of(types[f.name]) is not None:
+            kw["choices"] = choices_of(types[f.name])
+        elif kind is bool and "action" not in cli:
             kw["type"], kw["metavar"] = _bool, "true|false"
-        elif is_list:
+        elif is_list and "action" not in cli:
             kw["type"], kw["metavar"] = _list_of(kind), "A,B,..."
         elif kind in (int, float, str):
             kw["type"] = kind
-        group.add_argument(flag(f.name), **kw)
-        added.append(f.name)
+        added[f.name] = group.add_argument(name, **kw)
+        added[f.name].setting = (cls, f.name)  # the declaration, for tests/test_settings_decl.py
         if seen is not None:
             seen[f.name] = help_text
     return added
@@ -82,3 +89,8 @@ def add_settings(
 def given(args: argparse.Namespace, names) -> dict:
     """The options among `names` that the user set."""
     return {n: getattr(args, n) for n in names if getattr(args, n, None) is not None}
+
+
+def from_args(cls, args: argparse.Namespace, **extra):
+    """`cls` built from the options it declares that the user set (the others: its defaults)."""
+    return cls(**given(args, [f.name for f in fields(cls) if f.name not in extra]), **extra)

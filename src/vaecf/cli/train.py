@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import os
 import sys
-from dataclasses import fields
+from dataclasses import dataclass, fields
 from pathlib import Path
+from typing import Literal
 
 from vaecf.cli.common import metrics_table, print_json
-from vaecf.cli.options import add_settings, flag, given
+from vaecf.cli.options import add_settings, flag, from_args, given
 from vaecf.errors import VaecfError
-from vaecf.settings import SERVING_PRECISIONS
+from vaecf.settings import Compute, ModelChoice, Scoring, ServingPrecision, setting
 
 
 # -- train --------------------------------------------------------------------------------------
@@ -31,7 +32,7 @@ def cmd_train(a) -> int:
     from vaecf.trainer import train
 
     file = configfile.read(a.config) if a.config else configfile.RunSettings()
-    name = a.model or file.model or "multvae"
+    name = a.model or file.model or ModelChoice.model
     data = a.data or file.data
     if data is None:
         raise ConfigError('--data is required (or data = "PATH" in the --config file)')
@@ -111,6 +112,16 @@ def cmd_models(a) -> int:
 
 
 # -- evaluate -----------------------------------------------------------------------------------
+@dataclass
+class EvaluateSettings(Compute):
+    split: Literal["validation", "test"] = setting("test", "which held-out users")
+    precision: ServingPrecision | None = setting(
+        None,
+        "score a serving copy in this precision (as `vaecf serve --precision`); unset: the run's "
+        "training precision, which reproduces results.json",
+    )
+
+
 def cmd_evaluate(a) -> int:
     from vaecf.data.matrix import CSR
     from vaecf.data.prepare import PreparedDataset
@@ -118,29 +129,36 @@ def cmd_evaluate(a) -> int:
     from vaecf.recommender import Recommender
     from vaecf.rundir import load_config
 
-    cfg = load_config(a.run)
+    s, cfg = from_args(EvaluateSettings, a), load_config(a.run)
     ds = PreparedDataset(a.data or cfg["data"]["path"])
     if ds.fingerprint != cfg["data"]["fingerprint"]:
         from vaecf.errors import RunError
 
         raise RunError(f"{ds.path} is not the dataset {a.run} was trained on; pass its --data")
-    if a.precision is None:  # the run's precision: the test split reproduces results.json
-        rec = Recommender.load(a.run, device=a.device)
+    if s.precision is None:  # the run's precision: the test split reproduces results.json
+        rec = Recommender.load(a.run, device=s.device)
         precision = cfg["train"]["precision"]
     else:  # a serving copy, scored as `vaecf serve --precision` would score it
-        rec = Recommender.load(a.run, device=a.device, precision=a.precision)
-        precision = a.precision if a.precision in ("fp32", "tf32") else "fp32"
-    fold_in, target = (CSR.from_scipy(ds.split(f"{a.split}_{p}"), rec.device) for p in ("tr", "te"))
+        rec = Recommender.load(a.run, device=s.device, precision=s.precision)
+        precision = s.precision if s.precision in ("fp32", "tf32") else "fp32"
+    fold_in, target = (CSR.from_scipy(ds.split(f"{s.split}_{p}"), rec.device) for p in ("tr", "te"))
     m = evaluate_model(rec.model, fold_in, target, precision=precision)
     if a.json:
-        print_json({"split": a.split, **m})
+        print_json({"split": s.split, **m})
     else:
-        print(metrics_table({a.split: m}))
+        print(metrics_table({s.split: m}))
         print(f"{m['n_users']} users evaluated, {m['n_skipped']} skipped (empty target)")
     return 0
 
 
 # -- recommend ----------------------------------------------------------------------------------
+@dataclass
+class Ranking(Scoring):
+    """recommend and similar: how many items, on which device (in fp32)."""
+
+    k: int = setting(10, "how many items", flag="-k")
+
+
 def cmd_recommend(a) -> int:
     from vaecf.recommender import Recommender
 
@@ -149,7 +167,8 @@ def cmd_recommend(a) -> int:
     for key in ("allow", "deny"):
         if getattr(a, key):
             filters[key] = [s.strip() for s in getattr(a, key).split(",") if s.strip()]
-    r = Recommender.load(a.run, device=a.device).recommend(history, k=a.k, **filters)
+    s = from_args(Ranking, a)
+    r = Recommender.load(a.run, device=s.device).recommend(history, k=s.k, **filters)
     if a.json:
         print_json(r.to_dict())
         return 0
@@ -178,8 +197,9 @@ def _print_ranked(r) -> None:
 def cmd_similar(a) -> int:
     from vaecf.recommender import Recommender
 
-    rec = Recommender.load(a.run, device=a.device)
-    r = rec.similar_items(a.item, k=a.k)
+    s = from_args(Ranking, a)
+    rec = Recommender.load(a.run, device=s.device)
+    r = rec.similar_items(a.item, k=s.k)
     if r.unknown:
         raise VaecfError(f"item {a.item!r} is not in the model's vocabulary")
     if a.json:
@@ -214,12 +234,7 @@ def register(sub) -> None:
     )
     pt.add_argument("--data", help="prepared dataset directory (required unless --config sets it)")
     pt.add_argument("--out", required=True, help="run directory to create (or resume)")
-    trainable = [n for n, m in SPECS.items() if m.trainable]
-    pt.add_argument(
-        "--model",
-        choices=trainable,
-        help=f"{', '.join(trainable)} (default multvae); `vaecf models` describes them",
-    )
+    add_settings(pt, ModelChoice)["model"].choices = [n for n, m in SPECS.items() if m.trainable]
     add_settings(pt.add_argument_group("training"), TrainConfig, skip=("progress",))
     seen: dict = {}
     for name, cls in SPECS.items():
@@ -260,20 +275,8 @@ def register(sub) -> None:
 
     pe = sub.add_parser("evaluate", help="score a run's best model on a held-out split")
     pe.add_argument("run", help="run directory written by `vaecf train`")
-    pe.add_argument(
-        "--split",
-        choices=["validation", "test"],
-        default="test",
-        help="which held-out users (default test)",
-    )
-    pe.add_argument("--data", help="prepared dataset (default: the one the run was trained on)")
-    pe.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N")
-    pe.add_argument(
-        "--precision",
-        choices=SERVING_PRECISIONS,
-        help="score a serving copy in this precision (as `vaecf serve --precision`); default: "
-        "the run's training precision, which reproduces results.json",
-    )
+    pe.add_argument("--data", help="prepared dataset (unset: the one the run was trained on)")
+    add_settings(pe, EvaluateSettings)
     pe.add_argument(
         "--json",
         action="store_true",
@@ -284,17 +287,15 @@ def register(sub) -> None:
     pr = sub.add_parser("recommend", help="top-k items for a history of item ids")
     pr.add_argument("run", help="run directory written by `vaecf train`")
     pr.add_argument("--items", required=True, help="comma-separated raw item ids (the history)")
-    pr.add_argument("-k", type=int, default=10, help="how many items (default 10)")
+    add_settings(pr, Ranking, skip=("precision",))
     pr.add_argument("--allow", help="comma-separated raw item ids: recommend only among these")
     pr.add_argument("--deny", help="comma-separated raw item ids: never recommend these")
-    pr.add_argument("--device", default="cpu", help="cpu (default), cuda, cuda:N")
     pr.add_argument("--json", action="store_true", help="print JSON: items with scores, unknown")
     pr.set_defaults(fn=cmd_recommend)
 
     ps = sub.add_parser("similar", help="the items most similar to an item, under a model")
     ps.add_argument("run", help="run directory written by `vaecf train`")
     ps.add_argument("--item", required=True, help="a raw item id")
-    ps.add_argument("-k", type=int, default=10, help="how many items (default 10)")
-    ps.add_argument("--device", default="cpu", help="cpu (default), cuda, cuda:N")
+    add_settings(ps, Ranking, skip=("precision",))
     ps.add_argument("--json", action="store_true", help="print JSON: items with similarities")
     ps.set_defaults(fn=cmd_similar)

@@ -19,6 +19,7 @@ from dataclasses import asdict, dataclass
 from datetime import datetime, timezone
 from functools import cached_property
 from pathlib import Path
+from typing import Literal
 
 import numpy as np
 import polars as pl
@@ -46,6 +47,8 @@ from vaecf.data.sources import (
 )
 from vaecf.data.vocab import Vocabulary, load_item_names
 from vaecf.errors import DataError
+from vaecf.settings import setting, validate_fields
+from vaecf.version import __version__
 
 FORMAT_VERSION = 2  # 2: per-file checksums in the manifest; part of the fingerprint
 SPLIT_FILES = ("train", "validation_tr", "validation_te", "test_tr", "test_te")
@@ -72,15 +75,21 @@ class PrepareSettings:
     `validate` refuses one that is set, since it would do nothing.
     """
 
-    min_rating: float | None = None  # keep rows with rating >= this; None: every row is a positive
-    min_item_users: int = 0  # drop items with fewer users (applied first; MSD uses 200)
-    min_user_items: int = 5  # then drop users with fewer items (the paper's min_uc)
-    protocol: str = "liang"  # "liang": N + N held-out users; "thesis": percentages of users
-    heldout_users: int | None = None  # liang: validation users = test users = this many (10,000)
-    validation_frac: float | None = None  # thesis: fraction of users for validation (0.07)
-    test_frac: float | None = None  # thesis: fraction of users for test (0.07; 0: none)
-    target_frac: float = 0.2  # fraction of each held-out user's items to predict
-    seed: int = 98765  # user shuffle and fold-in split (the paper's seed)
+    min_rating: float | None = setting(
+        None,
+        "keep rows with rating >= X as positives (the paper keeps 'rating > 3.5' on MovieLens); "
+        "unset: every row",
+    )
+    min_item_users: int = setting(0, "first drop items with fewer users")
+    min_user_items: int = setting(5, "then drop users with fewer positives, as the paper does")
+    protocol: Literal["liang", "thesis"] = setting(
+        "liang", "liang: N validation + N test users (the paper); thesis: percentages of users"
+    )
+    heldout_users: int | None = setting(None, "liang: N users in validation, and N in test")
+    validation_frac: float | None = setting(None, "thesis: fraction of users for validation")
+    test_frac: float | None = setting(None, "thesis: fraction of users for test (0: none)")
+    target_frac: float = setting(0.2, "fraction of each held-out user's items to predict")
+    seed: int = setting(98765, "seed of the user shuffle and the fold-in split, the paper's")
 
     def __post_init__(self) -> None:
         for key, default in PROTOCOL_FIELDS.get(self.protocol, {}).items():
@@ -88,8 +97,7 @@ class PrepareSettings:
                 setattr(self, key, default)
 
     def validate(self) -> None:
-        if self.protocol not in PROTOCOL_FIELDS:
-            raise DataError(f"protocol must be 'liang' or 'thesis', not {self.protocol!r}")
+        validate_fields(self)
         for other, keys in PROTOCOL_FIELDS.items():
             if other == self.protocol:
                 continue
@@ -445,7 +453,7 @@ def prepare_frame(
     fp = fingerprint(settings, source)
     manifest = {
         "format_version": FORMAT_VERSION,
-        "vaecf_version": _version(),
+        "vaecf_version": __version__,
         "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "source": source,
         "settings": asdict(settings),
@@ -469,12 +477,6 @@ def prepare_frame(
             manifest["manifest_sha256"] = _manifest_digest(manifest)
             write_json(tmp / "manifest.json", manifest)
     return PreparedDataset(out)
-
-
-def _version() -> str:
-    from vaecf import __version__
-
-    return __version__
 
 
 def _reuse(out: Path, fp: str, overwrite: bool) -> PreparedDataset | None:

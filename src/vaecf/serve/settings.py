@@ -6,48 +6,88 @@ from __future__ import annotations
 
 import ipaddress
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from typing import Literal
 
 from vaecf.errors import ConfigError
+from vaecf.settings import Scoring, setting
 
 API_KEY_ENV = "VAECF_API_KEY"
 
 
 @dataclass
-class ServeSettings:
-    run: str = ""  # run directory whose best model is served
-    host: str = "127.0.0.1"
-    port: int = 8000
-    device: str = "cpu"
-    precision: str = "fp32"
-    api_key: str | None = None  # required as `Authorization: Bearer KEY` or `X-API-Key: KEY`
-    no_auth: bool = False  # allow a non-loopback address without a key (behind a proxy)
-    # micro-batching: requests arriving within `batch_wait_ms` of the first are scored together
-    batch_wait_ms: float = 2.0
-    max_batch_size: int = 256  # histories per scoring call
+class ServeSettings(Scoring):
+    """Every setting of the server; the device and precision are `Scoring`'s. The flags of
+    `vaecf serve` are generated from these declarations (vaecf.cli.options)."""
+
+    run: str = setting("", "run directory whose best model is served")
+    host: str = setting("127.0.0.1", "address to listen on")
+    port: int = setting(8000, "port")
+    api_key: str | None = setting(None, "required as `Authorization: Bearer KEY` or `X-API-Key`")
+    no_auth: bool = setting(
+        False,
+        "allow a non-loopback --host without an API key (a proxy authenticates)",
+        action="store_true",
+    )
+    batch_wait_ms: float = setting(
+        2.0,
+        "micro-batching: requests arriving this long after the first are scored together (0: off)",
+    )
+    max_batch_size: int = setting(256, "histories per scoring call")
     # limits (413 / 422 with a JSON error naming the limit)
-    max_body_bytes: int = 1 << 20
-    max_history: int = 5000  # items per history
-    max_k: int = 1000
-    max_batch: int = 256  # histories per /v1/recommend/batch request
-    max_filter: int = 100_000  # ids in an allow or deny list
-    max_answer_items: int = 25_000  # histories x k in one answer (422 beyond)
-    # backpressure: histories waiting for the scoring worker, beyond which a request gets 503
-    # with Retry-After at once; a request not scored within request_timeout_s is dropped (503)
-    max_queue: int = 1024
-    request_timeout_s: float = 10.0
-    limit_concurrency: int = 512  # connections + requests at once (uvicorn answers 503 beyond)
-    # POST /v1/admin/reload {"run": DIR} accepts run directories under this one only
-    # (default: the directory that holds `run`)
-    reload_root: str | None = None
-    admin_key: str | None = None  # for /v1/admin/*; needed unless the server is loopback-only
-    reload_min_interval_s: float = 1.0  # reloads closer together get 429
-    # Host header names accepted besides the loopback names and the bound address ("*": any)
-    allowed_hosts: list[str] = field(default_factory=list)
-    expose_paths: bool = False  # name run directories (absolute paths) in answers
-    shutdown_delay_s: float = 2.0  # after SIGTERM: /readyz 503 this long before the drain
-    drain_s: float = 30.0  # then requests in flight get this long to finish
-    stuck_after_s: float = 30.0  # /healthz 503 when one scoring call runs longer
+    max_body_bytes: int = setting(1 << 20, "bytes of a request body")
+    max_history: int = setting(5000, "items per history")
+    max_k: int = setting(1000, "largest k")
+    max_batch: int = setting(256, "histories per batch request (at most --max-batch-size)")
+    max_filter: int = setting(100_000, "ids in an allow or deny list")
+    max_answer_items: int = setting(25_000, "histories x k in one answer (422 beyond)")
+    max_queue: int = setting(
+        1024, "histories waiting to be scored; beyond, 503 with Retry-After at once"
+    )
+    request_timeout_s: float = setting(
+        10.0, "seconds a request may wait for its answer before a 503", flag="--request-timeout"
+    )
+    limit_concurrency: int = setting(
+        512, "connections and requests at once; uvicorn answers 503 beyond"
+    )
+    reload_root: str | None = setting(
+        None,
+        'POST /v1/admin/reload {"run": DIR} loads run directories under this one only (unset: '
+        "the directory holding RUN)",
+    )
+    admin_key: str | None = setting(None, "for /v1/admin/*; needed unless loopback-only")
+    reload_min_interval_s: float = setting(
+        1.0, "seconds between reloads; closer ones get 429", flag="--reload-min-interval"
+    )
+    allowed_hosts: list[str] = setting(
+        help="a Host header name to answer besides localhost, 127.0.0.1, ::1 and --host "
+        "(repeatable; '*': any, e.g. behind a proxy that checks it)",
+        factory=list,
+        flag="--allowed-host",
+        action="append",
+        metavar="NAME",
+    )
+    expose_paths: bool = setting(
+        False,
+        "name the run directory's absolute path in answers (else its name only)",
+        action="store_true",
+    )
+    shutdown_delay_s: float = setting(
+        2.0,
+        "after SIGTERM, seconds /readyz answers 503 before the drain starts",
+        flag="--shutdown-delay",
+    )
+    drain_s: float = setting(30.0, "then, seconds requests in flight get to finish", flag="--drain")
+    stuck_after_s: float = setting(
+        30.0, "seconds of one scoring call after which /healthz answers 503", flag="--stuck-after"
+    )
+    log_level: Literal["debug", "info", "warning", "error"] = setting("info", "server log level")
+    access_log: bool = setting(
+        False,
+        "log a line per request to stderr (it costs ~40 us a request; /metrics counts requests "
+        "by route and status)",
+        action="store_true",
+    )
 
     def __post_init__(self) -> None:
         for name in (
