@@ -225,7 +225,7 @@ def test_score_refuses_before_scoring_when_the_disk_is_too_small(run, tmp_path, 
     out = tmp_path / "recs.csv"
     assert score.check_disk(out, 37, 7) == 37 * 7 * 50  # a part row and a CSV row
     assert score.check_disk(tmp_path / "r.parquet", 10, 80) == 10 * 80 * 20
-    monkeypatch.setattr(score, "_free_bytes", lambda path: 5_000)
+    monkeypatch.setattr(score, "free_bytes", lambda path: 5_000)
     monkeypatch.setattr(rec, "top_k", lambda *a, **kw: pytest.fail("scored before the check"))
     with pytest.raises(
         WriteError,

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 import vaecf
-from vaecf import background, memory, models
+from vaecf import background, footprint, memory, models
 from vaecf.data import synthetic
 
 
@@ -23,7 +23,7 @@ def cfg(**kw):
 
 def mem_of(ds, batch_size=100, name="multvae"):
     nnz = ds.manifest["counts"]["nnz_train"]
-    return memory.train_memory(
+    return footprint.train_memory(
         name, ds.n_items, models.config_from_dict(name), batch_size, "fp32", nnz
     )
 
@@ -34,13 +34,13 @@ def _weights(path):
 
 @pytest.mark.parametrize("name", ["multvae", "multdae", "recvae", "recvae-edlae"])
 def test_parameters_are_counted_without_building_the_model(name):
-    mem = memory.train_memory(name, 500, models.config_from_dict(name), 64, "fp32", 1000)
+    mem = footprint.train_memory(name, 500, models.config_from_dict(name), 64, "fp32", 1000)
     net = models.build(name, 500, models.config_from_dict(name))
     stepped = {id(p) for ps in net.param_groups().values() for p in ps}
     assert mem.trained == sum(p.numel() for p in net.parameters() if id(p) in stepped)
     rest = sum(p.numel() for p in net.parameters() if id(p) not in stepped)
     rest += sum(b.numel() for b in net.buffers())
-    assert mem.state == (16 + memory.SLACK_BYTES) * mem.trained + 4 * rest
+    assert mem.state == (16 + footprint.SLACK_BYTES) * mem.trained + 4 * rest
     assert mem.batch == 12 * 64 * 500 and mem.data == 12 * 1000
     if name == "multvae":  # the paper's network: n -> 600 -> 2 x 200 | 200 -> 600 -> n
         assert mem.trained == 500 * 600 + 600 + 600 * 400 + 400 + 200 * 600 + 600 + 600 * 500 + 500
@@ -48,8 +48,8 @@ def test_parameters_are_counted_without_building_the_model(name):
 
 
 def test_half_width_autocast_counts_the_weight_casts():
-    a = memory.train_memory("multvae", 500, models.config_from_dict("multvae"), 64, "fp32", 0)
-    b = memory.train_memory("multvae", 500, models.config_from_dict("multvae"), 64, "bf16", 0)
+    a = footprint.train_memory("multvae", 500, models.config_from_dict("multvae"), 64, "fp32", 0)
+    b = footprint.train_memory("multvae", 500, models.config_from_dict("multvae"), 64, "bf16", 0)
     assert b.state - a.state == 2 * a.trained
 
 
@@ -84,7 +84,7 @@ def test_training_that_does_not_fit_is_refused_before_it_starts(ds, tmp_path, mo
 
 def test_refusal_says_which_items_to_keep(ds, tmp_path, monkeypatch):
     mem = mem_of(ds, batch_size=1)
-    free = int(memory.RUNTIME_BYTES + mem.data + mem.per_item * ds.n_items / 2)  # half fit
+    free = int(footprint.RUNTIME_BYTES + mem.data + mem.per_item * ds.n_items / 2)  # half fit
     monkeypatch.setattr(memory, "available_bytes", lambda device: free)
     with pytest.raises(vaecf.RunError, match=r"prepare again with --min-item-users (\d+)") as e:
         vaecf.train(ds, cfg(batch_size=1), tmp_path / "r")

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import importlib
 
-__version__ = "0.1.0"
+from vaecf.version import __version__
 
 _EXPORTS = {
     "ModelConfig": "vaecf.config",
@@ -47,7 +47,7 @@ _EXPORTS = {
     "Recommendation": "vaecf.recommender",
     "Recommender": "vaecf.recommender",
     "RunResult": "vaecf.trainer",
-    "train": "vaecf.trainer",
+    "train": "vaecf.training",
 }
 _ALIASES = {"prepare": "prepare_dataset"}  # vaecf.prepare("ml-20m")
 

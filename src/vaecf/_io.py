@@ -50,7 +50,7 @@ def current_umask() -> int:
     return mask
 
 
-def _free_bytes(path: Path) -> int | None:
+def free_bytes(path: Path) -> int | None:
     try:
         st = os.statvfs(path)
     except (OSError, AttributeError):
@@ -58,7 +58,7 @@ def _free_bytes(path: Path) -> int | None:
     return st.f_bavail * st.f_frsize
 
 
-def _no_space_error(e: BaseException, path: Path, free: int | None) -> WriteError | None:
+def no_space_error(e: BaseException, path: Path, free: int | None) -> WriteError | None:
     """A WriteError naming `path` when `e` means the disk is full (libraries that wrap the OSError
     in their own exception are recognised by the free space left at the time)."""
     full = (
@@ -80,10 +80,10 @@ def _no_space_error(e: BaseException, path: Path, free: int | None) -> WriteErro
 def disk_full_in(e: BaseException, path: Path) -> bool:
     """Whether `e`, or an exception it was raised from (libraries wrap the OSError or SQLite's
     error in their own), means the disk holding `path` is full."""
-    free, seen = _free_bytes(path), set()
+    free, seen = free_bytes(path), set()
     while e is not None and id(e) not in seen:
         seen.add(id(e))
-        if _no_space_error(e, path, free) is not None:
+        if no_space_error(e, path, free) is not None:
             return True
         e = e.__cause__ or e.__context__
     return False
@@ -111,11 +111,11 @@ def atomic_file(
         os.replace(tmp, path)
         fsync_dir(path.parent)
     except BaseException as e:
-        free = _free_bytes(path.parent)
+        free = free_bytes(path.parent)
         if tmp is not None:
             with contextlib.suppress(OSError):
                 os.unlink(tmp)
-        if (err := _no_space_error(e, path, free)) is not None:
+        if (err := no_space_error(e, path, free)) is not None:
             raise err from None
         raise
 
@@ -221,10 +221,10 @@ def atomic_dir(path: str | os.PathLike) -> Iterator[Path]:
         if old is not None:
             shutil.rmtree(old, ignore_errors=True)
     except BaseException as e:
-        free = _free_bytes(path.parent)
+        free = free_bytes(path.parent)
         if tmp is not None:
             shutil.rmtree(tmp, ignore_errors=True)
-        if (err := _no_space_error(e, path, free)) is not None:
+        if (err := no_space_error(e, path, free)) is not None:
             raise err from None
         raise
 
@@ -350,10 +350,10 @@ def writer_lock(directory: str | os.PathLike, what: str = "writing") -> Iterator
                     f.flush()
                     os.fsync(f.fileno())
             except OSError as e:
-                free = _free_bytes(lock.parent)
+                free = free_bytes(lock.parent)
                 with contextlib.suppress(OSError):
                     lock.unlink()
-                if (err := _no_space_error(e, lock, free)) is not None:
+                if (err := no_space_error(e, lock, free)) is not None:
                     raise err from None
                 raise
             break

@@ -28,6 +28,7 @@ from vaecf.errors import ConfigError, RunError
 from vaecf.evaluate import evaluate_model, metrics_with, model_scores, per_user_metric
 from vaecf.models.blend import AutoConfig
 from vaecf.specs import LINEAR_CV_BETAS
+from vaecf.trainer import RunResult, train
 
 BLEND_WEIGHTS = [0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9]
 SETTINGS = "auto_settings.json"  # the settings an auto run started with, for its resume
@@ -65,8 +66,6 @@ def candidate_model_config(name: str, auto: AutoConfig):
 def train_auto(
     ds: PreparedDataset, cfg: TrainConfig, out: Path, auto: AutoConfig, test: bool, log=print
 ):
-    from vaecf.trainer import RunResult, train
-
     for name in auto.candidates:
         if models.get(name).family not in ("autoencoder", "linear", "baseline"):
             raise ConfigError(
@@ -250,8 +249,6 @@ def _best_blend(ds, record, fitted, loaded, metric, val, per_user, cfg, log):
 
 def _materialise(ds, cfg, out, winner, record, fitted, test, t_start, selection):
     """Write the winner into `out` as a run of its own and score the test split once."""
-    from vaecf.trainer import RunResult
-
     kind, what, val = winner
     out.mkdir(parents=True, exist_ok=True)
     if kind == "single":

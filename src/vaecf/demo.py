@@ -14,7 +14,7 @@ from vaecf.data.matrix import CSR
 from vaecf.data.prepare import PrepareSettings, prepare_csv
 from vaecf.evaluate import evaluate_scores, popularity_scores
 from vaecf.recommender import Recommender
-from vaecf.trainer import train
+from vaecf.training import train
 
 
 def run_demo(

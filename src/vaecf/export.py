@@ -23,7 +23,7 @@ import torch
 from torch import nn
 
 from vaecf import rundir
-from vaecf._io import _free_bytes, _no_space_error, current_umask
+from vaecf._io import current_umask, free_bytes, no_space_error
 from vaecf.data.matrix import SparseBatch
 from vaecf.errors import ConfigError
 from vaecf.models.base import Model
@@ -91,7 +91,7 @@ def export_onnx(
             check(tmp, model)
         os.replace(tmp, out)
     except Exception as e:  # ONNX's writers report a full disk without the file's name
-        if (full := _no_space_error(e, out, _free_bytes(out.parent))) is not None:
+        if (full := no_space_error(e, out, free_bytes(out.parent))) is not None:
             raise full from None
         raise
     finally:

@@ -33,9 +33,9 @@ from vaecf.data.sources import (
     RATING,
     USER,
     WHITESPACE,
-    _int_if_possible,
-    _sep_for,
+    int_if_possible,
     read_table,
+    sep_for,
 )
 from vaecf.errors import ConfigError, DataError
 
@@ -91,7 +91,7 @@ def _frame_columns(df: pl.DataFrame, user_col, item_col, rating_col) -> pl.DataF
     for col in (USER, ITEM):
         s = frame.get_column(col)
         if not (s.dtype.is_integer() or s.dtype == pl.String):
-            s = _int_if_possible(s.cast(pl.String))
+            s = int_if_possible(s.cast(pl.String))
         frame = frame.with_columns(s.alias(col))
     return frame
 
@@ -120,7 +120,7 @@ def _read(data, user_col, item_col, rating_col, min_rating, sep) -> pl.DataFrame
         else:
             with open(path, encoding="utf-8", errors="replace", newline="") as f:
                 first = re.split(r"\r\n?|\n", f.readline(1 << 16))[0]
-            s = _sep_for(path, sep)  # as read_table will read it
+            s = sep_for(path, sep)  # as read_table will read it
             names = [
                 n.strip().strip('"') for n in (first.split() if s == WHITESPACE else first.split(s))
             ]
@@ -215,7 +215,7 @@ def fit(
         and the model's (`vaecf models` lists them), by name.
     """
     from vaecf.recommender import Recommender
-    from vaecf.trainer import train
+    from vaecf.training import train
 
     if min_rating is not None and rating_col is None and not sp.issparse(data):
         raise DataError("min_rating needs rating_col, the column that holds the ratings")

@@ -33,10 +33,10 @@ import polars as pl
 import torch
 
 from vaecf._io import (
-    _free_bytes,
-    _no_space_error,
     current_umask,
+    free_bytes,
     fsync_dir,
+    no_space_error,
     sweep_temps,
     writer_lock,
 )
@@ -109,7 +109,7 @@ def check_disk(out: Path, n_users: int, k: int) -> int:
     may not fit on `out`'s disk; returns the bytes it expects to need."""
     per_row = PART_ROW_BYTES + (CSV_ROW_BYTES if out.suffix.lower() == ".csv" else PART_ROW_BYTES)
     need = n_users * k * per_row
-    free = _free_bytes(out.parent)
+    free = free_bytes(out.parent)
     if free is not None and need > free:
         raise WriteError(
             f"no space for {out}: scoring {n_users:,} users at k={k} writes up to "
@@ -148,7 +148,7 @@ def score_file(
             return _score_file(rec, lf, user_col, item_col, out, k, exclude_seen, chunk_rows,
                                batch_users, progress)  # fmt: skip
         except Exception as e:  # polars reports a full disk as its own ComputeError
-            if (full := _no_space_error(e, out, _free_bytes(out.parent))) is not None:
+            if (full := no_space_error(e, out, free_bytes(out.parent))) is not None:
                 raise full from None
             raise
 

@@ -21,7 +21,7 @@ import scipy.sparse as sp
 import torch
 from tqdm.auto import tqdm
 
-from vaecf import checkpoint, distributed, graphs, memory, models, rundir
+from vaecf import checkpoint, distributed, footprint, graphs, memory, models, rundir
 from vaecf import precision as prec
 from vaecf._io import atomic_file, write_json, writer_lock
 from vaecf.background import CheckpointWriter, snapshot
@@ -164,33 +164,11 @@ def train(
     on_epoch: Callable[[dict], None] | None = None,
     test: bool = True,
 ) -> RunResult:
-    """Train (or fit) a model on a prepared dataset into run directory `out`; `resume=True`
-    continues it. The model is `model` (a registry name) or the one `model_config` configures
-    (default Mult-VAE with the paper's network). `on_epoch(row)` is called with every epoch's
-    metrics row once it is saved (a tuner's pruner raises from it to stop the run).
-    `test=False` leaves the test split unscored (results.json "test": null), for model selection
-    that must not see it (vaecf tune scores the chosen run alone)."""
+    """Train (or fit) one model into run directory `out` (vaecf.training.train, which
+    `vaecf.train` is, also takes `--model auto`)."""
     ds = data if isinstance(data, PreparedDataset) else PreparedDataset(data)
     out = Path(out)
     test = test and ds.manifest["counts"]["n_test_users"] > 0  # a production split has none
-    if model == "auto" or isinstance(model_config, models.AutoConfig):
-        from vaecf.auto import saved_settings, train_auto
-
-        if resume and (config is None or model_config is None):  # the run's own settings
-            given = saved_settings(out)
-            config = config or given[0]
-            model_config = model_config or given[1]
-        config = config or TrainConfig()
-        config.validate()
-        with writer_lock(out, "vaecf train"):
-            return train_auto(
-                ds,
-                config,
-                out,
-                model_config or models.AutoConfig(),
-                test,
-                log=tqdm.write if config.progress else (lambda s: None),
-            )
     if model is not None and not models.get(model).trainable:
         raise ConfigError(f"--model {model} is made by --model auto, not trained on its own")
     if int(os.environ.get("RANK", "0")) != 0:  # under torchrun rank 0 holds the lock
@@ -465,7 +443,7 @@ class Trainer(_Run):
         # a step's users: the batch (at most every training user), split across the processes
         batch = min(cfg.batch_size, max(counts.get("n_train_users", 0), 1))
         batch = -(-batch // self.ctx.world) if self.ctx.enabled else batch
-        mem = memory.train_memory(
+        mem = footprint.train_memory(
             self.model_name,
             ds.n_items,
             self.model_cfg,
@@ -478,7 +456,7 @@ class Trainer(_Run):
         title = models.get(self.model_name).title
         refused = plan = None
         try:
-            self.background_checkpoints, plan = memory.check_train_memory(
+            self.background_checkpoints, plan = footprint.check_train_memory(
                 mem,
                 self.device,
                 title,
@@ -626,7 +604,8 @@ class Trainer(_Run):
             # and again for the eager steps (the epoch's last), and Adam's moments (a fresh run's)
             params = sum(p.numel() for p in self.model.parameters())
             steps = 1 + len(self.model.phases())
-            need = steps * memory.ACTIVATION_BYTES * cfg.batch_size * self.ds.n_items + 16 * params
+            batch = footprint.ACTIVATION_BYTES * cfg.batch_size * self.ds.n_items
+            need = steps * batch + 16 * params
             if why is None and memory.available_bytes(self.device) < need:
                 why = f"the GPU has less than {memory.gib(need)} free for a graph's step"
                 if cfg.progress and self.ctx.is_main:

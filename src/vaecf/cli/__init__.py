@@ -27,7 +27,7 @@ def build_parser() -> argparse.ArgumentParser:
             "evaluate and recommend."
         ),
     )
-    from vaecf import __version__
+    from vaecf.version import __version__
 
     p.add_argument("--version", action="version", version=f"vaecf {__version__}")
     sub = p.add_subparsers(dest="verb", required=True, metavar="VERB")

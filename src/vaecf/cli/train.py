@@ -29,7 +29,7 @@ def cmd_train(a) -> int:
     from vaecf import configfile, models
     from vaecf.config import TrainConfig
     from vaecf.errors import ConfigError
-    from vaecf.trainer import train
+    from vaecf.training import train
 
     file = configfile.read(a.config) if a.config else configfile.RunSettings()
     name = a.model or file.model or ModelChoice.model

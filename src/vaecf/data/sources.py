@@ -21,7 +21,7 @@ WHITESPACE = "whitespace"  # --sep whitespace: fields split on runs of spaces an
 _SEP_NAMES = {"\\t": "\t", "tab": "\t", "space": " ", "ws": WHITESPACE}
 
 
-def _sep_for(path: Path, sep: str | None) -> str:
+def sep_for(path: Path, sep: str | None) -> str:
     if sep is not None:
         sep = _SEP_NAMES.get(sep, sep)
         if sep != WHITESPACE and (len(sep) != 1 or sep in '\r\n"'):
@@ -116,7 +116,7 @@ def _whitespace_frame(src, path: Path, columns: list[str] | None) -> pl.DataFram
     return f.select(pl.col("line").list.get(i).alias(c) for i, c in enumerate(columns))
 
 
-def _int_if_possible(col: pl.Series) -> pl.Series:
+def int_if_possible(col: pl.Series) -> pl.Series:
     as_int = col.str.strip_chars().cast(pl.Int64, strict=False)
     if as_int.null_count() == col.null_count():
         return as_int
@@ -148,7 +148,7 @@ def read_table(
             f"{path} is empty; pass a file with {'a header row and ' if header else ''}interactions"
         )
     wanted = [user_col, item_col] + ([rating_col] if rating_col else [])
-    sep = None if is_parquet else _sep_for(path, sep)
+    sep = None if is_parquet else sep_for(path, sep)
     try:
         if is_parquet:
             lf = pl.scan_parquet(path)
@@ -210,7 +210,7 @@ def read_table(
             row = int(missing.arg_true()[0])
             raise DataError(f"{path}, data row {row + 1}: empty {col!r}; every row needs a {col}")
         if s.dtype == pl.String:
-            s = _int_if_possible(s)
+            s = int_if_possible(s)
         out[name] = s.alias(name)
     if rating_col:
         s = df.get_column(rating_col)
@@ -648,9 +648,9 @@ def read_names_table(
     if not path.is_file():
         raise DataError(f"{path} does not exist or is not a file; pass --item-names to a file")
     is_parquet = path.suffix.lower() in {".parquet", ".pq"}
-    sep = _sep_for(path, sep)
+    sep = sep_for(path, sep)
     if sep == WHITESPACE:  # names hold spaces: the interactions' --sep whitespace is not theirs
-        sep = _sep_for(path, None)
+        sep = sep_for(path, None)
     try:
         if is_parquet:
             lf = pl.scan_parquet(path)

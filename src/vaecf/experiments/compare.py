@@ -120,7 +120,7 @@ def train_all(
 def _train_all(csv_path, out, entries, seeds, prepare, epochs, device, log) -> list[Record]:
     from vaecf.config import TrainConfig
     from vaecf.data.prepare import PrepareSettings, load_prepared, prepare_csv
-    from vaecf.trainer import train
+    from vaecf.training import train
 
     keys = ("user_col", "item_col", "rating_col", "sep", "header", "columns")
     columns = {k: prepare.pop(k) for k in keys if k in prepare}

@@ -376,7 +376,7 @@ class _Objective:
         import optuna
 
         from vaecf.config import TrainConfig
-        from vaecf.trainer import train
+        from vaecf.training import train
 
         n_train = self.ds.manifest["counts"]["n_train_users"]
         drawn = self.space(_Fixed(trial, self.fixed), n_train)

@@ -233,7 +233,7 @@ class MultAE(Model):
         total = nll
         parts = {"nll_sum": nll.detach()}
         if self.variational:
-            mu, logvar = _wide(mu), _wide(logvar)
+            mu, logvar = wide(mu), wide(logvar)
             kl = (0.5 * (-logvar + logvar.exp() + mu * mu - 1.0)).sum()
             total = total + beta * kl
             parts["kl_sum"] = kl.detach()
@@ -241,20 +241,20 @@ class MultAE(Model):
         loss = total / max(denom, 1)
         if self.config.weight_decay:
             loss = loss + self.config.weight_decay * sum(
-                _wide(w).pow(2).sum() for w in self.weights()
+                wide(w).pow(2).sum() for w in self.weights()
             )
         return loss, parts
 
 
-def _wide(t: torch.Tensor) -> torch.Tensor:
+def wide(t: torch.Tensor) -> torch.Tensor:
     """At least float32: reductions of bf16/fp16 activations are done in float32."""
     return t.float() if t.dtype in (torch.bfloat16, torch.float16) else t
 
 
 def multinomial_nll(logits: torch.Tensor, batch: SparseBatch) -> torch.Tensor:
     """Mean over users of -sum_i x_ui log softmax(logits_u)_i, from the non-zeros only."""
-    lse = torch.logsumexp(_wide(logits), dim=1)  # (B,)
-    picked = _wide(logits[batch.row_ids, batch.indices]) * batch.values  # (nnz,)
+    lse = torch.logsumexp(wide(logits), dim=1)  # (B,)
+    picked = wide(logits[batch.row_ids, batch.indices]) * batch.values  # (nnz,)
     return (batch.row_sums() * lse - batch.row_sums(picked)).mean()
 
 

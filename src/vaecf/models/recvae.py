@@ -26,7 +26,7 @@ from vaecf import specs
 from vaecf.data.matrix import SparseBatch
 from vaecf.models.base import Model, Phase, l2_rows, sparse_rows_product
 from vaecf.models.fused import linear_multinomial_nll
-from vaecf.models.multvae import _wide, resolve_vae_train
+from vaecf.models.multvae import resolve_vae_train, wide
 from vaecf.specs import RecVAEConfig
 
 PAPER_TRAIN = {"epochs": 50, "batch_size": 500, "lr": 5e-4}  # the authors' run.py defaults
@@ -149,7 +149,7 @@ class RecVAE(Model):
     def log_prior(self, batch: SparseBatch, z: torch.Tensor) -> torch.Tensor:
         """(B, latent) log density of z under the composite prior, per dimension."""
         with torch.no_grad():
-            post_mu, post_logvar = (_wide(t) for t in self.prior_encoder(batch, 0.0))
+            post_mu, post_logvar = (wide(t) for t in self.prior_encoder(batch, 0.0))
         zero = torch.zeros((), dtype=z.dtype, device=z.device)
         parts = torch.stack(
             [
@@ -183,7 +183,7 @@ class RecVAE(Model):
         parts = {"nll_sum": nll.detach()}
         total = nll
         if not decoder_phase:
-            z, mu, logvar = _wide(z), _wide(mu), _wide(logvar)
+            z, mu, logvar = wide(z), wide(mu), wide(logvar)
             kl = self.kl_per_user(batch, z, mu, logvar)  # (B,)
             weight = self.config.gamma * batch.row_sums().to(kl.dtype)
             term = (weight * kl).sum()

@@ -22,7 +22,6 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from vaecf import __version__
 from vaecf.serve import api, page
 from vaecf.serve.batcher import MicroBatcher, client_gone
 from vaecf.serve.metrics import Metrics
@@ -31,6 +30,7 @@ from vaecf.serve.reload import ModelHolder
 from vaecf.serve.schemas import error, validation_error
 from vaecf.serve.service import CLIENT_CLOSED, Service, busy
 from vaecf.serve.settings import ServeSettings
+from vaecf.version import __version__
 
 log = logging.getLogger("vaecf.serve")
 

@@ -10,9 +10,10 @@ from pathlib import Path
 
 import torch
 
-from vaecf import __version__, models, rundir
+from vaecf import models, rundir
 from vaecf.data.vocab import Vocabulary
 from vaecf.models.ease import EASE
+from vaecf.version import __version__
 
 
 def fresh_run(
