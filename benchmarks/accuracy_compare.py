@@ -1,9 +1,12 @@
-"""The README's accuracy table: every model on the two visible real datasets (and the synthetic
-demo data), each through `vaecf compare` (5 split seeds, paired differences and p-values to
-the first model), on the paper's protocol.
+"""Accuracy of every model on real and synthetic data through `vaecf compare`, paired by split.
+
+Every model on the two visible real datasets (and the synthetic demo data), each through
+`vaecf compare` (5 split seeds, paired differences and p-values to the first model), on the
+paper's protocol.
 
     python benchmarks/accuracy_compare.py --out DIR [--datasets ml-latest-small,filmtrust,demo]
         [--models ease,edlae,auto,recvae,multvae,popular] [--seeds 98765,1,2,3,4]
+        [--data-root ../shared/data] [--demo-users 12000 --demo-items 3000]
 
 Datasets (positives and held-out users chosen once, before any model was compared on them):
 - ml-latest-small: MovieLens `ratings.csv`, ratings >= 4 (the paper's > 3.5), 50 + 50
@@ -12,7 +15,8 @@ Datasets (positives and held-out users chosen once, before any model was compare
   ratings >= 3 (the top 3 of 8 steps, as >= 4 is on MovieLens' 10), 150 + 150 held-out users
   (~13% each of the 1,119 users with 5+ positives: fewer would leave the test mean to noise);
 - demo: `vaecf demo`'s synthetic data (12,000 users x 3,000 items, planted taste groups),
-  1,200 + 1,200 held-out users, 20 epochs for the gradient models as the demo trains.
+  1,200 + 1,200 held-out users (a tenth of the users each), 20 epochs for the gradient models
+  as the demo trains.
 Interrupted, it continues: compare reuses finished runs in DIR.
 """
 
@@ -28,12 +32,13 @@ from pathlib import Path
 SHARED = Path(__file__).resolve().parents[1].parent / "shared" / "data"
 
 
-def demo_csv(out: Path) -> Path:
-    dst = out / "demo.csv"
+def demo_csv(out: Path, users: int = 12_000, items: int = 3_000) -> Path:
+    name = "demo.csv" if (users, items) == (12_000, 3_000) else f"demo-{users}x{items}.csv"
+    dst = out / name
     if not dst.is_file():
         from vaecf.data import synthetic
 
-        synthetic.generate(n_users=12_000, n_items=3_000, seed=0).write_csv(dst)
+        synthetic.generate(n_users=users, n_items=items, seed=0).write_csv(dst)
     return dst
 
 
@@ -44,6 +49,14 @@ def main() -> None:
     ap.add_argument("--models", default="ease,edlae,auto,recvae,multvae,popular")
     ap.add_argument("--seeds", default="98765,1,2,3,4")
     ap.add_argument("--table", action="store_true", help="only print the table of finished runs")
+    ap.add_argument(
+        "--data-root",
+        type=Path,
+        default=SHARED,
+        help="holds ml-latest-small/ratings.csv and filmtrust/ratings.txt",
+    )
+    ap.add_argument("--demo-users", type=int, default=12_000, help="demo data's users (12,000)")
+    ap.add_argument("--demo-items", type=int, default=3_000, help="demo data's items (3,000)")
     a = ap.parse_args()
     if a.table:
         print(table(a.out, a.datasets.split(",")))
@@ -51,16 +64,17 @@ def main() -> None:
     a.out.mkdir(parents=True, exist_ok=True)
     for name in a.datasets.split(","):
         if name == "ml-latest-small":
-            path = SHARED / "ml-latest-small" / "ratings.csv"
+            path = a.data_root / "ml-latest-small" / "ratings.csv"
             args = "--user-col userId --item-col movieId --rating-col rating --min-rating 4"
             args += " --heldout-users 50"
         elif name == "filmtrust":
-            path = SHARED / "filmtrust" / "ratings.txt"  # the raw file: no header, spaces
+            path = a.data_root / "filmtrust" / "ratings.txt"  # the raw file: no header, spaces
             args = "--no-header --columns user,item,rating --sep whitespace --min-rating 3"
             args += " --heldout-users 150"
         elif name == "demo":
-            path = demo_csv(a.out)
-            args = "--user-col user_id --item-col item_id --heldout-users 1200 --epochs 20"
+            path = demo_csv(a.out, a.demo_users, a.demo_items)
+            args = f"--user-col user_id --item-col item_id --heldout-users {a.demo_users // 10}"
+            args += " --epochs 20"
         else:
             sys.exit(f"unknown dataset {name}")
         cmd = [
@@ -101,10 +115,13 @@ def table(out: Path, datasets: list[str], metric: str = "ndcg@100") -> str:
                 cells += ["", ""]
                 continue
             v, ref = per[lab][metric], per[runs[d]["labels"][0]][metric]
-            cells.append(f"{statistics.mean(v):.4f} ± {statistics.stdev(v):.4f}")
+            sd = statistics.stdev(v) if len(v) > 1 else 0.0
+            cells.append(f"{statistics.mean(v):.4f} ± {sd:.4f}")
             diff = [a - b for a, b in zip(v, ref)]
             if lab == runs[d]["labels"][0]:
                 cells.append("")
+            elif len(v) < 2:
+                cells.append(f"{statistics.mean(diff):+.4f}")
             else:
                 p = stats.ttest_rel(v, ref).pvalue
                 cells.append(f"{statistics.mean(diff):+.4f} ({p:.2f})")

@@ -1,5 +1,7 @@
-"""inf-AE's fit at growing user counts: seconds and peak memory of one fit (`--model infae`)
-on synthetic data with planted taste groups, one process per size (each its own peak RSS).
+"""inf-AE's fit at growing user counts: seconds and peak memory of one fit, a process per size.
+
+One fit of `--model infae` on synthetic data with planted taste groups, one process per size
+(each its own peak RSS).
 
 A fit holds a users x users kernel and its Cholesky factor and solves for a users x items
 right-hand side: U^3 / 3 for the factor and 2 U^2 n for the solve. With --search, each of

@@ -1,9 +1,11 @@
-"""What the linear models' (lambda, p) search costs, and what the fast search gives up: EASE and
-EDLAE fitted through `vaecf train` on one synthetic dataset (default: 17,000 items, 5,000
+"""The linear models' fit at 17,000 items: what the (lambda, p) search costs and gives up.
+
+EASE and EDLAE fitted through `vaecf train` on one synthetic dataset (default: 17,000 items, 5,000
 users, as the paper-library set of the accuracy issue), each search on the same split.
 
     python benchmarks/linear_search.py [--items 17000 --users 5000] [--grid] [--seed 0]
     python benchmarks/linear_search.py --solve-only 5000    # the CPU solvers side by side
+    python benchmarks/linear_search.py --items 300 --users 400 --heldout 40 --coarse-items 50
 
 Rows: EASE fast (the default), EDLAE fast (the default), and with --grid EASE over the full
 9-value grid (9 full solves; ~8 minutes at 17,000 items on 2 cores). Columns: whole fit
@@ -28,11 +30,10 @@ import vaecf
 from vaecf import models
 from vaecf.bench import cpu_name
 from vaecf.data import synthetic
+from vaecf.models.linear import spd_inverse
 
 
 def solve_only(n: int) -> None:
-    from vaecf.models.ease import _spd_inverse
-
     x = (torch.rand(max(n // 2, 100), n, generator=torch.Generator().manual_seed(0)) < 0.02).float()
     gram = x.T @ x
     gram.diagonal().add_(100.0)
@@ -40,7 +41,7 @@ def solve_only(n: int) -> None:
     print("| dtype | scipy LAPACK s | torch s | ratio |\n|---|---:|---:|---:|")
     for dtype in (torch.float32, torch.float64):
         a = gram.to(dtype)
-        ours = min(_timed(lambda a=a: _spd_inverse(a.clone(), 100.0)) for _ in range(3))
+        ours = min(_timed(lambda a=a: spd_inverse(a.clone(), 100.0)) for _ in range(3))
         theirs = min(
             _timed(lambda a=a: torch.cholesky_inverse(torch.linalg.cholesky(a))) for _ in range(3)
         )
@@ -60,6 +61,11 @@ def main() -> None:
     ap.add_argument("--heldout", type=int, default=500, help="validation and test users each")
     ap.add_argument("--grid", action="store_true", help="also EASE over the full grid")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument(
+        "--coarse-items",
+        type=int,
+        help="the fast search's coarse stage on this many items (vaecf's default: 3,000)",
+    )
     ap.add_argument("--solve-only", type=int, metavar="N", help="time only the solvers at N items")
     a = ap.parse_args()
     torch.set_num_threads(os.cpu_count() or 1)
@@ -79,7 +85,8 @@ def main() -> None:
         f" {ds.manifest['counts']['nnz_train']:,} interactions (prepared in "
         f"{time.perf_counter() - t0:.0f} s); CPU: {cpu_name()}, {torch.get_num_threads()} threads"
     )
-    rows = [("EASE fast", "ease", {}), ("EDLAE fast", "edlae", {})]
+    fast = {} if a.coarse_items is None else {"coarse_items": a.coarse_items}
+    rows = [("EASE fast", "ease", fast), ("EDLAE fast", "edlae", fast)]
     if a.grid:
         rows.append(("EASE grid", "ease", {"search": "grid"}))
     cfg = vaecf.TrainConfig(device="cpu", progress=False)

@@ -1,6 +1,8 @@
-"""Preprocessing benchmark: `vaecf prepare ml-20m --source ratings.csv` against a pandas
-implementation of the paper's notebook (Liang et al. 2018), on a synthetic file in the exact ML-20M
-format and size (20,000,263 rows, 138,493 users, 26,744 movies); then a Netflix-format run.
+"""Preprocessing: `vaecf prepare` against a pandas version of the paper's notebook, ML-20M's size.
+
+`vaecf prepare ml-20m --source ratings.csv` against a pandas implementation of the paper's
+notebook (Liang et al. 2018), on a synthetic file in the exact ML-20M format and size
+(20,000,263 rows, 138,493 users, 26,744 movies); then a Netflix-format run.
 
 Each side runs in its own subprocess; wall time and peak RSS (ru_maxrss of that process) are
 printed side by side.
@@ -8,6 +10,7 @@ printed side by side.
     .venv/bin/python benchmarks/prepare.py                      # ML-20M size, then Netflix size
     .venv/bin/python benchmarks/prepare.py --netflix-rows 0     # ML-20M only
     .venv/bin/python benchmarks/prepare.py --rows 2000000 --netflix-rows 10000000  # quick
+    .venv/bin/python benchmarks/prepare.py --rows 40000 --netflix-rows 40000 --heldout-users 100
 """
 
 from __future__ import annotations
@@ -111,7 +114,7 @@ def make_netflix(directory: Path, n_rows: int, seed: int = 1) -> None:
 
 PANDAS_REFERENCE = r"""
 import sys, numpy as np, pandas as pd
-src, out = sys.argv[1], sys.argv[2]
+src, out, n_heldout = sys.argv[1], sys.argv[2], int(sys.argv[3])
 raw_data = pd.read_csv(src, header=0)
 raw_data = raw_data[raw_data['rating'] > 3.5]
 def get_count(tp, id):
@@ -128,7 +131,7 @@ raw_data, user_activity, item_popularity = filter_triplets(raw_data)
 unique_uid = user_activity['userId'].values
 np.random.seed(98765)
 unique_uid = unique_uid[np.random.permutation(unique_uid.size)]
-n_users, n_heldout = unique_uid.size, 10000
+n_users = unique_uid.size
 tr_users = unique_uid[:(n_users - n_heldout * 2)]
 vd_users = unique_uid[(n_users - n_heldout * 2): (n_users - n_heldout)]
 te_users = unique_uid[(n_users - n_heldout):]
@@ -175,7 +178,7 @@ def timed(cmd: list[str], env: dict | None = None) -> tuple[float, float, str]:
     """(wall seconds, peak RSS in GB, last output line) of one subprocess."""
     t = time.perf_counter()
     p = subprocess.Popen(
-        cmd,
+        [str(c) for c in cmd],
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
@@ -186,7 +189,7 @@ def timed(cmd: list[str], env: dict | None = None) -> tuple[float, float, str]:
     p.returncode = os.waitstatus_to_exitcode(status)
     wall = time.perf_counter() - t
     if p.returncode != 0:
-        sys.exit(f"{' '.join(cmd)} failed ({p.returncode}):\n{out[-3000:]}")
+        sys.exit(f"{' '.join(map(str, cmd))} failed ({p.returncode}):\n{out[-3000:]}")
     return wall, usage.ru_maxrss / 1024**2, out.strip().splitlines()[-1] if out.strip() else ""
 
 
@@ -206,6 +209,9 @@ def main() -> None:
     ap.add_argument("--rows", type=int, default=ML_ROWS, help="ML-20M-format rows")
     ap.add_argument("--netflix-rows", type=int, default=NF_ROWS, help="0 skips the Netflix run")
     ap.add_argument("--no-pandas", action="store_true", help="skip the pandas reference")
+    ap.add_argument(
+        "--heldout-users", type=int, default=10_000, help="validation and test users each (10,000)"
+    )
     ap.add_argument("--workdir", help="keep the generated files here (default: a temp dir)")
     a = ap.parse_args()
     work = Path(a.workdir or tempfile.mkdtemp(prefix="vaecf-bench-"))
@@ -234,6 +240,8 @@ def main() -> None:
             "--overwrite",
             "--out",
             work / "out-vaecf",
+            "--heldout-users",
+            a.heldout_users,
             "--quiet",
         ],
         env,
@@ -243,7 +251,8 @@ def main() -> None:
     if not a.no_pandas:
         script = work / "reference.py"
         script.write_text(PANDAS_REFERENCE)
-        w, m, line = timed([sys.executable, str(script), str(csv), str(work / "out-pandas")])
+        cmd = [sys.executable, script, csv, work / "out-pandas", a.heldout_users]
+        w, m, line = timed(cmd)
         rows.append((f"ml-20m format, {a.rows:,} rows", "pandas notebook", w, m, line))
         print(rows[-1], flush=True)
 
@@ -268,6 +277,8 @@ def main() -> None:
                 "--overwrite",
                 "--out",
                 work / "out-netflix",
+                "--heldout-users",
+                a.heldout_users,
                 "--quiet",
             ],
             env,

@@ -19,6 +19,8 @@ the data, exit); and the bytes the process wrote (`wchar` of /proc/self/io).
 
 `--datasets ml-20m` adds a synthetic set of ML-20M's shape (136,677 users, 20,108 items, 10M
 interactions; 10,000 + 10,000 held-out users as in the paper): the paper's whole ML-20M run.
+`--synthetic USERS,ITEMS,NNZ,HELDOUT` adds a synthetic set of any shape (a tiny one: a smoke
+run, `--datasets "" --synthetic 300,200,3000,30 --epochs 1`).
 """
 
 from __future__ import annotations
@@ -53,7 +55,7 @@ sys.exit(code)
 """
 
 
-def datasets(tmp: Path, names: list[str]) -> dict[str, Path]:
+def datasets(tmp: Path, names: list[str], extra: list[str] = ()) -> dict[str, Path]:
     out = {}
     if "ml-latest-small" in names and SHARED.is_file():
         out["ml-latest-small"] = vaecf.prepare_csv(
@@ -68,6 +70,10 @@ def datasets(tmp: Path, names: list[str]) -> dict[str, Path]:
         "citeulike-a": (5_551, 16_980, 204_986, 500),
         "ml-20m": (136_677, 20_108, 10**7, 10**4),
     }
+    for shape in extra:
+        users, items, nnz, heldout = (int(v) for v in shape.split(","))
+        shapes[f"{users}x{items}"] = (users, items, nnz, heldout)
+        names = [*names, f"{users}x{items}"]
     for name in names:
         if name in shapes:
             users, items, nnz, heldout = shapes[name]
@@ -119,6 +125,13 @@ def main() -> int:
     ap.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N")
     ap.add_argument("--datasets", default="ml-latest-small,citeulike-a", help="also: ml-20m")
     ap.add_argument(
+        "--synthetic",
+        action="append",
+        default=[],
+        metavar="USERS,ITEMS,NNZ,HELDOUT",
+        help="also a synthetic set of this shape (repeatable)",
+    )
+    ap.add_argument(
         "--variant",
         action="append",
         default=[],
@@ -133,7 +146,7 @@ def main() -> int:
     versions.append(("after", ROOT / "src", ()))
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
-        for name, data in datasets(Path(tmp), a.datasets.split(",")).items():
+        for name, data in datasets(Path(tmp), a.datasets.split(","), a.synthetic).items():
             for label, src, extra in versions:
                 out = Path(tmp) / f"run-{label}-{len(rows)}"
                 r = run(src, data, out, a.epochs, a.precision, a.device, extra)

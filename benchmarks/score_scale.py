@@ -1,6 +1,7 @@
 """`vaecf score` at ML-20M's scale, timed as whole processes.
 
-    PYTHONPATH=src .venv/bin/python benchmarks/score_scale.py [--users 138000] [--precision P ...]
+    PYTHONPATH=src .venv/bin/python benchmarks/score_scale.py [--users 138000] [--items 20108]
+        [--precision P ...] [--workdir DIR]
 
 Writes an interactions file of ML-20M's shape (138,000 users by default, 20,108 items, ~10M
 rows drawn with power-law item popularity and heavy-tailed user activity: `bench.synthetic_csr`)
@@ -31,8 +32,9 @@ from vaecf.serve.fixtures import fresh_run  # noqa: E402
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--users", type=int, default=138_000)
+    ap.add_argument("--items", type=int, default=ML20M["items"], help="catalogue (20,108)")
     ap.add_argument("--precision", action="append", help="repeat (default: fp32 bf16 int8)")
     ap.add_argument("--workdir", help="keep the files here (default: a temporary directory)")
     a = ap.parse_args()
@@ -41,14 +43,14 @@ def main() -> None:
     src = work / "interactions.parquet"
     nnz = round(ML20M["nnz"] * a.users / ML20M["users"])
     if not src.exists():
-        m = synthetic_csr(a.users, ML20M["items"], nnz, seed=0).tocoo()
+        m = synthetic_csr(a.users, a.items, nnz, seed=0).tocoo()
         order = np.random.default_rng(1).permutation(m.nnz)  # users interleaved, as files come
         pl.DataFrame({"user_id": m.row[order] + 1, "item_id": m.col[order]}).write_parquet(src)
     run = work / "run"
     if not (run / "best.pt").exists():
-        fresh_run(run, ML20M["items"], "multvae")
+        fresh_run(run, a.items, "multvae")
     rows = pl.scan_parquet(src).select(pl.len()).collect().item()
-    print(f"CPU: {cpu_name()}; {a.users:,} users, {rows:,} interactions, {ML20M['items']:,} items")
+    print(f"CPU: {cpu_name()}; {a.users:,} users, {rows:,} interactions, {a.items:,} items")
     print(f"{'precision':>9} {'wall s':>8} {'users/s':>9} {'rows out':>11} {'max RSS MiB':>11}")
     for p in a.precision or ["fp32", "bf16", "int8"]:
         out = work / f"recs-{p}.parquet"

@@ -1,7 +1,8 @@
-"""What serving adds to a recommendation at concurrency 1: the p50/p99 latency of
-`Recommender.recommend` in process against `POST /v1/recommend` of a real `vaecf serve`
-subprocess over one keep-alive connection, for the same model, precision, histories and k,
-measured in alternating rounds in one run (this machine is shared and noisy).
+"""What serving adds to a recommendation at concurrency 1: served against in-process latency.
+
+The p50/p99 latency of `Recommender.recommend` in process against `POST /v1/recommend` of a
+real `vaecf serve` subprocess over one keep-alive connection, for the same model, precision,
+histories and k, measured in alternating rounds in one run (this machine is shared and noisy).
 
 The model is an untrained Mult-VAE (the paper's [600] hidden layer, 200-d latent) of
 ml-latest-small's size (6,946 items after the paper's preparation); random weights cost what
@@ -10,6 +11,7 @@ a raw socket (an HTTP library would add its own cost to the served side).
 
     python benchmarks/serve_latency.py                    # 10 rounds x 500 requests per side
     python benchmarks/serve_latency.py --items 20108 --precision bf16 --rounds 5
+    python benchmarks/serve_latency.py --items 100 --requests 5 --rounds 1 --warmup 5   # smoke
 """
 
 from __future__ import annotations
@@ -94,13 +96,14 @@ def percentiles(ms: list[float]) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--items", type=int, default=6946, help="n_items (6,946: ml-latest-small)")
     p.add_argument("--history", type=int, default=10, help="items per history (10)")
     p.add_argument("-k", type=int, default=10, help="items asked for (10)")
     p.add_argument("--precision", default="fp32", help="serving precision (fp32)")
     p.add_argument("--requests", type=int, default=500, help="requests per side per round")
     p.add_argument("--rounds", type=int, default=10, help="alternating rounds (10)")
+    p.add_argument("--warmup", type=int, default=200, help="untimed requests per side (200)")
     p.add_argument("--server-args", default="", help="extra `vaecf serve` options")
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
     a = p.parse_args(argv)
@@ -123,7 +126,7 @@ def main(argv: list[str] | None = None) -> int:
         try:
             wait_ready(port, proc)
             client = Client(port)
-            for i in range(200):  # warm both sides
+            for i in range(a.warmup):  # warm both sides
                 client.post("/v1/recommend", bodies[i % len(bodies)])
                 rec.recommend(histories[i % len(histories)], k=a.k)
             # rounds of each side in turn, so that both see the machine's noise alike (not

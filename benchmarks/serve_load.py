@@ -1,5 +1,7 @@
-"""Load test of `vaecf serve`: requests/s and latency percentiles of POST /v1/recommend at several
-concurrencies, with and without micro-batching, and one run during which the model is reloaded.
+"""Load test of `vaecf serve`: requests/s and latency percentiles of POST /v1/recommend.
+
+At several concurrencies, with and without micro-batching, and one run during which the model
+is reloaded (`--modes` picks among the three).
 
 The server is a real `vaecf serve` subprocess on 127.0.0.1 serving an untrained Mult-VAE of
 ML-20M's size (20,108 items, the paper's [600] hidden layer and 200-d latent; scores of random
@@ -12,6 +14,7 @@ machine's cores, so on a small machine the client's own CPU use is part of what 
     python benchmarks/serve_load.py                      # 5 s per cell, concurrency 1 16 64
     python benchmarks/serve_load.py --duration 10 --concurrency 1 8 --json
     python benchmarks/serve_load.py --overload 4 --concurrency 16 64   # 4x capacity, open loop
+    python benchmarks/serve_load.py --items 100 --duration 0.5 --concurrency 2 --modes batched
 """
 
 from __future__ import annotations
@@ -329,7 +332,7 @@ def main_overload(a) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--duration", type=float, default=5.0, help="seconds per cell (5)")
     p.add_argument("--max-requests", type=int, default=20_000, help="requests per cell at most")
     p.add_argument("--concurrency", type=int, nargs="+", default=[1, 16, 64])
@@ -337,6 +340,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--items", type=int, default=ML20M_ITEMS, help="n_items (20,108: ML-20M)")
     p.add_argument("--precision", default="fp32", help="the server's --precision (fp32)")
     p.add_argument("--json", action="store_true", help="print JSON lines instead of a table")
+    p.add_argument(
+        "--modes",
+        default="batched,unbatched,reload",
+        help="which runs: micro-batching, no batching, micro-batching with a reload (all three)",
+    )
     p.add_argument(
         "--overload",
         type=float,
@@ -348,23 +356,34 @@ def main(argv: list[str] | None = None) -> int:
     if a.overload:
         return main_overload(a)
 
+    modes = set(a.modes.split(","))
+    if modes - {"batched", "unbatched", "reload"}:
+        p.error(f"unknown --modes {a.modes!r}: batched, unbatched, reload")
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         run_a = fresh_run(Path(tmp) / "a", a.items, "multvae", seed=0)
         run_b = fresh_run(Path(tmp) / "b", a.items, "multvae", seed=1)
         # the in-process batch-1 latency of the same model, for the concurrency-1 rows
         inproc = bench_infer(str(run_a), (1,), a.precision, seconds=a.duration, progress=False)[0]
-        for label, wait in (("micro-batching", a.batch_wait_ms), ("no batching", 0.0)):
+        for mode, label, wait in (
+            ("batched", "micro-batching", a.batch_wait_ms),
+            ("unbatched", "no batching", 0.0),
+        ):
+            if mode not in modes:
+                continue
             with Server(run_a, wait, precision=a.precision) as server:
                 for c in a.concurrency:
                     res = asyncio.run(load(server.base, c, a.duration, a.max_requests, a.items))
                     rows.append({"mode": label, **res})
                     print(json.dumps(rows[-1]) if a.json else rows[-1], file=sys.stderr)
-        with Server(run_a, a.batch_wait_ms, precision=a.precision) as server:
-            c = max(a.concurrency)  # long enough for the reload (seconds under load) and after
-            dur = max(a.duration, 12.0)
-            res = asyncio.run(load(server.base, c, dur, a.max_requests, a.items, reload_run=run_b))
-            rows.append({"mode": "micro-batching + reload", **res})
+        if "reload" in modes:
+            with Server(run_a, a.batch_wait_ms, precision=a.precision) as server:
+                c = max(a.concurrency)  # long enough for the reload (seconds under load) and after
+                dur = max(a.duration, 12.0)
+                res = asyncio.run(
+                    load(server.base, c, dur, a.max_requests, a.items, reload_run=run_b)
+                )
+                rows.append({"mode": "micro-batching + reload", **res})
     if a.json:
         for r in rows:
             print(json.dumps(r))

@@ -1,5 +1,7 @@
-"""Memory held by a serving copy per `--precision`, for an untrained Mult-VAE of ML-20M's size
-(20,108 items, [600] hidden, 200-d latent; trained weights take the same bytes):
+"""Memory a serving copy holds per `--precision`, for an untrained model of ML-20M's size.
+
+An untrained Mult-VAE (or RecVAE) of 20,108 items, [600] hidden, 200-d latent (trained weights
+take the same bytes):
 
 - tensors: the model's parameters and buffers (each storage counted once);
 - resident: what the process's resident set grew by from loading the copy and answering a
@@ -8,6 +10,7 @@
   the loading freed but the allocator kept). Each precision in a fresh process (Linux).
 
     python benchmarks/serving_memory.py [--items 20108] [--model multvae|recvae]
+        [--precisions fp32,bf16,int8]
 """
 
 from __future__ import annotations
@@ -61,6 +64,7 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--items", type=int, default=20_108)
     p.add_argument("--model", default="multvae")
+    p.add_argument("--precisions", default=",".join(PRECISIONS), help="fp32,bf16,int8")
     p.add_argument("--child", nargs=2, help=argparse.SUPPRESS)
     a = p.parse_args()
     if a.child:
@@ -77,7 +81,7 @@ def main() -> None:
     print("|---|---:|---:|---:|")
     with tempfile.TemporaryDirectory() as tmp:
         run = fresh_run(Path(tmp) / "a", a.items, a.model, seed=0)
-        for precision in PRECISIONS:
+        for precision in a.precisions.split(","):
             out = subprocess.run(
                 [sys.executable, __file__, "--child", str(run), precision],
                 check=True,

@@ -1,12 +1,13 @@
 """Serving copies side by side: batch-1 latency, and how far their rankings move from fp32's.
 
     PYTHONPATH=src .venv/bin/python benchmarks/serving_precision.py [--run RUN ...]
+        [--items 20108] [--rounds 5] [--seconds 2] [--users 300]
 
 Latency: `vaecf bench infer` (fold-in + mask of the history + top-100) of an ML-20M-sized
-Mult-VAE (20,108 items, [600] hidden, 200-d latent, histories of 50 items) at batch 1, the
-precisions taking turns for `--rounds` rounds of `--seconds` each (this machine is shared and
-noisy: only ratios within one run compare); the table gives the median over rounds of each
-round's mean and p99.
+Mult-VAE (20,108 items by default, [600] hidden, 200-d latent, histories of 50 items) at
+batch 1, the precisions taking turns for `--rounds` rounds of `--seconds` each (this machine
+is shared and noisy: only ratios within one run compare); the table gives the median over
+rounds of each round's mean and p99.
 
 Agreement: for every trained run given, each held-out test user's fold-in history is scored by
 each serving copy; "top-100 agreement" is the share of fp32's top 100 (history excluded) that
@@ -46,11 +47,11 @@ def cpu_line() -> str:
     return f"{cpu_name()}, {torch.get_num_threads()} threads, {bf16}"
 
 
-def latency(precisions, rounds: int, seconds: float) -> dict:
+def latency(precisions, rounds: int, seconds: float, items: int = 20108) -> dict:
     got: dict = {p: [] for p in precisions}
     for _ in range(rounds):
         for p in precisions:
-            r = bench_infer(20108, (1,), p, "cpu", seconds=seconds, progress=False)[0]
+            r = bench_infer(items, (1,), p, "cpu", seconds=seconds, progress=False)[0]
             got[p].append((r["mean_ms"], r["p99_ms"]))
     return {
         p: (statistics.median(m for m, _ in v), statistics.median(q for _, q in v))
@@ -102,16 +103,20 @@ def run_rows(run: str, precisions) -> list[tuple]:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--run", action="append", default=[], help="trained run directories")
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--seconds", type=float, default=2.0)
     ap.add_argument("--users", type=int, default=300, help="random histories, untrained model")
+    ap.add_argument("--items", type=int, default=20108, help="the untrained model's (20,108)")
     a = ap.parse_args()
     print(f"CPU: {cpu_line()}; torch {torch.__version__}")
 
-    lat = latency(PRECISIONS, a.rounds, a.seconds)
-    print(f"\nBatch-1 latency, ML-20M-sized Mult-VAE, median of {a.rounds} rounds x {a.seconds} s:")
+    lat = latency(PRECISIONS, a.rounds, a.seconds, a.items)
+    print(
+        f"\nBatch-1 latency, {a.items:,}-item Mult-VAE, "
+        f"median of {a.rounds} rounds x {a.seconds} s:"
+    )
     print(f"{'precision':>9} {'mean ms':>8} {'p99 ms':>8} {'p99 vs fp32':>11} {'p99 vs bf16':>11}")
     for p, (mean, p99) in lat.items():
         vs32, vs16 = lat["fp32"][1] / p99, lat["bf16"][1] / p99
@@ -123,16 +128,16 @@ def main() -> None:
         for name, p, agr, ndcg, r20 in run_rows(run, PRECISIONS):
             print(f"{name:>24} {p:>9} {agr:12.4f} {ndcg:9.4f} {r20:9.4f}")
     fold_in = CSR.from_scipy(
-        synthetic_csr(a.users, 20108, a.users * 50, seed=3), torch.device("cpu")
+        synthetic_csr(a.users, a.items, a.users * 50, seed=3), torch.device("cpu")
     )
 
     def fresh():
         torch.manual_seed(0)
-        return models.build("multvae", 20108)
+        return models.build("multvae", a.items)
 
     agree = agreement(fresh, fold_in, PRECISIONS)
     for p in PRECISIONS:
-        print(f"{'untrained 20,108 items':>24} {p:>9} {agree[p]:12.4f} {'-':>9} {'-':>9}")
+        print(f"{f'untrained {a.items:,} items':>24} {p:>9} {agree[p]:12.4f} {'-':>9} {'-':>9}")
 
 
 if __name__ == "__main__":

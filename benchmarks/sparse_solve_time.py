@@ -1,6 +1,7 @@
-"""Seconds of one sparse-solver solve (`neighbour_weights`: 256 neighbours, 1,024 for the 2%
-most popular items) on a synthetic Gram, for one or more source trees side by side (each in
-its own process, in turn, `--rounds` times; the median is printed).
+"""Seconds of one sparse-solver solve on a synthetic Gram, for source trees side by side.
+
+One `neighbour_weights` solve (256 neighbours, 1,024 for the 2% most popular items) for one or
+more source trees (each in its own process, in turn, `--rounds` times; the median is printed).
 
     python benchmarks/sparse_solve_time.py [--users 60000] [--items 15000] [--rounds 3] \\
         [--tree LABEL=PATH ...] [--device cpu --device cuda ...] [--rank count] [--profile]

@@ -1,6 +1,8 @@
-"""Training throughput side by side: vaecf (sparse, fused) against a plain dense-input PyTorch
-Mult-VAE (batches densified, log_softmax * x loss, as most public implementations do), on the
-same synthetic ML-20M-shaped data, in one run.
+"""Training throughput: vaecf against a plain dense-input PyTorch Mult-VAE, side by side.
+
+vaecf (sparse input, fused output layer) against the textbook dense-input Mult-VAE (batches
+densified, log_softmax * x loss, as most public implementations do), on the same synthetic
+ML-20M-shaped data, in one run.
 
     python benchmarks/train_speed.py [--users 136677 --items 20108 --nnz 10000000] [--steps 10]
                                      [--rounds 3] [--device cuda] [--precision P ...]
