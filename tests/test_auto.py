@@ -7,10 +7,10 @@ import json
 import numpy as np
 import pytest
 import torch
+from conftest import cpu_config
 
 import vaecf
 from vaecf import models
-from vaecf.data import synthetic
 from vaecf.data.matrix import CSR
 from vaecf.errors import RunError
 from vaecf.evaluate import evaluate_model
@@ -19,14 +19,12 @@ from vaecf.models.blend import standardise
 
 
 @pytest.fixture(scope="module")
-def ds(tmp_path_factory):
-    root = tmp_path_factory.mktemp("auto")
-    df = synthetic.generate(n_users=600, n_items=120, n_groups=4, mean_items=16, seed=8)
-    return vaecf.prepare_frame(df, root / "prep", vaecf.PrepareSettings(heldout_users=70, seed=8))
+def ds(planted):
+    return planted("auto", 600, 120, 4, 16, seed=8, heldout=70)
 
 
 def quiet(**kw):
-    return vaecf.TrainConfig(device="cpu", precision="fp32", progress=False, seed=3, **kw)
+    return cpu_config(seed=3, **kw)
 
 
 def test_auto_picks_the_planted_winner_without_the_test_split(ds, tmp_path):

@@ -10,22 +10,19 @@ import time
 
 import pytest
 import torch
+from conftest import cpu_config
 
 import vaecf
 from vaecf.background import CheckpointWriter, snapshot
-from vaecf.data import synthetic
 
 
 @pytest.fixture(scope="module")
-def ds(tmp_path_factory):
-    root = tmp_path_factory.mktemp("ckpt")
-    df = synthetic.generate(n_users=600, n_items=120, n_groups=4, mean_items=15, seed=9)
-    return vaecf.prepare_frame(df, root / "prep", vaecf.PrepareSettings(heldout_users=60, seed=9))
+def ds(planted):
+    return planted("ckpt", 600, 120, 4, 15, seed=9, heldout=60)
 
 
 def cfg(**kw):
-    base = dict(epochs=6, batch_size=100, seed=3, device="cpu", precision="fp32", progress=False)
-    return vaecf.TrainConfig(**{**base, "preset": "paper", **kw})
+    return cpu_config(**{"epochs": 6, "batch_size": 100, "seed": 3, "preset": "paper", **kw})
 
 
 def small():
@@ -135,7 +132,7 @@ def test_signal_stops_after_the_epoch_with_a_checkpoint(ds, tmp_path, sig):
 def test_a_second_trainer_into_the_same_run_is_refused(ds, tmp_path):
     out = tmp_path / "r"
     holder = subprocess.Popen(
-        [sys.executable, "-c", "import sys, time\nfrom vaecf._io import writer_lock\n"
+        [sys.executable, "-c", "import sys, time\nfrom vaecf.safewrite import writer_lock\n"
          f"with writer_lock({str(out)!r}, 'vaecf train'):\n"
          "    print('held', flush=True)\n    time.sleep(60)"],
         stdout=subprocess.PIPE, text=True,

@@ -14,7 +14,6 @@ import pytest
 import torch
 
 import vaecf
-from vaecf.data import synthetic
 from vaecf.data.matrix import CSR
 
 DEVICE = os.environ.get("VAECF_TEST_DEVICE", "cuda")
@@ -25,10 +24,8 @@ TINY_RECVAE = dict(hidden_dim=64, latent_dim=32, n_layers=2)
 
 
 @pytest.fixture(scope="module")
-def ds(tmp_path_factory):
-    root = tmp_path_factory.mktemp("cuda")
-    df = synthetic.generate(n_users=1500, n_items=300, n_groups=8, mean_items=25, seed=11)
-    return vaecf.prepare_frame(df, root / "prep", vaecf.PrepareSettings(heldout_users=150, seed=11))
+def ds(planted):
+    return planted("cuda", 1500, 300, 8, 25, seed=11, heldout=150)
 
 
 @pytest.fixture(scope="module")

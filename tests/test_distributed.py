@@ -8,8 +8,6 @@ import sys
 import pytest
 import torch
 
-import vaecf
-from vaecf.data import synthetic
 from vaecf.distributed import DistContext
 
 
@@ -22,13 +20,8 @@ def test_shards_cover_the_global_batch_in_order():
 
 
 @pytest.fixture(scope="module")
-def ds(tmp_path_factory):
-    df = synthetic.generate(n_users=700, n_items=120, n_groups=4, mean_items=15, seed=5)
-    return vaecf.prepare_frame(
-        df,
-        tmp_path_factory.mktemp("dist") / "prep",
-        vaecf.PrepareSettings(heldout_users=60, seed=5),
-    )
+def ds(planted):
+    return planted("dist", 700, 120, 4, 15, seed=5, heldout=60)
 
 
 def _train_cmd(ds, out, nproc, *extra):

@@ -24,10 +24,8 @@ SRC = str(Path(__file__).resolve().parents[1] / "src")
 
 
 @pytest.fixture(scope="module")
-def tiny(tmp_path_factory):
-    root = tmp_path_factory.mktemp("exp")
-    df = synthetic.generate(n_users=600, n_items=150, n_groups=5, mean_items=15, seed=3)
-    return vaecf.prepare_frame(df, root / "prep", vaecf.PrepareSettings(heldout_users=80, seed=3))
+def tiny(planted):
+    return planted("exp", 600, 150, 5, 15, seed=3, heldout=80)
 
 
 def fast(**kw):

@@ -1,4 +1,4 @@
-"""_io: atomic files and directories (content, permissions, cleanup, a full disk) and the
+"""safewrite: atomic files and directories (content, permissions, cleanup, a full disk) and the
 one-writer lock (pid in the message, stale locks of dead processes taken over)."""
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import pytest
 import scipy.sparse as sp
 from drillkit import Tmpfs, can_mount, drill_env
 
-from vaecf import _io
+from vaecf import safewrite
 from vaecf.errors import BusyError, DataError, WriteError
 
 
@@ -39,17 +39,17 @@ def test_atomic_writes_get_the_modes_an_ordinary_write_would(tmp_path, umask, ma
     plain = tmp_path / "plain"
     plain.write_text("x")
     (tmp_path / "plaindir").mkdir()
-    with _io.atomic_file(tmp_path / "a.bin") as f:
+    with safewrite.atomic_file(tmp_path / "a.bin") as f:
         f.write(b"x")
-    _io.write_json(tmp_path / "b.json", {"a": 1})
-    _io.save_csr(tmp_path / "m.npz", sp.eye(3, format="csr"))
-    with _io.atomic_dir(tmp_path / "d") as d:
+    safewrite.write_json(tmp_path / "b.json", {"a": 1})
+    safewrite.save_csr(tmp_path / "m.npz", sp.eye(3, format="csr"))
+    with safewrite.atomic_dir(tmp_path / "d") as d:
         (d / "f").write_text("y")
     assert mode(plain) == 0o666 & ~mask
     for name in ("a.bin", "b.json", "m.npz"):
         assert mode(tmp_path / name) == mode(plain), name
     assert mode(tmp_path / "d") == mode(tmp_path / "plaindir") == 0o777 & ~mask
-    assert _io.current_umask() == mask
+    assert safewrite.current_umask() == mask
 
 
 def test_prepared_dataset_has_ordinary_modes(tmp_path, umask):
@@ -68,7 +68,7 @@ def test_prepared_dataset_has_ordinary_modes(tmp_path, umask):
 def test_failed_atomic_file_keeps_old_content_and_leaves_no_temp(tmp_path):
     target = tmp_path / "f.json"
     target.write_text("old")
-    with pytest.raises(RuntimeError), _io.atomic_file(target, "w") as f:
+    with pytest.raises(RuntimeError), safewrite.atomic_file(target, "w") as f:
         f.write("half")
         raise RuntimeError("killed")
     assert target.read_text() == "old"
@@ -77,13 +77,13 @@ def test_failed_atomic_file_keeps_old_content_and_leaves_no_temp(tmp_path):
 
 def test_atomic_dir_replaces_whole_and_cleans_up(tmp_path):
     d = tmp_path / "d"
-    with _io.atomic_dir(d) as t:
+    with safewrite.atomic_dir(d) as t:
         (t / "a").write_text("1")
-    with _io.atomic_dir(d) as t:
+    with safewrite.atomic_dir(d) as t:
         (t / "b").write_text("2")
     assert os.listdir(d) == ["b"]
     assert os.listdir(tmp_path) == ["d"]
-    with pytest.raises(RuntimeError), _io.atomic_dir(d) as t:
+    with pytest.raises(RuntimeError), safewrite.atomic_dir(d) as t:
         (t / "c").write_text("3")
         raise RuntimeError
     assert os.listdir(d) == ["b"] and os.listdir(tmp_path) == ["d"]
@@ -96,7 +96,7 @@ def test_exchange_swaps_two_directories_in_one_step(tmp_path):
     b.mkdir()
     (a / "from_a").touch()
     (b / "from_b").touch()
-    assert _io._exchange(a, b)
+    assert safewrite._exchange(a, b)
     assert os.listdir(a) == ["from_b"] and os.listdir(b) == ["from_a"]
 
 
@@ -105,7 +105,7 @@ def test_a_swap_cut_short_is_recovered(tmp_path):
     old = tmp_path / ".d.old-12345"
     old.mkdir()
     (old / "x").write_text("kept")
-    with _io.atomic_dir(tmp_path / "d") as t:
+    with safewrite.atomic_dir(tmp_path / "d") as t:
         assert (tmp_path / "d" / "x").read_text() == "kept"  # recovered before writing
         (t / "y").touch()
     assert os.listdir(tmp_path / "d") == ["y"]
@@ -115,14 +115,14 @@ def test_sweep_restores_a_set_aside_version_before_removing_remains(tmp_path):
     (tmp_path / ".d.old-7").mkdir()
     (tmp_path / ".d.old-7" / "x").touch()
     (tmp_path / ".d.1.tmp").mkdir()
-    _io.sweep_temps(tmp_path / "d")
+    safewrite.sweep_temps(tmp_path / "d")
     assert sorted(os.listdir(tmp_path)) == ["d"] and os.listdir(tmp_path / "d") == ["x"]
 
 
 def test_sweep_removes_only_the_remains_of_its_target(tmp_path):
     for name in (".d.abc.tmp", ".d.old-1", ".d.json.x.tmp", ".e.abc.tmp", "d", ".d.lock"):
         (tmp_path / name).mkdir()
-    removed = _io.sweep_temps(tmp_path / "d")
+    removed = safewrite.sweep_temps(tmp_path / "d")
     assert sorted(p.name for p in removed) == [".d.abc.tmp", ".d.json.x.tmp", ".d.old-1"]
     assert sorted(os.listdir(tmp_path)) == [".d.lock", ".e.abc.tmp", "d"]
 
@@ -130,15 +130,15 @@ def test_sweep_removes_only_the_remains_of_its_target(tmp_path):
 def test_load_csr_names_the_file_and_what_to_do(tmp_path):
     p = tmp_path / "m.npz"
     with pytest.raises(DataError, match=f"{p} is missing; prepare the dataset again"):
-        _io.load_csr(p)
-    _io.save_csr(p, sp.random(20, 10, 0.3, format="csr", random_state=0))
+        safewrite.load_csr(p)
+    safewrite.save_csr(p, sp.random(20, 10, 0.3, format="csr", random_state=0))
     p.write_bytes(p.read_bytes()[:100])
     with pytest.raises(DataError, match="corrupted.*prepare the dataset again"):
-        _io.load_csr(p)
+        safewrite.load_csr(p)
     bad = sp.csr_matrix((np.ones(1), np.array([7]), np.array([0, 1])), shape=(1, 3))
     sp.save_npz(p, bad, compressed=False)  # a column index beyond the shape
     with pytest.raises(DataError, match="out of range"):
-        _io.load_csr(p)
+        safewrite.load_csr(p)
 
 
 # -- a full disk ---------------------------------------------------------------------------------
@@ -157,13 +157,13 @@ def small_fs():
 def test_full_disk_is_a_write_error_naming_the_path(small_fs):
     target = small_fs.path / "f.bin"
     target.write_bytes(b"old")
-    with pytest.raises(WriteError) as e, _io.atomic_file(target) as f:
+    with pytest.raises(WriteError) as e, safewrite.atomic_file(target) as f:
         f.write(os.urandom(2 << 20))
     assert str(target) in str(e.value) and "no space left" in str(e.value)
     assert target.read_bytes() == b"old"
     assert os.listdir(small_fs.path) == ["f.bin"]
     d = small_fs.path / "d"
-    with pytest.raises(WriteError, match=str(d)), _io.atomic_dir(d) as t:
+    with pytest.raises(WriteError, match=str(d)), safewrite.atomic_dir(d) as t:
         (t / "big").write_bytes(os.urandom(2 << 20))
     assert os.listdir(small_fs.path) == ["f.bin"]
 
@@ -171,7 +171,7 @@ def test_full_disk_is_a_write_error_naming_the_path(small_fs):
 # -- one writer ----------------------------------------------------------------------------------
 HOLD = """
 import sys, time
-from vaecf._io import writer_lock
+from vaecf.safewrite import writer_lock
 with writer_lock(sys.argv[1], "holding it for a test"):
     print("held", flush=True)
     time.sleep(60)
@@ -196,18 +196,18 @@ def holder(tmp_path):
 
 def test_lock_holds_pid_and_is_released(tmp_path):
     d = tmp_path / "d"
-    with _io.writer_lock(d) as lock:
+    with safewrite.writer_lock(d) as lock:
         assert lock == tmp_path / ".d.lock"
         info = json.loads(lock.read_text())
         assert info["pid"] == os.getpid()
-        with _io.writer_lock(d):  # re-entrant in one process
+        with safewrite.writer_lock(d):  # re-entrant in one process
             pass
         assert lock.exists()
     assert not lock.exists()
 
 
 def test_second_writer_is_refused_with_the_first_ones_pid(tmp_path, holder):
-    with pytest.raises(BusyError) as e, _io.writer_lock(tmp_path / "d"):
+    with pytest.raises(BusyError) as e, safewrite.writer_lock(tmp_path / "d"):
         pass
     msg = str(e.value)
     assert f"pid {holder.pid}" in msg and "holding it for a test" in msg
@@ -218,23 +218,23 @@ def test_lock_of_a_killed_process_is_taken_over(tmp_path, holder):
     holder.send_signal(signal.SIGKILL)
     holder.wait()
     assert (tmp_path / ".d.lock").exists()  # left behind
-    with _io.writer_lock(tmp_path / "d") as lock:
+    with safewrite.writer_lock(tmp_path / "d") as lock:
         assert json.loads(lock.read_text())["pid"] == os.getpid()
 
 
 def test_torn_and_reused_pid_locks_are_stale(tmp_path):
     lock = tmp_path / ".d.lock"
     lock.write_text("")  # a writer killed between create and write
-    with _io.writer_lock(tmp_path / "d"):
+    with safewrite.writer_lock(tmp_path / "d"):
         pass
     # our own (live) pid, but a different process start time: the pid was reused
     lock.write_text(json.dumps({"pid": os.getpid(), "host": os.uname().nodename, "started": "1"}))
-    if _io._start_time(os.getpid()) is not None:
-        with _io.writer_lock(tmp_path / "d"):
+    if safewrite._start_time(os.getpid()) is not None:
+        with safewrite.writer_lock(tmp_path / "d"):
             pass
     # a live process on another host cannot be checked: it is respected
     lock.write_text(json.dumps({"pid": 1, "host": "elsewhere-host"}))
-    with pytest.raises(BusyError, match="pid 1"), _io.writer_lock(tmp_path / "d"):
+    with pytest.raises(BusyError, match="pid 1"), safewrite.writer_lock(tmp_path / "d"):
         pass
 
 

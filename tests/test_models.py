@@ -13,11 +13,11 @@ import numpy as np
 import pytest
 import scipy.sparse as sp
 import torch
+from conftest import cpu_config
 from test_metrics import brute_force
 
 import vaecf
 from vaecf import models
-from vaecf.data import synthetic
 from vaecf.data.matrix import CSR
 from vaecf.errors import ConfigError
 from vaecf.evaluate import evaluate_model
@@ -36,17 +36,13 @@ NAMES = [n for n, m in models.MODELS.items() if m.family != "selection"]
 
 
 @pytest.fixture(scope="module")
-def ds(tmp_path_factory):
-    root = tmp_path_factory.mktemp("models")
-    df = synthetic.generate(n_users=700, n_items=150, n_groups=5, mean_items=18, seed=4)
-    return vaecf.prepare_frame(df, root / "prep", vaecf.PrepareSettings(heldout_users=80, seed=4))
+def ds(planted):
+    return planted("models", 700, 150, 5, 18, seed=4, heldout=80)
 
 
 def cfg_for(name: str, **kw) -> vaecf.TrainConfig:
-    base = dict(seed=5, device="cpu", precision="fp32", progress=False)
-    if not models.get(name).closed_form:
-        base.update(epochs=3, batch_size=100)
-    return vaecf.TrainConfig(**{**base, **kw})
+    base = dict(seed=5) if models.get(name).closed_form else dict(seed=5, epochs=3, batch_size=100)
+    return cpu_config(**{**base, **kw})
 
 
 def model_cfg(name: str):

@@ -3,22 +3,20 @@ with the figures, and checkpoints written in the foreground where their copies d
 
 import pytest
 import torch
+from conftest import cpu_config
 
 import vaecf
 from vaecf import background, footprint, memory, models
-from vaecf.data import synthetic
 
 
 @pytest.fixture(scope="module")
-def ds(tmp_path_factory):
-    root = tmp_path_factory.mktemp("mem")
-    df = synthetic.generate(n_users=700, n_items=300, n_groups=6, mean_items=20, seed=5)
-    return vaecf.prepare_frame(df, root / "prep", vaecf.PrepareSettings(heldout_users=80, seed=5))
+def ds(planted):
+    return planted("mem", 700, 300, 6, 20, seed=5, heldout=80)
 
 
 def cfg(**kw):
-    base = dict(epochs=3, batch_size=100, seed=3, device="cpu", precision="fp32", progress=False)
-    return vaecf.TrainConfig(**{**base, "preset": "paper", "checkpoint_every": 0, **kw})
+    base = dict(epochs=3, batch_size=100, seed=3, preset="paper", checkpoint_every=0)
+    return cpu_config(**{**base, **kw})
 
 
 def mem_of(ds, batch_size=100, name="multvae"):

@@ -12,10 +12,8 @@ from vaecf.trainer import beta_at
 
 
 @pytest.fixture(scope="module")
-def small_ds(tmp_path_factory):
-    root = tmp_path_factory.mktemp("train")
-    df = synthetic.generate(n_users=900, n_items=200, n_groups=6, mean_items=20, seed=3)
-    return vaecf.prepare_frame(df, root / "prep", vaecf.PrepareSettings(heldout_users=100, seed=3))
+def small_ds(planted):
+    return planted("train", 900, 200, 6, 20, seed=3, heldout=100)
 
 
 def fast_cfg(**kw):

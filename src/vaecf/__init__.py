@@ -60,9 +60,10 @@ def __getattr__(name: str):
         value = getattr(importlib.import_module(_EXPORTS[target]), target)
     elif name[:1].isupper() and not name.startswith("_"):  # a model class or its config:
         models = importlib.import_module("vaecf.models")  # whatever vaecf.models exports
-        if name not in models.__all__:
-            raise AttributeError(f"module 'vaecf' has no attribute {name!r}")
-        value = getattr(models, name)
+        try:
+            value = getattr(models, name)
+        except AttributeError:
+            raise AttributeError(f"module 'vaecf' has no attribute {name!r}") from None
     else:
         raise AttributeError(f"module 'vaecf' has no attribute {name!r}")
     globals()[name] = value

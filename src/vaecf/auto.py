@@ -20,13 +20,13 @@ import numpy as np
 
 from vaecf import models, rundir
 from vaecf import precision as prec
-from vaecf._io import atomic_file, write_json
 from vaecf.config import ANNEAL_SETTINGS, GRADIENT_SETTINGS, TrainConfig, from_dict
 from vaecf.data.matrix import CSR
 from vaecf.data.prepare import PreparedDataset
 from vaecf.errors import ConfigError, RunError
 from vaecf.evaluate import evaluate_model, metrics_with, model_scores, per_user_metric
 from vaecf.models.blend import AutoConfig
+from vaecf.safewrite import atomic_file, write_json
 from vaecf.specs import LINEAR_CV_BETAS
 from vaecf.trainer import RunResult, train
 

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import torch
 
-from vaecf._io import atomic_file
 from vaecf.errors import RunError
+from vaecf.safewrite import atomic_file
 
 MAGIC = "vaecf-checkpoint-1"
 FOOTER = b"VAECFSUM"

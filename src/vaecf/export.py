@@ -23,10 +23,10 @@ import torch
 from torch import nn
 
 from vaecf import rundir
-from vaecf._io import current_umask, free_bytes, no_space_error
 from vaecf.data.matrix import SparseBatch
 from vaecf.errors import ConfigError
 from vaecf.models.base import Model
+from vaecf.safewrite import current_umask, free_bytes, no_space_error
 
 MAX_BYTES = 2_000_000_000  # protobuf's limit on one ONNX file
 

@@ -28,8 +28,8 @@ import numpy as np
 import torch
 
 from vaecf import checkpoint, configfile
-from vaecf._io import atomic_file, write_json
 from vaecf.errors import RunError
+from vaecf.safewrite import atomic_file, write_json
 
 CONFIG = "config.json"
 CONFIG_TOML = "config.toml"

@@ -32,7 +32,11 @@ import numpy as np
 import polars as pl
 import torch
 
-from vaecf._io import (
+from vaecf.errors import DataError, WriteError
+from vaecf.evaluate import SCORE_BUDGET
+from vaecf.memory import gib
+from vaecf.recommender import Recommender
+from vaecf.safewrite import (
     current_umask,
     free_bytes,
     fsync_dir,
@@ -40,10 +44,6 @@ from vaecf._io import (
     sweep_temps,
     writer_lock,
 )
-from vaecf.errors import DataError, WriteError
-from vaecf.evaluate import SCORE_BUDGET
-from vaecf.memory import gib
-from vaecf.recommender import Recommender
 
 IDX = "__vaecf_item_index"
 # bytes per output row, with room to spare (measured on ml-latest-small at k=100: 5.0 in

@@ -350,6 +350,7 @@ class Spec:
     family: str  # one of FAMILIES
     summary: str  # one line on what it is (`vaecf models`)
     Config: type  # the settings dataclass
+    home: str  # "module:Class", where the model class lives (vaecf.models.registry imports it)
     closed_form: bool = False
     trainable: bool = True  # False: made by another verb (a blend, by --model auto)
     train_settings: tuple[str, ...] = GRADIENT_SETTINGS  # the TrainConfig settings it reads
@@ -365,6 +366,7 @@ MULTVAE = Spec(
     "autoencoder",
     "variational autoencoder with a multinomial likelihood (Liang et al., WWW 2018)",
     ModelConfig,
+    "vaecf.models.multvae:MultVAE",
     train_settings=(*GRADIENT_SETTINGS, *ANNEAL_SETTINGS),
 )
 MULTDAE = Spec(
@@ -373,6 +375,7 @@ MULTDAE = Spec(
     "autoencoder",
     "denoising autoencoder with a multinomial likelihood (Liang et al., WWW 2018)",
     ModelConfig,
+    "vaecf.models.multvae:MultDAE",
 )
 RECVAE = Spec(
     "recvae",
@@ -381,6 +384,7 @@ RECVAE = Spec(
     "Mult-VAE with a composite prior, a deeper encoder and alternating updates "
     "(Shenbin et al., WSDM 2020)",
     RecVAEConfig,
+    "vaecf.models.recvae:RecVAE",
 )
 RECVAE_EDLAE = Spec(
     "recvae-edlae",
@@ -388,6 +392,7 @@ RECVAE_EDLAE = Spec(
     "autoencoder",
     "RecVAE whose logits add a frozen EDLAE path, alpha (x B), fitted before training",
     HybridConfig,
+    "vaecf.models.hybrid:RecVAEEDLAE",
 )
 INFAE = Spec(
     "infae",
@@ -396,6 +401,7 @@ INFAE = Spec(
     "the infinitely wide one-hidden-layer autoencoder in closed form: kernel ridge regression "
     "over users with its neural tangent kernel (Sachdeva et al., NeurIPS 2022)",
     InfAEConfig,
+    "vaecf.models.infae:InfAE",
     closed_form=True,
     train_settings=(),
 )
@@ -405,6 +411,7 @@ EASE = Spec(
     "linear",
     "item-item linear autoencoder with a zero diagonal, closed form (Steck, WWW 2019)",
     EASEConfig,
+    "vaecf.models.ease:EASE",
     closed_form=True,
     train_settings=(),
 )
@@ -414,6 +421,7 @@ EDLAE = Spec(
     "linear",
     "EASE with emphasized denoising (dropout p), closed form (Steck, NeurIPS 2020)",
     EDLAEConfig,
+    "vaecf.models.ease:EDLAE",
     closed_form=True,
     train_settings=(),
 )
@@ -423,6 +431,7 @@ POPULAR = Spec(
     "baseline",
     "every user gets the items ranked by their training counts",
     PopularConfig,
+    "vaecf.models.popular:Popular",
     closed_form=True,
 )
 AUTO = Spec(
@@ -432,6 +441,7 @@ AUTO = Spec(
     "fits the candidates that fit the machine (and --budget), keeps the best on "
     "validation, a blend of the best linear and best autoencoder included",
     AutoConfig,
+    "vaecf.models.blend:Auto",
     closed_form=True,
     train_settings=(*GRADIENT_SETTINGS, *ANNEAL_SETTINGS),  # passed on to the candidates
 )
@@ -442,16 +452,26 @@ BLEND = Spec(
     "validation-weighted mix of two models' standardised scores (made by --model auto "
     "from the best linear and the best autoencoder)",
     BlendConfig,
+    "vaecf.models.blend:Blend",
     closed_form=True,
     trainable=False,
     train_settings=(),
 )
 
-# The registry's order (vaecf.models.MODELS has a class for each, in this order).
+# Every declared model, in the registry's order (vaecf.models.MODELS: the class each names).
 SPECS: dict[str, Spec] = {
     s.name: s
     for s in (MULTVAE, MULTDAE, RECVAE, RECVAE_EDLAE, INFAE, EASE, EDLAE, POPULAR, AUTO, BLEND)
 }
+
+
+def register(spec: Spec) -> Spec:
+    """Declare a model that lives outside vaecf (its class's `spec`): from then on it is a
+    `--model`, in `vaecf models`, TOML and `vaecf.fit` like the built-in ones."""
+    if spec.name in SPECS:
+        raise ValueError(f"a model named {spec.name!r} is declared already")
+    SPECS[spec.name] = spec
+    return spec
 
 
 def describe() -> list[dict]:

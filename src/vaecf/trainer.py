@@ -23,7 +23,6 @@ from tqdm.auto import tqdm
 
 from vaecf import checkpoint, distributed, footprint, graphs, memory, models, rundir
 from vaecf import precision as prec
-from vaecf._io import atomic_file, write_json, writer_lock
 from vaecf.background import CheckpointWriter, snapshot
 from vaecf.config import ANNEAL_SETTINGS, GRADIENT_SETTINGS, TrainConfig, from_dict
 from vaecf.data.matrix import CSR, prefetch_batches
@@ -32,6 +31,8 @@ from vaecf.errors import ConfigError, RunError
 from vaecf.evaluate import evaluate_model, metrics_with
 from vaecf.models import Model, Phase
 from vaecf.runtime import tune_cpu_allocator
+from vaecf.safewrite import atomic_file, write_json, writer_lock
+from vaecf.specs import SPECS
 
 # Settings a resumed run may change; every other one must match the run's own.
 RESUME_MAY_CHANGE = (
@@ -90,15 +91,15 @@ load_run_config = rundir.load_config  # vaecf 0.1 name
 
 
 def _leftover(path: Path) -> bool:
-    """A temp file of an interrupted atomic write (vaecf._io.atomic_file's `.NAME.*.tmp`)."""
+    """A temp file of an interrupted atomic write (vaecf.safewrite.atomic_file's `.NAME.*.tmp`)."""
     return path.is_file() and path.name.startswith(".") and path.name.endswith(".tmp")
 
 
 def model_name_of(model_config) -> str:
     """Registry name of a config dataclass instance."""
     named = getattr(model_config, "model", None)  # a config shared by several models names one
-    for name, cls in models.MODELS.items():
-        if type(model_config) is cls.Config and named in (None, name):
+    for name, spec in SPECS.items():
+        if type(model_config) is spec.Config and named in (None, name):
             return name
     raise ConfigError(f"{type(model_config).__name__} is no model's config")
 
@@ -194,6 +195,8 @@ def _train(ds, config, out, model_config, resume, model, on_epoch, test) -> RunR
         model_config = models.config_from_dict(name, saved["model"]["config"])
         if getattr(model_config, "fold_in_rows", False) is None:  # a run from before the
             model_config.fold_in_rows = False  # setting trained on the training users alone
+        for p in filter(_leftover, out.iterdir()):  # a write the kill interrupted
+            p.unlink()
     elif rundir.is_run(out):
         raise RunError(
             f"{out} already holds a run; pass --resume to continue it or choose another --out"

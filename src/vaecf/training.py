@@ -11,10 +11,10 @@ from pathlib import Path
 from tqdm.auto import tqdm
 
 from vaecf import models, trainer
-from vaecf._io import writer_lock
 from vaecf.auto import saved_settings, train_auto
 from vaecf.config import TrainConfig
 from vaecf.data.prepare import PreparedDataset
+from vaecf.safewrite import writer_lock
 from vaecf.trainer import RunResult
 
 

@@ -28,9 +28,9 @@ import zipfile
 import zlib
 from pathlib import Path, PurePosixPath
 
-from vaecf._io import write_json
 from vaecf.data.registry import DatasetSpec, RemoteFile, raw_dir
 from vaecf.errors import DataError
+from vaecf.safewrite import write_json
 
 CHUNK = 1 << 20
 RECORD = "download.json"

@@ -25,15 +25,6 @@ import numpy as np
 import polars as pl
 import scipy.sparse as sp
 
-from vaecf._io import (
-    atomic_dir,
-    atomic_file,
-    load_csr,
-    save_csr,
-    sweep_temps,
-    write_json,
-    writer_lock,
-)
 from vaecf.data import splits
 from vaecf.data.sources import (
     ITEM,
@@ -47,6 +38,15 @@ from vaecf.data.sources import (
 )
 from vaecf.data.vocab import Vocabulary, load_item_names
 from vaecf.errors import DataError
+from vaecf.safewrite import (
+    atomic_dir,
+    atomic_file,
+    load_csr,
+    save_csr,
+    sweep_temps,
+    write_json,
+    writer_lock,
+)
 from vaecf.settings import setting, validate_fields
 from vaecf.version import __version__
 

@@ -11,8 +11,8 @@ from collections.abc import Iterable, Sequence
 import numpy as np
 import polars as pl
 
-from vaecf._io import atomic_file
 from vaecf.errors import DataError
+from vaecf.safewrite import atomic_file
 
 INT_ID = re.compile(r"-?[0-9]+", re.ASCII)  # how an integer id may be spelled as text
 

@@ -26,8 +26,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from vaecf import configfile, models, rundir
-from vaecf._io import atomic_file, write_json
 from vaecf.errors import ConfigError, RunError
+from vaecf.safewrite import atomic_file, write_json
 
 METRICS = ("ndcg@100", "recall@20", "recall@50")
 

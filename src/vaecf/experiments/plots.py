@@ -24,7 +24,7 @@ VAL_PANELS = ("ndcg@100", "recall@20", "recall@50")
 def save_figure(fig, path: Path) -> Path:
     """Write `fig` to `path` (the format its suffix names; PNG, and a .png suffix, without one)
     atomically: a process killed while drawing leaves the previous picture, never a torn one."""
-    from vaecf._io import atomic_file
+    from vaecf.safewrite import atomic_file
 
     if not path.suffix:
         path = path.with_name(path.name + ".png")

@@ -38,8 +38,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from vaecf import configfile, models, rundir
-from vaecf._io import atomic_file, disk_full_in, write_json
 from vaecf.errors import ConfigError, RunError, VaecfError, WriteError
+from vaecf.safewrite import atomic_file, disk_full_in, write_json
 
 STUDY_DB = "study.db"
 TRIALS = "trials"

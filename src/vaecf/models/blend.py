@@ -17,6 +17,7 @@ from vaecf import specs
 from vaecf.data.matrix import SparseBatch
 from vaecf.errors import ConfigError
 from vaecf.models.base import Model
+from vaecf.models.registry import build
 from vaecf.specs import AutoConfig, BlendConfig  # noqa: F401 (their home was here)
 
 
@@ -35,10 +36,8 @@ class Blend(Model):
         if config is None:
             raise ConfigError("a blend is made by --model auto, from two fitted models")
         super().__init__(n_items, config)
-        from vaecf import models
-
         self.parts = nn.ModuleList(
-            models.build(n, n_items, c) for n, c in zip(config.parts, config.configs)
+            build(n, n_items, c) for n, c in zip(config.parts, config.configs)
         )
 
     def scores(self, batch: SparseBatch) -> torch.Tensor:
