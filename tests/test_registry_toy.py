@@ -110,3 +110,15 @@ def test_a_declaration_names_a_class_that_carries_it(toy):
         del specs.SPECS["stray"]
     with pytest.raises(ValueError, match="declared already"):
         specs.register(toy.SPEC)
+
+
+def test_the_toy_passes_the_model_contract_tests(toy, planted, tmp_path):
+    """The contract tests every built-in model passes (tests/test_models.py), on the toy."""
+    import test_models as contract
+
+    ds = planted("toy", 300, 60, 3, 12, seed=1, heldout=30)
+    run = vaecf.train(ds, contract.cfg_for("toy"), tmp_path / "toy", model="toy")
+    runs = {"toy": run.run_dir}
+    contract.test_scores_shape_and_history_excluded("toy", runs, ds)
+    contract.test_evaluate_equals_brute_force_ranking("toy", runs, ds)
+    contract.test_seeded_runs_are_identical_and_round_trip("toy", runs, ds, tmp_path)
