@@ -5,8 +5,8 @@ kernels from Python, not by the GPU's arithmetic (RecVAE's epoch of 3 encoder st
 decoder step launches ~970). Captured once as a CUDA graph, the whole step (the batch's gather
 from the device-resident training matrix, forward, backward and Adam) is then launched as one
 (H200, ML-20M shape: fp32 148,900 -> 180,600 users/s, bf16 123,900 -> 220,900;
-benchmarks/cuda_graph_probe.py). A model of several phases (RecVAE) gets one graph per phase,
-each stepping that phase's optimizers.
+probe cuda_graph_probe: benchmarks/README.md). A model of several phases (RecVAE) gets one
+graph per phase, each stepping that phase's optimizers.
 
 A graph replays fixed shapes and must not wait on the GPU, so the batch is gathered into a fixed
 number of non-zero slots (`CSR.padded_batch`: the padding adds exactly zero to every sum).

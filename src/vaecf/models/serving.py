@@ -17,7 +17,7 @@ int8 x int8 product: each row of the input is quantized to int8 with a scale of 
 (max|x_row| / 127, chosen per call), the products are summed exactly in int32 (`torch._int_mm`,
 oneDNN) and scaled back by the row's and the item's scales. On a 2-core Zen 4, at batch 1 and
 20,108 items, the layer takes 0.21 ms against 0.39 ms for PyTorch's weight-only int8 kernel
-(bf16 activations) and 2.5 ms dequantized (`benchmarks/int8_paths.py`). Without those
+(bf16 activations) and 2.5 ms dequantized (probe int8_paths: benchmarks/README.md). Without those
 instructions oneDNN's int8 product saturates its 16-bit intermediate sums and gives wrong
 answers (with oneDNN held to AVX2, 99% of a random product's entries wrong), so
 `int8_products` refuses it, and batches of up to INT8_KERNEL_ROWS go through the weight-only
