@@ -14,7 +14,7 @@ from typing import Literal
 
 from vaecf.data.prepare import PrepareSettings
 from vaecf.errors import ConfigError
-from vaecf.settings import Compute, setting, validate_fields
+from vaecf.settings import Compute, flag, setting, validate_fields
 from vaecf.specs import ANNEAL_SETTINGS, GRADIENT_SETTINGS, ModelConfig
 
 
@@ -72,7 +72,7 @@ class TrainConfig(Compute):
         for name in ("epochs", "batch_size", "eval_every", "eval_batch_size", "total_anneal_steps"):
             v = getattr(self, name)
             if v is not None and v < 1:
-                raise ConfigError(f"--{name.replace('_', '-')} must be at least 1")
+                raise ConfigError(f"{flag(name)} must be at least 1")
         if not self.checkpoint_every >= 0:
             raise ConfigError("--checkpoint-every must be >= 0 seconds")
         if self.lr is not None and self.lr <= 0:

@@ -35,6 +35,11 @@ def choices_of(tp) -> tuple | None:
     return next(filter(None, map(choices_of, typing.get_args(tp))), None)
 
 
+def flag(name: str) -> str:
+    """A setting's command-line flag: `--name-with-dashes`."""
+    return "--" + name.replace("_", "-")
+
+
 def validate_fields(obj) -> None:
     """Check every Literal-typed field of a settings dataclass against its choices."""
     for name, tp in hints(type(obj)).items():
@@ -42,7 +47,7 @@ def validate_fields(obj) -> None:
         value = getattr(obj, name)
         if allowed is not None and value is not None and value not in allowed:
             raise ConfigError(
-                f"--{name.replace('_', '-')} must be one of {', '.join(map(str, allowed))}, "
+                f"{flag(name)} must be one of {', '.join(map(str, allowed))}, "
                 f"not {value!r}"
             )
 

@@ -32,6 +32,7 @@ from vaecf.evaluate import evaluate_model, metrics_with
 from vaecf.models import Model, Phase
 from vaecf.runtime import tune_cpu_allocator
 from vaecf.safewrite import atomic_file, write_json, writer_lock
+from vaecf.settings import flag
 from vaecf.specs import SPECS
 
 # Settings a resumed run may change; every other one must match the run's own.
@@ -117,7 +118,7 @@ def resolve_config(cfg: TrainConfig, model_cls: type[Model], n_train_users: int)
     ]
     if given:
         raise ConfigError(
-            f"{', '.join('--' + n.replace('_', '-') for n in given)} "
+            f"{', '.join(map(flag, given))} "
             f"{'does' if len(given) == 1 else 'do'} not apply to --model {model_cls.name}"
         )
     d = cfg.to_dict()
@@ -142,7 +143,7 @@ def _resume_config(saved: dict, given: TrainConfig | None) -> TrainConfig:
         raise RunError(
             "a resumed run keeps its settings; "
             + ", ".join(
-                f"--{n.replace('_', '-')} {getattr(given, n)!r} (run: {saved[n]!r})" for n in clash
+                f"{flag(n)} {getattr(given, n)!r} (run: {saved[n]!r})" for n in clash
             )
             + f" conflict. A resume may change only {', '.join(RESUME_MAY_CHANGE)}; "
             "start a new --out to train with other settings"

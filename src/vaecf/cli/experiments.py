@@ -10,7 +10,7 @@ from pathlib import Path
 from vaecf.cli.common import metrics_table, print_json
 from vaecf.cli.data import add_columns_options
 from vaecf.cli.options import add_settings, from_args
-from vaecf.settings import Compute, ModelChoice, setting
+from vaecf.settings import Compute, ModelChoice, flag, setting
 
 
 @dataclass
@@ -105,7 +105,7 @@ def cmd_compare(a) -> int:
             if given:
                 raise ConfigError(
                     f"--data {a.data} is a prepared dataset, which holds its own split; drop "
-                    + ", ".join("--" + k.replace("_", "-") for k in given)
+                    + ", ".join(map(flag, given))
                     + " (or pass the raw file to prepare one split per seed)"
                 )
             prepare = {}

@@ -7,11 +7,7 @@ import argparse
 import typing
 from dataclasses import MISSING, fields
 
-from vaecf.settings import choices_of, hints
-
-
-def flag(name: str) -> str:
-    return "--" + name.replace("_", "-")
+from vaecf.settings import choices_of, flag, hints
 
 
 def _base_type(tp):

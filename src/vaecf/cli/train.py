@@ -107,7 +107,7 @@ def cmd_models(a) -> int:
     for m in table:
         print(f"{m['name']:<9} {m['family']:<12} {m['summary']}")
         for st in m["settings"]:
-            print(f"{'':<9} --{st['name'].replace('_', '-')} (default {st['default']!r})")
+            print(f"{'':<9} {flag(st['name'])} (default {st['default']!r})")
     return 0
 
 

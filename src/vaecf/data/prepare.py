@@ -47,7 +47,7 @@ from vaecf.safewrite import (
     write_json,
     writer_lock,
 )
-from vaecf.settings import setting, validate_fields
+from vaecf.settings import flag, setting, validate_fields
 from vaecf.version import __version__
 
 FORMAT_VERSION = 2  # 2: per-file checksums in the manifest; part of the fingerprint
@@ -59,11 +59,6 @@ ITEM_NAMES = "item_names.parquet"
 PROTOCOL_FIELDS = {
     "liang": {"heldout_users": 10_000},
     "thesis": {"validation_frac": 0.07, "test_frac": 0.07},
-}
-_FLAGS = {
-    "heldout_users": "--heldout-users",
-    "validation_frac": "--validation-frac",
-    "test_frac": "--test-frac",
 }
 
 
@@ -103,9 +98,9 @@ class PrepareSettings:
                 continue
             for key in keys:
                 if getattr(self, key) is not None:
-                    mine = ", ".join(_FLAGS[k] for k in PROTOCOL_FIELDS[self.protocol])
+                    mine = ", ".join(flag(k) for k in PROTOCOL_FIELDS[self.protocol])
                     raise DataError(
-                        f"{_FLAGS[key]} ({key}={getattr(self, key)}) applies to the {other} "
+                        f"{flag(key)} ({key}={getattr(self, key)}) applies to the {other} "
                         f"protocol only, and this dataset is split with the {self.protocol} "
                         f"protocol, where it would do nothing. Drop it, use {mine} instead, or "
                         f"pass --protocol {other}"
@@ -603,12 +598,12 @@ def dataset_settings(name: str, **overrides) -> PrepareSettings:
             continue
         for key in keys:
             if key in given:
-                mine = ", ".join(_FLAGS[k] for k in PROTOCOL_FIELDS.get(protocol, {}))
+                mine = ", ".join(flag(k) for k in PROTOCOL_FIELDS.get(protocol, {}))
                 how = "its default" if "protocol" not in given else "--protocol"
                 raise DataError(
-                    f"{_FLAGS[key]} applies to the {other} protocol only, but {name} is split "
+                    f"{flag(key)} applies to the {other} protocol only, but {name} is split "
                     f"with the {protocol} protocol ({how}), where it would do nothing. Use "
-                    f"{mine} instead, or pass --protocol {other} {_FLAGS[key]} "
+                    f"{mine} instead, or pass --protocol {other} {flag(key)} "
                     f"{given[key]}"
                 )
             fields.pop(key, None)  # a registry default of the protocol not chosen
