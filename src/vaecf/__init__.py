@@ -1,4 +1,4 @@
-"""vaecf: fast, sparse Mult-VAE, Mult-DAE, RecVAE and EASE for collaborative filtering, in PyTorch.
+"""vaecf: Mult-VAE, Mult-DAE, RecVAE, EASE, EDLAE, inf-AE and `auto` for implicit feedback.
 
     import vaecf
     rec = vaecf.fit(ratings_df, user_col="userId", item_col="movieId")  # all in memory
