@@ -5,7 +5,10 @@
     batcher.py    MicroBatcher: concurrent requests gathered and scored as one batch, one thread
     metrics.py    Prometheus counters and histograms of one app
     schemas.py    request and response models (with the limits), JSON answers and errors
-    app.py        create_app: routes, auth, body limit, metrics, no tracebacks to clients
+    service.py    Service: what the routes share, and the steps they take (score, answer, reload)
+    guard.py      Guard: the one middleware: Host, keys, limits, metrics, no tracebacks to clients
+    recommend.py  items.py  admin.py  ops.py  page.py: the routers, one per concern
+    app.py        create_app: the Service, the routers and the Guard
     server.py     serve(): uvicorn with SIGHUP (reload) and SIGTERM (graceful shutdown)
     fixtures.py   fresh_run(): a run directory from an untrained model (load tests, smoke tests)
 

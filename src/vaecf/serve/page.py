@@ -7,7 +7,7 @@ the user types into the page, under the same rule as every client's."""
 from functools import cache
 from importlib import resources
 
-from fastapi import FastAPI
+from fastapi import APIRouter
 from fastapi.responses import Response
 
 FILES = {
@@ -39,8 +39,10 @@ def _route(name: str, media_type: str):
     return serve
 
 
-def add_routes(app: FastAPI) -> None:
+def router() -> APIRouter:
+    r = APIRouter()
     for path, (name, media_type) in FILES.items():
-        app.add_api_route(
+        r.add_api_route(
             path, _route(name, media_type), methods=["GET", "HEAD"], include_in_schema=False
         )
+    return r

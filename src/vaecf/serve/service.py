@@ -1,6 +1,6 @@
 """Service: what the routes share (the model holder, the micro-batcher, metrics, settings, the
 ready state) and the steps several routes take: scoring histories, answering in JSON, reloading.
-The API routes (api.py) and the web page (page.py) are built over one Service.
+The routers (recommend.py, items.py, admin.py, ops.py) are built over one Service.
 
 (No `from __future__ import annotations` here, as in the route modules.)
 """
@@ -13,7 +13,6 @@ import time
 from collections.abc import Callable
 
 from fastapi.responses import JSONResponse, Response
-from pydantic import ValidationError
 
 from vaecf.errors import VaecfError
 from vaecf.serve.batcher import ClientGone, Expired, MicroBatcher, Overloaded, Stopped
@@ -114,18 +113,6 @@ class Service:
         return await self.answer(
             lambda: {**recs[0].to_dict(), "model": model}, len(recs[0].item_ids)
         )
-
-    async def fast_recommend(self, path: str, body: bytes) -> Response | None:
-        """The answer to a scoring request straight from its JSON body, without the framework's
-        routing and body handling (a tenth of a millisecond a request); None when the body does
-        not validate: the route then answers, with the standard error. The same schema, the
-        same answer."""
-        batch = path == "/v1/recommend/batch"
-        try:
-            req = (self.BatchRequest if batch else self.RecommendRequest).model_validate_json(body)
-        except ValidationError:
-            return None
-        return await self.recommend(req, batch)
 
     @staticmethod
     async def answer(content: Callable[[], dict], items: int) -> Response:

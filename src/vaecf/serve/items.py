@@ -1,0 +1,76 @@
+"""The item routes: the items similar to one, item search, the model card."""
+
+import asyncio
+from typing import Annotated
+
+from fastapi import APIRouter, Path, Query
+
+from vaecf.errors import VaecfError
+from vaecf.serve.batcher import ClientGone
+from vaecf.serve.schemas import (
+    NO_CONTROL,
+    ItemsResponse,
+    ModelCard,
+    SimilarResponse,
+    documented,
+    error,
+)
+from vaecf.serve.service import Service, gone
+
+MAX_SEARCH = 100  # items a search answers at most
+
+
+def router(svc: Service) -> APIRouter:
+    r = APIRouter()
+    batcher, holder = svc.batcher, svc.holder
+
+    @r.get(
+        "/v1/items/{item_id}/similar",
+        response_model=SimilarResponse,
+        response_model_exclude_unset=True,
+        responses=documented(401, 404, 421, 422, 503),
+        tags=["recommend"],
+    )
+    async def similar(
+        item_id: Annotated[str, Path(max_length=256)],
+        k: Annotated[int, Query(ge=1, le=svc.settings.max_k)] = 10,
+    ):
+        """The k items most similar to `item_id` under the model (cosine of item vectors)."""
+        model = holder.current
+        if not batcher.running:
+            return error(503, "shutting_down", "the server is shutting down; retry elsewhere")
+        try:
+            found = await batcher.call(model.recommender.similar_items, item_id, k)
+        except ClientGone:
+            return gone()
+        except VaecfError as e:
+            return error(422, "not_supported", str(e))
+        if found.unknown:
+            return error(404, "unknown_item", f"item {item_id!r} is not in the model's vocabulary")
+        vocab = model.recommender.items
+        raw = vocab.id_of(vocab.index_of([item_id])[0])[0]  # the id as the data spells it
+        return {"item_id": raw, "items": found.to_dict()["items"],
+                "model": svc.version(model.version)}  # fmt: skip
+
+    @r.get("/v1/items", response_model=ItemsResponse, responses=documented(401, 421, 422),
+           tags=["items"])  # fmt: skip
+    async def search(
+        q: Annotated[str, Query(min_length=1, max_length=256, pattern=NO_CONTROL)],
+        limit: Annotated[int, Query(ge=1, le=MAX_SEARCH)] = 20,
+    ):
+        """Find items: the item whose id is `q`, then the items whose name holds every word of
+        `q` (any case), most popular first."""
+        model = holder.current
+        found = await asyncio.to_thread(model.recommender.search, q, limit)
+        return {
+            "items": [{"item_id": i, "title": t} for i, t in found],
+            "model": svc.version(model.version),
+        }
+
+    @r.get("/v1/model", response_model=ModelCard, responses=documented(401, 421), tags=["items"])
+    async def model_card():
+        """The model served: its name and settings, the data it was trained on, its validation
+        and test metrics, when it was loaded."""
+        return svc.model_card()
+
+    return r
