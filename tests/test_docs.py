@@ -218,19 +218,17 @@ def named_flags(text: str):
     """(line number, flag) of the flags a page names: in its prose and inline code (a code
     span that starts with another program, `pip install -e ...`, is that program's), and on the
     `vaecf` command lines of its code blocks."""
-    in_code = False
-    for n, line in enumerate(text.splitlines(), 1):
-        if line.strip().startswith("```"):
-            in_code = not in_code
-            continue
-        if in_code:
-            continue
-        spans = re.findall(r"`([^`]+)`", line)
-        for span in spans:
-            first = span.split()[0] if span.split() else ""
-            if first.startswith("-") or Path(first).name == "vaecf":
-                yield from ((n, f) for f in FLAG.findall(span))
-        yield from ((n, f) for f in FLAG.findall(re.sub(r"`[^`]+`", "", line)))
+    # fenced blocks blanked, line count kept; code spans may run across a line break
+    prose = re.sub(
+        r"^\s*```.*?^\s*```", lambda m: "\n" * m.group().count("\n"), text, flags=re.S | re.M
+    )
+    line = lambda pos: prose.count("\n", 0, pos) + 1  # noqa: E731
+    for m in re.finditer(r"`([^`]+)`", prose):
+        words = m.group(1).split()
+        if words and (words[0].startswith("-") or Path(words[0]).name == "vaecf"):
+            yield from ((line(m.start()), f) for f in FLAG.findall(m.group(1)))
+    for m in FLAG.finditer(re.sub(r"`[^`]+`", lambda m: " " * len(m.group()), prose)):
+        yield line(m.start()), m.group(1)
     for n, argv in vaecf_commands(text):
         yield from ((n, f) for w in argv for f in FLAG.findall(w) if w.startswith("-"))
 
