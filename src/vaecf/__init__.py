@@ -35,31 +35,23 @@ _EXPORTS = {
     "fit": "vaecf.fit",
     "evaluate_scores": "vaecf.evaluate",
     "popularity_scores": "vaecf.evaluate",
-    "MultDAE": "vaecf.models.multvae",
-    "MultVAE": "vaecf.models.multvae",
-    "RecVAE": "vaecf.models",
-    "RecVAEConfig": "vaecf.specs",
-    "EASE": "vaecf.models",
-    "EASEConfig": "vaecf.specs",
-    "Popular": "vaecf.models",
-    "Model": "vaecf.models",
-    "MODELS": "vaecf.models",
     "Recommendation": "vaecf.recommender",
     "Recommender": "vaecf.recommender",
     "RunResult": "vaecf.trainer",
     "train": "vaecf.training",
 }
 _ALIASES = {"prepare": "prepare_dataset"}  # vaecf.prepare("ml-20m")
-
-__all__ = ["__version__", *_EXPORTS, *_ALIASES]
+# from vaecf.models (a declared model's class or settings by name: vaecf.EDLAE, vaecf.EDLAEConfig)
+_MODELS = ["MODELS", "Model", "MultVAE", "MultDAE", "RecVAE", "EASE", "Popular", "EASEConfig"]
+__all__ = ["__version__", *_EXPORTS, *_ALIASES, *_MODELS, "RecVAEConfig"]
 
 
 def __getattr__(name: str):
     target = _ALIASES.get(name, name)
     if target in _EXPORTS:
         value = getattr(importlib.import_module(_EXPORTS[target]), target)
-    elif name[:1].isupper() and not name.startswith("_"):  # a model class or its config:
-        models = importlib.import_module("vaecf.models")  # whatever vaecf.models exports
+    elif name[:1].isupper():
+        models = importlib.import_module("vaecf.models")
         try:
             value = getattr(models, name)
         except AttributeError:

@@ -142,9 +142,7 @@ def _resume_config(saved: dict, given: TrainConfig | None) -> TrainConfig:
     if clash:
         raise RunError(
             "a resumed run keeps its settings; "
-            + ", ".join(
-                f"{flag(n)} {getattr(given, n)!r} (run: {saved[n]!r})" for n in clash
-            )
+            + ", ".join(f"{flag(n)} {getattr(given, n)!r} (run: {saved[n]!r})" for n in clash)
             + f" conflict. A resume may change only {', '.join(RESUME_MAY_CHANGE)}; "
             "start a new --out to train with other settings"
         )
@@ -156,18 +154,8 @@ def _resume_config(saved: dict, given: TrainConfig | None) -> TrainConfig:
     return config
 
 
-def train(
-    data: PreparedDataset | str | os.PathLike,
-    config: TrainConfig | None = None,
-    out: str | os.PathLike = "runs/run",
-    model_config=None,
-    resume: bool = False,
-    model: str | None = None,
-    on_epoch: Callable[[dict], None] | None = None,
-    test: bool = True,
-) -> RunResult:
-    """Train (or fit) one model into run directory `out` (vaecf.training.train, which
-    `vaecf.train` is, also takes `--model auto`)."""
+def train(data, config, out, model_config=None, resume=False, model=None, on_epoch=None, test=True):
+    """vaecf.training.train (`vaecf.train`) for one model (not `auto`)."""
     ds = data if isinstance(data, PreparedDataset) else PreparedDataset(data)
     out = Path(out)
     test = test and ds.manifest["counts"]["n_test_users"] > 0  # a production split has none

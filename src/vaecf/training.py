@@ -44,12 +44,6 @@ def train(
         model_config = model_config or given[1]
     config = config or TrainConfig()
     config.validate()
+    log = tqdm.write if config.progress else (lambda s: None)
     with writer_lock(out, "vaecf train"):
-        return train_auto(
-            ds,
-            config,
-            Path(out),
-            model_config or models.AutoConfig(),
-            test,
-            log=tqdm.write if config.progress else (lambda s: None),
-        )
+        return train_auto(ds, config, Path(out), model_config or models.AutoConfig(), test, log)

@@ -651,13 +651,3 @@ def finish(
     res.files["best_toml"] = study_dir / "best.toml"
     res.files["best_json"] = study_dir / "best.json"
     return res
-
-
-def load_info(study_dir: str | os.PathLike) -> dict:
-    """The study's own settings (model, data, seed) from its study.db."""
-    db = Path(study_dir) / STUDY_DB
-    if not db.is_file():
-        raise RunError(f"{study_dir} holds no study ({STUDY_DB}); pass a `vaecf tune --out` dir")
-    optuna = require_optuna()
-    study = optuna.load_study(study_name=STUDY_NAME, storage=f"sqlite:///{db.resolve()}")
-    return json.loads(json.dumps(study.user_attrs.get("vaecf", {})))

@@ -34,6 +34,9 @@ class Registry(Mapping):
     def __len__(self) -> int:
         return len(SPECS)
 
+    def __repr__(self) -> str:
+        return f"MODELS({', '.join(self)})"
+
 
 MODELS = Registry()
 
