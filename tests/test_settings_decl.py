@@ -188,10 +188,10 @@ def test_bench_infer_accepts_every_serving_precision(argv):
 
 
 def test_prepare_settings_protocol_is_a_declared_literal():
-    from vaecf.errors import ConfigError
+    from vaecf.errors import DataError
 
     assert settings.choices_of(settings.hints(PrepareSettings)["protocol"]) == tuple(
         PROTOCOL_FIELDS
     )
-    with pytest.raises(ConfigError, match="--protocol must be one of liang, thesis"):
+    with pytest.raises(DataError, match="--protocol must be one of liang, thesis"):  # as before
         PrepareSettings(protocol="other").validate()

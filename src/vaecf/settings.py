@@ -40,15 +40,14 @@ def flag(name: str) -> str:
     return "--" + name.replace("_", "-")
 
 
-def validate_fields(obj) -> None:
+def validate_fields(obj, error: type[Exception] = ConfigError) -> None:
     """Check every Literal-typed field of a settings dataclass against its choices."""
     for name, tp in hints(type(obj)).items():
         allowed = choices_of(tp)
         value = getattr(obj, name)
         if allowed is not None and value is not None and value not in allowed:
-            raise ConfigError(
-                f"{flag(name)} must be one of {', '.join(map(str, allowed))}, "
-                f"not {value!r}"
+            raise error(
+                f"{flag(name)} must be one of {', '.join(map(str, allowed))}, not {value!r}"
             )
 
 

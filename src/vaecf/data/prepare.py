@@ -92,7 +92,7 @@ class PrepareSettings:
                 setattr(self, key, default)
 
     def validate(self) -> None:
-        validate_fields(self)
+        validate_fields(self, DataError)  # a bad protocol is bad data settings
         for other, keys in PROTOCOL_FIELDS.items():
             if other == self.protocol:
                 continue
