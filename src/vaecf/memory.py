@@ -1,7 +1,5 @@
-"""Memory: what is free on a device, in bytes and for a person, and which items fit when only
-some do. A leaf: what each part of vaecf will hold is worked out beside it (training:
-vaecf.footprint; the closed-form models: vaecf.models.linear.check_memory, vaecf.models.infae).
-"""
+"""Memory: what is free on a device, for a person, and which items fit when only some do (what
+each part holds is worked out beside it: vaecf.footprint, vaecf.models.linear, models.infae)."""
 
 from __future__ import annotations
 
