@@ -223,3 +223,14 @@ def test_fused_output_layer_with_an_offset_matches_autograd():
     torch.testing.assert_close(fused, plain, rtol=1e-5, atol=1e-4)
     for a, b in zip(g_fused, g_plain):
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4)
+
+
+def test_an_explicit_hidden_layer_is_honoured_for_either_model():
+    """Unset, each model gets the paper's network (Mult-VAE [600], Mult-DAE []); given, the
+    layers are what was asked for, [600] included (it was silently dropped for Mult-DAE)."""
+    from vaecf import models
+
+    assert models.config_from_dict("multvae").hidden_dims == [600]
+    assert models.config_from_dict("multdae").hidden_dims == []
+    assert models.config_from_dict("multdae", {"hidden_dims": [600]}).hidden_dims == [600]
+    assert models.config_from_dict("multvae", {"hidden_dims": []}).hidden_dims == []

@@ -58,9 +58,9 @@ class ModelConfig:
     """Mult-VAE and Mult-DAE (`model` says which)."""
 
     model: str = setting("multvae", "multvae (variational) or multdae (denoising)")
-    hidden_dims: list[int] = setting(
-        help="encoder hidden layer sizes, mirrored by the decoder (Mult-VAE [600]; Mult-DAE [])",
-        factory=lambda: [600],
+    hidden_dims: list[int] | None = setting(
+        None,
+        "encoder hidden layer sizes, mirrored by the decoder; unset: Mult-VAE [600], Mult-DAE []",
     )
     latent_dim: int = setting(200, "size of z (Mult-DAE: its one hidden layer)")
     dropout: float = setting(0.5, "dropout rate on the normalised input")
@@ -75,8 +75,8 @@ class ModelConfig:
     def __post_init__(self) -> None:
         if self.model not in ("multvae", "multdae"):
             raise ConfigError(f"model must be 'multvae' or 'multdae', not {self.model!r}")
-        if self.model == "multdae" and self.hidden_dims == [600]:
-            self.hidden_dims = []  # the paper's Mult-DAE: [n_items -> 200 -> n_items]
+        if self.hidden_dims is None:  # the paper's networks; Mult-DAE: [n_items -> 200 -> n_items]
+            self.hidden_dims = [] if self.model == "multdae" else [600]
         if self.weight_decay is None:
             self.weight_decay = 0.0 if self.model == "multvae" else 0.01
         if not 0.0 <= self.dropout < 1.0:
