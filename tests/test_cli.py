@@ -645,3 +645,18 @@ def test_model_classes_take_their_declarations_from_specs():
         )
         assert cls.train_settings == spec.train_settings and cls.closed_form == spec.closed_form
     assert models.describe() == specs.describe()
+
+
+def test_a_mistyped_choice_gets_one_line_and_the_nearest_choice(capsys):
+    from vaecf.cli import main
+
+    with pytest.raises(SystemExit) as e:
+        main(["train", "--data", "d", "--out", "o", "--model", "eaze"])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and "usage:" not in err
+    first, second = err.splitlines()
+    assert first.startswith("vaecf train: error: argument --model: invalid choice: 'eaze'")
+    assert first.endswith("did you mean 'ease'?") and second == "see `vaecf train --help`"
+    with pytest.raises(SystemExit):
+        main(["trian"])
+    assert "did you mean 'train'?" in capsys.readouterr().err

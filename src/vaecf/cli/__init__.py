@@ -19,12 +19,29 @@ _USER_FIXABLE = (errno.ENOSPC, errno.EDQUOT, errno.EACCES, errno.EPERM, errno.ER
 VERB_MODULES = (data, train, bench, serve, experiments)
 
 
+class Parser(argparse.ArgumentParser):
+    """A bad command line gets one line on what is wrong (the nearest choice where one was
+    mistyped) and where to read more, not the verb's whole usage."""
+
+    def error(self, message: str):
+        import difflib
+        import re
+
+        wrong = re.search(r"invalid choice: '?([^' ]*)'? \(choose from (.*)\)", message)
+        if wrong:
+            choices = [c.strip(" '") for c in wrong.group(2).split(",")]
+            near = difflib.get_close_matches(wrong.group(1), choices, 1)
+            message += f"; did you mean {near[0]!r}?" if near else ""
+        self.exit(2, f"{self.prog}: error: {message}\nsee `{self.prog} --help`\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+    p = Parser(
         prog="vaecf",
         description=(
-            "Mult-VAE / Mult-DAE for collaborative filtering: prepare interaction data, train, "
-            "evaluate and recommend."
+            "Recommendations from implicit feedback with Mult-VAE, Mult-DAE, RecVAE, EASE, "
+            "EDLAE, inf-AE or auto (the best of several): prepare interaction data, train, "
+            "evaluate, recommend, serve."
         ),
     )
     from vaecf.version import __version__
