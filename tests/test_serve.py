@@ -630,6 +630,7 @@ def test_serve_cli_sighup_reloads_and_sigterm_lets_requests_finish(runs):
         assert proc.returncode == 0, err
         assert "Application shutdown complete" in err and "stopped by SIGTERM" in err
         assert "now serving" in err  # the SIGHUP reload, logged
+        assert f"on {base}/ (the page; " in out and "docs at /docs" in out  # the start-up line
     finally:
         if proc.poll() is None:
             proc.kill()

@@ -40,8 +40,8 @@ def serve(settings: ServeSettings, log_level: str = "info", access_log: bool = F
     config = uvicorn_config(app, settings, log_level=log_level, access_log=access_log)
     print(
         f"serving {holder.current.version['name']} from {holder.current.version['run']} on "
-        f"http://{settings.host}:{settings.port} (auth: "
-        f"{'API key' if settings.api_key else 'none'}; docs at /docs)",
+        f"http://{settings.host}:{settings.port}/ (the page; auth: "
+        f"{'API key' if settings.api_key else 'none'}; the API's docs at /docs)",
         flush=True,
     )
     # uvicorn re-raises the signal that stopped it once it has shut down gracefully; note it
