@@ -125,8 +125,8 @@ def test_fit_routes_settings_and_refuses_bad_input():
     df = _clusters()
     with pytest.raises(ConfigError, match="not a setting.*l2"):
         vaecf.fit(df, model="ease", epoch=3)
-    with pytest.raises(DataError, match="min_rating needs rating_col"):
-        vaecf.fit(df, min_rating=3)
+    with pytest.raises(DataError, match="rating_col=..."):  # no column named like a rating
+        vaecf.fit(df.rename(columns={"rating": "r"}), model="popular", min_rating=3)
     with pytest.raises(DataError, match="user_col"):
         vaecf.fit(df.rename(columns={"userId": "who"}), model="ease")
     with pytest.raises(DataError, match="DataFrame"):
@@ -163,3 +163,18 @@ def test_fit_reads_nullable_pandas_columns_and_a_tab_file(tmp_path):
     _clusters().to_csv(path, sep="\t", index=False)
     rec = vaecf.fit(path, sep="tab", model="ease", progress=False)
     assert all(0 <= i < 20 for i in rec.recommend([0, 1, 2], k=3).item_ids)
+
+
+def test_min_rating_finds_the_rating_column_by_name(tmp_path):
+    """As the id columns are found: min_rating alone keeps the same rows as naming the column,
+    from a frame and from a file."""
+    df = _clusters()
+    kw = dict(model="popular", min_rating=4, progress=False, validation=30)
+    named = vaecf.fit(df, rating_col="rating", **kw)
+    found = vaecf.fit(df, **kw)
+    df.to_csv(tmp_path / "r.csv", index=False)
+    from_file = vaecf.fit(tmp_path / "r.csv", **kw)
+    fingerprint = [r.info["data"]["fingerprint"] for r in (named, found, from_file)]
+    assert fingerprint == [fingerprint[0]] * 3
+    every = vaecf.fit(df, model="popular", progress=False, validation=30)  # no filter: other rows
+    assert every.info["data"]["fingerprint"] != fingerprint[0]

@@ -42,6 +42,7 @@ from vaecf.errors import ConfigError, DataError
 MAX_VALIDATION_USERS = 10_000  # the paper's held-out count on ML-20M; a share stops growing here
 _USER_NAMES = ("user", "userid", "uid", "customer", "customerid", "visitorid")
 _ITEM_NAMES = ("item", "itemid", "iid", "movieid", "product", "productid", "track", "trackid")
+_RATING_NAMES = ("rating", "ratings", "score", "stars", "value")  # looked for with min_rating
 
 
 def _guess(columns: list[str], given: str | None, known: tuple[str, ...], what: str) -> str:
@@ -126,6 +127,8 @@ def _read(data, user_col, item_col, rating_col, min_rating, sep) -> pl.DataFrame
             ]
         user_col = _guess(names, user_col, _USER_NAMES, "user")
         item_col = _guess(names, item_col, _ITEM_NAMES, "item")
+        if min_rating is not None and rating_col is None:
+            rating_col = _guess(names, None, _RATING_NAMES, "rating")
         return read_table(path, user_col, item_col, rating_col, sep)
     if isinstance(data, pl.LazyFrame):
         data = data.collect()
@@ -136,6 +139,8 @@ def _read(data, user_col, item_col, rating_col, min_rating, sep) -> pl.DataFrame
                 f"items) or the path of a CSV/TSV/Parquet file, not {type(data).__name__}"
             )
         data = _from_pandas(data)
+    if min_rating is not None and rating_col is None:
+        rating_col = _guess(data.columns, None, _RATING_NAMES, "rating")
     return _frame_columns(data, user_col, item_col, rating_col)
 
 
@@ -202,7 +207,8 @@ def fit(
         with a header row (`sep`: its separator, one character or 'whitespace').
     user_col, item_col: the id columns (default: a column named like user/userId/user_id, and
         item/itemId/movieId/...); rating_col and min_rating: keep rows rated >= min_rating
-        (default: every row is an interaction).
+        (default: every row is an interaction; with min_rating alone, the column named like
+        rating/score/stars).
     model: "auto" (candidates compared on validation, the best kept) or a registry name
         (`vaecf.MODELS`: multvae, recvae, ease, edlae, ...).
     validation: the share (a fraction) or number of users held out to select the model and
@@ -217,8 +223,6 @@ def fit(
     from vaecf.recommender import Recommender
     from vaecf.training import train
 
-    if min_rating is not None and rating_col is None and not sp.issparse(data):
-        raise DataError("min_rating needs rating_col, the column that holds the ratings")
     train_cfg, model_cfg = _split_settings(model, settings)
     frame = _read(data, user_col, item_col, rating_col, min_rating, sep)
     n_users = frame.get_column(USER).n_unique()
