@@ -570,6 +570,9 @@ def test_plot_one_and_several_runs(runs, tmp_path, capsys):
     _png_ok(tmp_path / "one.png")
     _png_ok(tmp_path / "two.png")
     assert cli("plot", tmp_path, "--out", tmp_path / "x.png") == 2
+    capsys.readouterr()
+    assert cli("plot", runs["multvae"], "--out", tmp_path / "no" / "dir" / "x.png") == 2
+    assert "no/dir does not exist" in capsys.readouterr().err and not (tmp_path / "no").exists()
 
 
 def test_tensorboard_missing_says_how_to_install(tiny, tmp_path, capsys, monkeypatch):

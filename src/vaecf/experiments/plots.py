@@ -58,6 +58,8 @@ def plot_runs(
     runs = [Path(r) for r in runs]
     if not runs:
         raise RunError("pass at least one run directory")
+    if not Path(out).parent.is_dir():  # made by nobody but its owner, as every verb's --out
+        raise RunError(f"{Path(out).parent} does not exist; create it or choose another --out")
     data = []
     for i, run in enumerate(runs):
         cfg = rundir.load_config(run)
