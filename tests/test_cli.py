@@ -660,3 +660,15 @@ def test_a_mistyped_choice_gets_one_line_and_the_nearest_choice(capsys):
     with pytest.raises(SystemExit):
         main(["trian"])
     assert "did you mean 'train'?" in capsys.readouterr().err
+
+
+def test_recommend_text_abridges_unknown_ids_and_says_when_nothing_is_left(ws, capsys):
+    from vaecf.cli import main
+
+    many = ",".join(f"nope{i}" for i in range(40))
+    assert main(["recommend", str(ws.run), "--items", many, "-k", "3"]) == 0
+    err = capsys.readouterr().err
+    assert "nope0, nope1" in err and "nope39" not in err and "and 30 more" in err
+    every = pl.read_parquet(ws.run / "items.parquet").get_column("item_id").to_list()
+    assert main(["recommend", str(ws.run), "--items", ",".join(map(str, every)), "-k", "3"]) == 0
+    assert "no item left to recommend" in capsys.readouterr().err

@@ -172,8 +172,16 @@ def cmd_recommend(a) -> int:
     if a.json:
         print_json(r.to_dict())
         return 0
-    if r.unknown:
-        print(f"unknown item ids (ignored): {', '.join(map(str, r.unknown))}", file=sys.stderr)
+    if r.unknown:  # the first ten: a long list of them is no use on a terminal
+        more = f", and {len(r.unknown) - 10:,} more" if len(r.unknown) > 10 else ""
+        shown = ", ".join(map(str, r.unknown[:10]))
+        print(f"unknown item ids (ignored): {shown}{more}", file=sys.stderr)
+    if not r.item_ids:
+        print(
+            "no item left to recommend: the history (with --allow/--deny) covers every item "
+            "the model knows",
+            file=sys.stderr,
+        )
     if r.fallback == "popular":
         print(
             "no item of the history is known to the model: the most popular training items "
