@@ -672,3 +672,14 @@ def test_recommend_text_abridges_unknown_ids_and_says_when_nothing_is_left(ws, c
     every = pl.read_parquet(ws.run / "items.parquet").get_column("item_id").to_list()
     assert main(["recommend", str(ws.run), "--items", ",".join(map(str, every)), "-k", "3"]) == 0
     assert "no item left to recommend" in capsys.readouterr().err
+
+
+def test_unknown_ids_keep_the_catalogues_type(ws, capsys):
+    """Integer item ids: an unknown "999999" from the command line is 999999 in the JSON, as
+    the known ids are integers; a name that is no integer stays a string."""
+    from vaecf.cli import main
+
+    assert main(["recommend", str(ws.run), "--items", "999999,nope", "-k", "2", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["unknown"] == [999999, "nope"]
+    assert all(isinstance(i["item_id"], int) for i in out["items"])

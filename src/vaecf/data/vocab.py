@@ -44,13 +44,14 @@ class Vocabulary:
         return raw
 
     def index_of(self, raw_ids: Iterable) -> tuple[list[int], list]:
-        """Positions of the known ids (in input order) and the unknown ids as given."""
+        """Positions of the known ids (in input order) and the unknown ids: as given, but an
+        integer catalogue's "42" as 42, the type its known ids come back in."""
         known, unknown = [], []
         for raw in raw_ids:
             key = self._coerce(raw)
             idx = None if key is None else self._index.get(key)
             if idx is None:
-                unknown.append(raw)
+                unknown.append(key if self.is_int and key is not None else raw)
             else:
                 known.append(idx)
         return known, unknown
