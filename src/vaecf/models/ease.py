@@ -26,12 +26,11 @@ from vaecf.models.linear import (
     check_memory,
     cv_folds,
     linear_bytes,
-    linear_weights,
     penalty,
     sparse_rows,
 )
 from vaecf.models.linear_search import Search
-from vaecf.models.neighbourhood import block_bytes, gram_bytes, neighbour_weights, sparse_b_rows
+from vaecf.models.neighbourhood import block_bytes, gram_bytes, sparse_b_rows
 from vaecf.specs import EASEConfig, EDLAEConfig
 
 
@@ -206,13 +205,11 @@ class EASE(Model):
         for l2, p in full:
             t1 = time.perf_counter()
             if sparse:
-                k, *opts = search.sparse_opts
-                g, dev, dtype = search.gram_sp, search.device, search.dtype
-                self._set_sparse(neighbour_weights(search.x, l2, p, k, dev, dtype, g, *opts))
+                self._set_sparse(search.sparse_b(l2, p))
                 self.b_values.mul_(penalty(search.diag, beta).to(search.device)[self.b_indices])
             else:
                 self.weight = torch.empty(0, device=search.device)  # the last B goes first
-                b = linear_weights(search.gram, l2, p, search.emphasis).to(torch.float32)
+                b = search.dense_solve(search.gram, l2, p)(None)
                 self.weight = b.mul_(penalty(search.diag, beta).to(search.device))
             row = {"stage": "full", "n_items": self.n_items, "l2": l2, "dropout": p}
             row["popularity_exponent"] = beta
@@ -230,8 +227,7 @@ class EASE(Model):
         sparse B the search kept (penalised now), or B's tensors as they were validated."""
         scale = penalty(search.diag, beta).to(search.device)
         if b is None:
-            w = linear_weights(search.gram, l2, p, self._emphasis()).to(torch.float32)
-            self.weight = w.mul_(scale)
+            self.weight = search.dense_solve(search.gram, l2, p)(None).mul_(scale)
         elif len(b) == 1:
             self._set_sparse(b[0])
             self.b_values.mul_(scale[self.b_indices])

@@ -67,15 +67,19 @@ class Search:
         """B (dense) from Gram `g` with a fold's correction `part` (None: as it is)."""
         return lambda part: linear_weights(g, l2, p, self.emphasis, part).float()
 
+    def sparse_b(self, l2: float, p: float, g: sp.csr_matrix | None = None):
+        """The sparse solver's B (CSR parts) on the Gram `g` (None: the fit's own)."""
+        k, *opts = self.sparse_opts
+        g = self.gram_sp if g is None else g
+        return neighbour_weights(self.x, l2, p, k, self.device, self.dtype, g, *opts)
+
     def sparse_solve(self, l2: float, p: float):
         """X B's rows from the sparse solver's B on the Gram with a fold's correction (None:
         as it is, and that B kept)."""
         n_items = self.gram_sp.shape[0]
 
         def solve(part):
-            g = self.gram_sp if part is None else (self.gram_sp + part).tocsr()
-            k, *opts = self.sparse_opts
-            parts = neighbour_weights(self.x, l2, p, k, self.device, self.dtype, g, *opts)
+            parts = self.sparse_b(l2, p, None if part is None else (self.gram_sp + part).tocsr())
             if part is None:
                 self.kept[:] = [parts]
             return lambda t: sparse_b_rows(*parts, t, n_items)
