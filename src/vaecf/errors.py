@@ -23,3 +23,7 @@ class WriteError(VaecfError):
 
 class BusyError(VaecfError):
     """Another live process is writing the same directory (its pid is in the message)."""
+
+
+class UnknownUserError(VaecfError):
+    """A user id that the run's prepared dataset does not hold (HTTP 404)."""

@@ -11,6 +11,7 @@ raw scores, popularity's the training counts.
 from __future__ import annotations
 
 import os
+import threading
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
@@ -19,9 +20,10 @@ import torch
 
 from vaecf import precision as prec
 from vaecf import rundir
+from vaecf.data.histories import UserHistories, run_histories
 from vaecf.data.matrix import SparseBatch
 from vaecf.data.vocab import Vocabulary
-from vaecf.errors import ConfigError, RunError
+from vaecf.errors import ConfigError, DataError, RunError
 from vaecf.models.base import Model, cosine_neighbours, vector_norms
 from vaecf.models.serving import serving_copy
 
@@ -73,6 +75,10 @@ class Recommender:
         self.info = info or {}  # the run's config, when loaded from a run directory
         self.results: dict | None = None  # the run's results.json (validation, test metrics)
         self.names = names  # {raw item id: name}, or None when the run has no names
+        self.source: str | None = None  # the run directory it was loaded from (None: built here)
+        # the users of the run's prepared dataset, loaded on the first recommend_user
+        self._histories: tuple[str | None, UserHistories] | None = None
+        self._histories_lock = threading.Lock()
         self._name_index = None  # lower-case names in vocabulary order, built by `search`
         # similar items: the item vectors and their norms, taken once per loaded model (the
         # norms are n_items floats; the vectors are the model's own, not a copy)
@@ -99,12 +105,21 @@ class Recommender:
         items = Vocabulary.load(os.path.join(run_dir, rundir.ITEMS))
         pop = rundir.load_popularity(run_dir, model.n_items)
         rec = cls(model, items, precision, cfg, rundir.load_item_names(run_dir), pop)
+        rec.source = os.path.abspath(run_dir)
         if os.path.isfile(os.path.join(run_dir, rundir.RESULTS)):
             try:  # metadata only: a damaged results.json does not stop the model loading
                 rec.results = rundir.load_results(run_dir)
             except RunError:
                 rec.results = None
         return rec
+
+    def __repr__(self) -> str:
+        name = (self.info.get("model") or {}).get("name") or type(self.model).__name__
+        served = "" if self.precision == "fp32" else f", served in {self.precision}"
+        where = (  # a run directory that is gone (vaecf.fit's temporary one) is no source
+            f"from run {self.source}" if self.source and rundir.is_run(self.source) else "in memory"
+        )
+        return f"Recommender({name}, {len(self.items):,} items{served}, {where})"
 
     def save(self, run_dir: str | os.PathLike) -> None:
         """Write this recommender as a run directory (config, weights, vocabulary, item names,
@@ -267,6 +282,37 @@ class Recommender:
     def recommend(self, history: Iterable, k: int = 10, **filters) -> Recommendation:
         """Top-k raw item ids and scores for one history of raw item ids."""
         return self.recommend_batch([list(history)], k, **filters)[0]
+
+    def user_histories(self, data: str | os.PathLike | None = None) -> UserHistories:
+        """The users of the prepared dataset the run was trained on (read once, on first use);
+        `data`: that dataset's directory, where it has moved since. DataError, in words, when
+        the dataset is gone or is not the run's."""
+        key = None if data is None else os.path.abspath(data)
+        with self._histories_lock:
+            if self._histories is None or self._histories[0] != key:
+                users = run_histories(self.info.get("data") or {}, data)
+                if users.rows.shape[1] != len(self.items):
+                    raise DataError(
+                        f"{users.path} has {users.rows.shape[1]} items, the model "
+                        f"{len(self.items)}: it is not the run's dataset"
+                    )
+                self._histories = (key, users)
+            return self._histories[1]
+
+    def user_history(self, user, data: str | os.PathLike | None = None) -> list:
+        """The raw item ids of `user`'s history in the run's data: a training user's training
+        items, a held-out user's fold-in items (never their held-out targets). The id is
+        matched as the data spells it (an integer-id dataset takes 42 or "42");
+        `vaecf.errors.UnknownUserError` when the data has no such user."""
+        return self.items.id_of(self.user_histories(data).find(user)[1])
+
+    def recommend_user(
+        self, user, k: int = 10, data: str | os.PathLike | None = None, **filters
+    ) -> Recommendation:
+        """Top-k raw item ids and scores for a user of the run's data, from their history
+        there (`user_history`), which is not recommended back. UnknownUserError for a user the
+        data does not hold, DataError when the run's dataset is gone (`data`: where it is)."""
+        return self.recommend(self.user_history(user, data), k, **filters)
 
     def search(self, query: str, limit: int = 20) -> list[tuple]:
         """Items whose id is `query`, then items whose name holds every word of it (any case),

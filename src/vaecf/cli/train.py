@@ -162,13 +162,24 @@ class Ranking(Scoring):
 def cmd_recommend(a) -> int:
     from vaecf.recommender import Recommender
 
-    history = [s.strip() for s in a.items.split(",") if s.strip()]
     filters = {}
     for key in ("allow", "deny"):
         if getattr(a, key):
             filters[key] = [s.strip() for s in getattr(a, key).split(",") if s.strip()]
     s = from_args(Ranking, a)
-    r = Recommender.load(a.run, device=s.device).recommend(history, k=s.k, **filters)
+    rec = Recommender.load(a.run, device=s.device)
+    if a.user is not None:  # the user's history in the run's data, excluded from the answer
+        history = rec.user_history(a.user.strip(), data=a.data)
+        n = len(history)
+        if not a.json:
+            print(
+                f"user {a.user.strip()}: {n} item{'s' * (n != 1)} in the history", file=sys.stderr
+            )
+    else:
+        if a.data is not None:
+            raise VaecfError("--data goes with --user (where the run's users are); drop it")
+        history = [s.strip() for s in a.items.split(",") if s.strip()]
+    r = rec.recommend(history, k=s.k, **filters)
     if a.json:
         print_json(r.to_dict())
         return 0
@@ -292,9 +303,22 @@ def register(sub) -> None:
     )
     pe.set_defaults(fn=cmd_evaluate)
 
-    pr = sub.add_parser("recommend", help="top-k items for a history of item ids")
+    pr = sub.add_parser(
+        "recommend", help="top-k items for a history of item ids, or for a user of the run's data"
+    )
     pr.add_argument("run", help="run directory written by `vaecf train`")
-    pr.add_argument("--items", required=True, help="comma-separated raw item ids (the history)")
+    who = pr.add_mutually_exclusive_group(required=True)
+    who.add_argument("--items", help="comma-separated raw item ids (the history)")
+    who.add_argument(
+        "--user",
+        help="a raw user id of the run's prepared dataset: their items there are the history "
+        "(a held-out user's fold-in items, never their targets) and are not recommended back",
+    )
+    pr.add_argument(
+        "--data",
+        help="with --user: the run's prepared dataset, where it has moved (unset: the one in "
+        "the run's config.json)",
+    )
     add_settings(pr, Ranking, skip=("precision",))
     pr.add_argument("--allow", help="comma-separated raw item ids: recommend only among these")
     pr.add_argument("--deny", help="comma-separated raw item ids: never recommend these")

@@ -96,6 +96,11 @@ class RecommendResponse(Ranked):
     model: ModelVersion
 
 
+class UserRecommendResponse(RecommendResponse):
+    user_id: ItemId = Field(description="the user, as the run's data spells the id")
+    history: int = Field(description="items in the user's history there (not recommended back)")
+
+
 class BatchResponse(BaseModel):
     results: list[Ranked]
     model: ModelVersion
@@ -151,9 +156,11 @@ ERROR_MEANING = {
     415: "admin requests must be sent as application/json",
     421: "the Host header names no name this server answers to (--allowed-host)",
     429: "reload: too soon after the last one (Retry-After)",
-    404: "the item is not in the model's vocabulary; reload: no such run directory",
+    404: "the item is not in the model's vocabulary, or the user not in the run's data; "
+    "reload: no such run directory",
     413: "the request body exceeds max_body_bytes",
-    422: "the request breaks the schema or a limit (named in `limits`); a run that fails to load",
+    422: "the request breaks the schema or a limit (named in `limits`); a run that fails to "
+    "load; a user's recommendations when the run's prepared dataset is not there",
     500: "the model to reload failed in an unexpected way; the old one still serves",
     503: "overloaded (the scoring queue is full or the request's deadline passed: retry after "
     "Retry-After seconds), or starting or shutting down",

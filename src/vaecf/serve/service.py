@@ -14,7 +14,8 @@ from collections.abc import Callable
 
 from fastapi.responses import JSONResponse, Response
 
-from vaecf.errors import VaecfError
+from vaecf import rundir
+from vaecf.errors import UnknownUserError, VaecfError
 from vaecf.serve.batcher import ClientGone, Expired, MicroBatcher, Overloaded, Stopped
 from vaecf.serve.metrics import Metrics
 from vaecf.serve.reload import ModelHolder, RunForbidden, RunNotFound
@@ -32,6 +33,13 @@ def busy(metrics: Metrics, reason: str, message: str) -> JSONResponse:
     resp = error(503, reason, message)
     resp.headers["Retry-After"] = "1"
     return resp
+
+
+class UserQuery:
+    """What a user's recommendation is asked with: k; no filters, their history excluded."""
+
+    def __init__(self, k: int):
+        self.k, self.exclude_seen, self.allow, self.deny = k, True, None, None
 
 
 CLIENT_CLOSED = 499  # the client went away before its answer (as nginx counts it)
@@ -62,17 +70,22 @@ class Service:
         """The answer's `model` field: the run directory's path only with --expose-paths."""
         return v if self.settings.expose_paths else {**v, "run": os.path.basename(v["run"])}
 
-    def hide_paths(self, message: str) -> str:
+    def hide_paths(self, message: str, rec=None) -> str:
+        """`message` with the server's paths (and `rec`'s dataset's) cut to their last part,
+        unless --expose-paths."""
         if self.settings.expose_paths:
             return message
-        for path in (str(self.holder.root), self.holder.current.version["run"]):
+        data = ((rec.info if rec is not None else {}).get("data") or {}).get("path")
+        paths = (str(self.holder.root), self.holder.current.version["run"], data)
+        for path in sorted(filter(None, paths), key=len, reverse=True):  # the longest first
             message = message.replace(path, "<" + os.path.basename(path) + ">")
         return message
 
-    async def scored(self, histories, req) -> tuple[list, dict] | Response:
-        """(recommendations, the model's version) for `histories`, or the error answer."""
+    async def scored(self, histories, req, model=None) -> tuple[list, dict] | Response:
+        """(recommendations, the model's version) for `histories`, or the error answer;
+        `model`: the LoadedModel that answers (default: the current one)."""
         s = self.settings
-        model = self.holder.current  # the model this request is answered by, whatever comes next
+        model = model or self.holder.current  # answers this request, whatever comes next
         size = len(histories) * req.k
         if size > s.max_answer_items:
             return error(
@@ -113,6 +126,34 @@ class Service:
         return await self.answer(
             lambda: {**recs[0].to_dict(), "model": model}, len(recs[0].item_ids)
         )
+
+    async def recommend_user(self, user_id: str, k: int) -> Response:
+        """The answer to GET /v1/users/{user_id}/recommend: the user's history in the run's
+        prepared dataset (read on the scoring thread: the first call loads the dataset),
+        scored and excluded as any history."""
+        model = self.holder.current
+        if not self.batcher.running:
+            return error(503, "shutting_down", "the server is shutting down; retry elsewhere")
+        try:
+            user, idx = await self.batcher.call(self.user_lookup, model.recommender, user_id)
+        except ClientGone:
+            return gone()
+        except UnknownUserError as e:
+            return error(404, "unknown_user", str(e))
+        except VaecfError as e:
+            return error(422, "no_user_data", self.hide_paths(str(e), model.recommender))
+        history = model.recommender.items.id_of(idx)
+        out = await self.scored([history], UserQuery(k), model)
+        if isinstance(out, Response):
+            return out
+        (rec,), version = out
+        body = {**rec.to_dict(), "user_id": user, "history": len(history), "model": version}
+        return await self.answer(lambda: body, len(rec.item_ids))
+
+    @staticmethod
+    def user_lookup(rec, user_id: str) -> tuple:
+        """(the user's id as the data spells it, their history's item indices)."""
+        return rec.user_histories().find(user_id)
 
     @staticmethod
     async def answer(content: Callable[[], dict], items: int) -> Response:
@@ -173,18 +214,17 @@ class Service:
         on and its metrics (paths only with --expose-paths)."""
         loaded = self.holder.current
         rec = loaded.recommender
-        info = rec.info or {}
-        data = dict(info.get("data") or {})
+        card = rundir.card(rec.info or {}, rec.results)  # what `vaecf info RUN` shows
+        data = dict(card["data"])
         if not self.settings.expose_paths and data.get("path"):
             data["path"] = os.path.basename(str(data["path"]))
-        results = rec.results or {}
         return {
             "model": self.version(loaded.version),
-            "settings": (info.get("model") or {}).get("config") or {},
-            "train": info.get("train") or {},
+            "settings": card["settings"],
+            "train": card["train"],
             "data": data,
-            "validation": results.get("validation"),
-            "test": results.get("test"),
+            "validation": card["validation"],
+            "test": card["test"],
             "precision": rec.precision,
             "titles": rec.names is not None,
             "similar": rec.item_vectors is not None,
