@@ -1,7 +1,9 @@
 """The run directory: its file names, its config schema, and loading and saving a model.
 
     config.json     {"model": {"name", "config"}, "train": {...}, "data": {path, fingerprint,
-                    n_items, n_train_users}, "vaecf_version"}: every setting, resolved
+                    n_items, n_train_users}, "vaecf_version"}: every setting, resolved (a
+                    search's choice too: EDLAE's lambda, p and beta as the fit chose them),
+                    and of the training settings only those the model reads
     config.toml     the same settings as a file for `vaecf train --config` (vaecf.configfile):
                     the run repeated from its own directory
     items.parquet   the item vocabulary (raw id of every model column)
@@ -27,7 +29,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from vaecf import checkpoint, configfile
+from vaecf import checkpoint, configfile, specs
 from vaecf.errors import RunError
 from vaecf.safewrite import atomic_file, write_json
 
@@ -72,9 +74,20 @@ def load_config(run_dir: str | os.PathLike) -> dict:
     return cfg
 
 
+def train_settings(model_name: str, train: dict) -> dict:
+    """The training settings of `train` that model `model_name` reads: the gradient and
+    annealing settings it does not declare (specs) left out (EASE has no epochs or anneal_cap)."""
+    spec = specs.SPECS.get(model_name)
+    if spec is None:  # a model declared outside vaecf and not registered here: all of them
+        return dict(train)
+    unread = set(specs.GRADIENT_SETTINGS + specs.ANNEAL_SETTINGS) - set(spec.train_settings)
+    return {k: v for k, v in train.items() if k not in unread}
+
+
 def write_config(
     run_dir: Path, model_name: str, model_config: dict, train: dict, data: dict, version: str
 ) -> dict:
+    train = train_settings(model_name, train)
     cfg = {
         "model": {"name": model_name, "config": model_config},
         "train": train,
@@ -164,8 +177,25 @@ def load_item_names(run_dir: str | os.PathLike) -> dict | None:
 
 
 def save_model(run_dir: Path, model: torch.nn.Module, **extra) -> None:
-    """best.pt: the model's weights (state dict) and `extra` (epoch, metrics), atomically."""
+    """best.pt: the model's weights (state dict) and `extra` (epoch, metrics), atomically; and
+    config.json's model settings as the model holds them, where its fit resolved some (EDLAE's
+    search writes the lambda, p and beta it chose into its config)."""
     checkpoint.save(run_dir / BEST, {"model": model.state_dict(), **extra})
+    record_settings(run_dir, model)
+
+
+def record_settings(run_dir: Path, model: torch.nn.Module) -> None:
+    """Rewrite the run's config.json (and config.toml) with `model.config` where it differs
+    from the saved settings; nothing where the run has no config yet."""
+    from vaecf import models
+
+    if not is_run(run_dir) or getattr(model, "config", None) is None:
+        return
+    cfg = load_config(run_dir)
+    settings = models.config_to_dict(model.config)
+    if cfg["model"]["config"] != settings:
+        name, train, data = cfg["model"]["name"], cfg["train"], cfg["data"]
+        write_config(Path(run_dir), name, settings, train, data, cfg.get("vaecf_version"))
 
 
 def load_model(run_dir: str | os.PathLike, device: str | torch.device = "cpu", name: str = BEST):
@@ -210,3 +240,29 @@ def read_metrics(run_dir: str | os.PathLike) -> list[dict]:
                     f"{path} line {n} is corrupted; delete the line or retrain"
                 ) from None
     return rows
+
+
+def card(cfg: dict, results: dict | None = None) -> dict:
+    """What a run is, as `vaecf info RUN`, GET /v1/model and the page show it, from its config
+    (`load_config`) and results: the model, its settings as fitted, the training settings it
+    reads, the data and its metrics; epochs only for a model trained in epochs (None for a
+    closed form, fitted once). Runs written before the settings were filtered show the same."""
+    model = cfg.get("model") or {}
+    name = model.get("name")
+    spec = specs.SPECS.get(name)
+    closed = bool(spec and spec.closed_form)
+    res = results or {}
+    return {
+        "model": name,
+        "title": spec.title if spec else name,
+        "family": spec.family if spec else None,
+        "closed_form": closed,
+        "settings": model.get("config") or {},
+        "train": train_settings(name, cfg.get("train") or {}),
+        "data": cfg.get("data") or {},
+        "vaecf_version": cfg.get("vaecf_version"),
+        "best_epoch": None if closed else res.get("best_epoch"),
+        "epochs": None if closed else res.get("epochs"),
+        "validation": res.get("validation"),
+        "test": res.get("test"),
+    }

@@ -433,6 +433,7 @@ POPULAR = Spec(
     PopularConfig,
     "vaecf.models.popular:Popular",
     closed_form=True,
+    train_settings=(),
 )
 AUTO = Spec(
     "auto",

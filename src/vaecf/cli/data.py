@@ -171,6 +171,10 @@ def cmd_info(a) -> int:
 
     if a.path in registry.SPECS and not Path(a.path).is_dir():
         return _dataset_info(a)
+    if (Path(a.path) / "config.json").is_file():  # a run directory (vaecf.rundir.CONFIG)
+        from vaecf.cli.runcard import print_card
+
+        return print_card(a.path, a.json)
     ds = PreparedDataset(a.path)
     if a.json:
         print_json(ds.manifest)
@@ -293,16 +297,22 @@ def register(sub) -> None:
     pdl.add_argument("--json", action="store_true", help="print the file records as JSON")
     pdl.set_defaults(fn=cmd_download)
 
-    pi = sub.add_parser("info", help="describe a prepared dataset or a registry dataset")
+    pi = sub.add_parser(
+        "info", help="describe a prepared dataset, a registry dataset or a run (its model card)"
+    )
     pi.add_argument(
         "path",
         metavar="NAME|DIR",
-        help="prepared dataset directory, or a dataset name (" + ", ".join(registry.names()) + ")",
+        help="prepared dataset directory, run directory (the model, its settings as fitted, "
+        "the training settings it reads, its metrics), or a dataset name ("
+        + ", ".join(registry.names())
+        + ")",
     )
     add_settings(pi, DataPlaces, only=("root",))
     pi.add_argument(
         "--json",
         action="store_true",
-        help="print the manifest (DIR) or the registry entry (NAME) as JSON",
+        help="print the manifest (dataset DIR), the card (run DIR) or the registry entry "
+        "(NAME) as JSON",
     )
     pi.set_defaults(fn=cmd_info)

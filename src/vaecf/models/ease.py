@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from dataclasses import replace
 
 import numpy as np
 import scipy.sparse as sp
@@ -121,8 +122,15 @@ class EASE(Model):
     def _emphasis(self) -> str:
         return getattr(self.config, "emphasis", "full")
 
-    def _keep(self, l2: float, dropout: float) -> None:
+    def _keep(self, l2: float, dropout: float, beta: float) -> None:
+        """The choice kept: lambda in the weights, and in the config (what the run's config.json
+        records) the chosen values in place of the unset ones. The grids stay (unread once their
+        value is set) but for the penalties' grid, which is emptied: a non-empty one is
+        searched, so that the config fits this B again."""
         self.l2 = torch.tensor(l2, dtype=torch.float64)
+        self.config = replace(
+            self.config, l2=float(l2), popularity_exponent=float(beta), popularity_grid=[]
+        )
 
     def fit(
         self,
@@ -192,7 +200,7 @@ class EASE(Model):
         else:
             best = self._validated(search, full, validate, single, solver == "sparse")
         self._install(search, *best[1:])
-        self._keep(best[1], best[2])
+        self._keep(best[1], best[2], best[3])
         record = self._record(search, solver, single, best[1], best[2], best[3])
         record.update(gram_seconds=round(t_gram, 3), seconds=round(time.perf_counter() - t0, 3))
         return record
@@ -338,6 +346,7 @@ class EDLAE(EASE):
         cfg = self.config
         return [cfg.dropout] if cfg.dropout is not None else sorted(cfg.dropout_grid)
 
-    def _keep(self, l2: float, dropout: float) -> None:
-        super()._keep(l2, dropout)
+    def _keep(self, l2: float, dropout: float, beta: float) -> None:
+        super()._keep(l2, dropout, beta)
         self.dropout = torch.tensor(dropout, dtype=torch.float64)
+        self.config = replace(self.config, dropout=float(dropout))

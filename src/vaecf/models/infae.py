@@ -21,6 +21,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable
+from dataclasses import replace
 
 import numpy as np
 import scipy.sparse as sp
@@ -207,6 +208,7 @@ class InfAE(Model):
             alpha = torch.cholesky_solve(xd, factor(l2)).float()
         self.alpha = alpha
         self.l2 = torch.tensor(l2, dtype=torch.float64)
+        self.config = replace(cfg, ridge=float(l2))  # the choice, as the run records it
         return {
             "ridge": l2,
             "grid": tried if len(l2s) > 1 else None,

@@ -40,7 +40,8 @@ def _version(run_dir: Path, rec: Recommender) -> dict[str, Any]:
     ck = run_dir / rundir.BEST
     stat = ck.stat()
     mtime = dt.datetime.fromtimestamp(stat.st_mtime, dt.timezone.utc)
-    best_epoch = (rec.results or {}).get("best_epoch")  # read once, by Recommender.load
+    # read once, by Recommender.load; None for a closed form (fitted once, no epochs)
+    best_epoch = rundir.card(rec.info or {}, rec.results)["best_epoch"]
     ident = f"{run_dir.resolve()}|{stat.st_mtime_ns}|{stat.st_size}"
     return {
         "id": hashlib.sha256(ident.encode()).hexdigest()[:12],

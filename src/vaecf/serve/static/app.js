@@ -172,7 +172,9 @@ async function loadCard() {
   const m = c.model;
   $("model-line").textContent =
     `${m.name} · ${m.n_items.toLocaleString()} items · loaded ${m.loaded_at} · ${c.precision}`;
-  const rows = [["model", m.name], ["run", m.run], ["best epoch", m.best_epoch ?? "–"],
+  // a closed form (EASE, EDLAE, ...) is fitted once: it has no best epoch to show
+  const epoch = m.best_epoch == null ? [] : [["best epoch", m.best_epoch]];
+  const rows = [["model", m.name], ["run", m.run], ...epoch,
     ["items", m.n_items], ["training users", c.data.n_train_users ?? "–"],
     ["data", c.data.fingerprint ? c.data.fingerprint.slice(0, 12) : "–"],
     ["served in", c.precision], ["loaded at", m.loaded_at]];
