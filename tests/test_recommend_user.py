@@ -130,7 +130,7 @@ def test_a_dataset_that_is_gone_or_another_is_said_in_words(trained, planted, tm
         rec.recommend_user(user, data=other.path)
     with running(ServeSettings(run=str(elsewhere))) as (base, _), client(base) as c:
         r = c.get(f"/v1/users/{user}/recommend")
-    assert r.status_code == 422 and r.json()["error"] == "no_user_data"
+    assert r.status_code == 404 and r.json()["error"] == "no_user_data"
     assert "is gone" in r.json()["message"] and str(tmp_path) not in r.json()["message"]
     fresh = vaecf.Recommender(rec.model, rec.items)  # built in memory: no dataset to look in
     with pytest.raises(DataError, match="names no prepared dataset"):

@@ -17,9 +17,10 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from vaecf.serve import admin, items, ops, page, recommend
 from vaecf.serve.batcher import MicroBatcher
 from vaecf.serve.guard import Guard
+from vaecf.serve.invalid import validation_error
 from vaecf.serve.metrics import Metrics
 from vaecf.serve.reload import ModelHolder
-from vaecf.serve.schemas import error, validation_error
+from vaecf.serve.schemas import error
 from vaecf.serve.service import Service
 from vaecf.serve.settings import ServeSettings
 from vaecf.version import __version__
@@ -77,7 +78,7 @@ def create_app(holder: ModelHolder, settings: ServeSettings) -> FastAPI:
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(request: Request, exc: RequestValidationError):
-        return validation_error(exc, settings)
+        return validation_error(exc, settings, request)
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(request: Request, exc: StarletteHTTPException):

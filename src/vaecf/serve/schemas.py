@@ -1,7 +1,6 @@
 """The API's request and response models (pydantic; the request models carry the server's limits,
 so /openapi.json states them), and the JSON answers: `json_ok` for a 200, `error` for every
-error ({"error": CODE, "message": what to do, ...}), `validation_error` for a 422 that names the
-limit a request hit.
+error ({"error": CODE, "message": what to do, ...}; invalid.py words a 422).
 
 (No `from __future__ import annotations` here: FastAPI resolves the annotations of models built
 per app at run time.)
@@ -11,7 +10,6 @@ import json
 from typing import Annotated, Any, Literal
 
 import orjson
-from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from pydantic import (
     BaseModel,
@@ -39,8 +37,10 @@ WholeNumber = Annotated[int, BeforeValidator(_no_bool_or_text)]
 
 # Text never holds control characters (a newline in an id would forge a log line).
 NO_CONTROL = r"^[^\x00-\x1f\x7f]*$"
+ID_MAX_LENGTH = 256  # characters of an id given as a string
 ItemId = (
-    StrictInt | Annotated[str, StringConstraints(min_length=1, max_length=256, pattern=NO_CONTROL)]
+    StrictInt
+    | Annotated[str, StringConstraints(min_length=1, max_length=ID_MAX_LENGTH, pattern=NO_CONTROL)]
 )
 
 
@@ -156,11 +156,10 @@ ERROR_MEANING = {
     415: "admin requests must be sent as application/json",
     421: "the Host header names no name this server answers to (--allowed-host)",
     429: "reload: too soon after the last one (Retry-After)",
-    404: "the item is not in the model's vocabulary, or the user not in the run's data; "
-    "reload: no such run directory",
+    404: "the item is not in the model's vocabulary; the user is not in the run's data, or the "
+    "run's prepared dataset is not there (no_user_data); reload: no such run directory",
     413: "the request body exceeds max_body_bytes",
-    422: "the request breaks the schema or a limit (named in `limits`); a run that fails to "
-    "load; a user's recommendations when the run's prepared dataset is not there",
+    422: "the request breaks the schema or a limit (named in `limits`); a run that fails to load",
     500: "the model to reload failed in an unexpected way; the old one still serves",
     503: "overloaded (the scoring queue is full or the request's deadline passed: retry after "
     "Retry-After seconds), or starting or shutting down",
@@ -231,31 +230,3 @@ def request_schemas(s: ServeSettings) -> tuple[type[BaseModel], type[BaseModel]]
         )
 
     return RecommendRequest, BatchRequest
-
-
-# limit hit by a validation error, by field name
-LIMIT_OF = {
-    "items": "max_history",
-    "histories": "max_batch",
-    "k": "max_k",
-    "allow": "max_filter",
-    "deny": "max_filter",
-}
-
-
-def validation_error(exc: RequestValidationError, s: ServeSettings) -> JSONResponse:
-    errors, limits = [], {}
-    for e in exc.errors():
-        loc = [str(p) for p in e.get("loc", ()) if p != "body"]
-        field = loc[0] if loc else ""
-        if e.get("type") in ("too_long", "less_than_equal") and field in LIMIT_OF:
-            name = LIMIT_OF[field]
-            if field == "histories" and len(loc) > 1:
-                name = "max_history"  # one history of a batch is too long
-            limits[name] = s.limits[name]
-        errors.append({"loc": loc, "msg": e.get("msg", ""), "type": e.get("type", "")})
-    message = "; ".join(f"{'.'.join(e['loc']) or 'body'}: {e['msg']}" for e in errors)
-    extra = {"limits": limits} if limits else {}
-    if limits:
-        message += " (server limits: " + ", ".join(f"{k}={v}" for k, v in limits.items()) + ")"
-    return error(422, "invalid_request", message, errors=errors, **extra)

@@ -141,7 +141,8 @@ class Service:
         except UnknownUserError as e:
             return error(404, "unknown_user", str(e))
         except VaecfError as e:
-            return error(422, "no_user_data", self.hide_paths(str(e), model.recommender))
+            # the server has no users to look up (the run's dataset is not there): none is found
+            return error(404, "no_user_data", self.hide_paths(str(e), model.recommender))
         history = model.recommender.items.id_of(idx)
         out = await self.scored([history], UserQuery(k), model)
         if isinstance(out, Response):
