@@ -40,6 +40,12 @@ def flag(name: str) -> str:
     return "--" + name.replace("_", "-")
 
 
+def spelled(name: str) -> str:
+    """A setting as the command line and Python both spell it, for a message either may get:
+    `--min-rating (min_rating=)`."""
+    return f"{flag(name)} ({name}=)"
+
+
 def validate_fields(obj, error: type[Exception] = ConfigError) -> None:
     """Check every Literal-typed field of a settings dataclass against its choices."""
     for name, tp in hints(type(obj)).items():
@@ -47,7 +53,8 @@ def validate_fields(obj, error: type[Exception] = ConfigError) -> None:
         value = getattr(obj, name)
         if allowed is not None and value is not None and value not in allowed:
             raise error(
-                f"{flag(name)} must be one of {', '.join(map(str, allowed))}, not {value!r}"
+                f"{flag(name)} must be one of {', '.join(map(str, allowed))}, not {value!r} "
+                f"(in Python: {name}=)"
             )
 
 

@@ -47,7 +47,7 @@ from vaecf.safewrite import (
     write_json,
     writer_lock,
 )
-from vaecf.settings import flag, setting, validate_fields
+from vaecf.settings import flag, setting, spelled, validate_fields
 from vaecf.version import __version__
 
 FORMAT_VERSION = 2  # 2: per-file checksums in the manifest; part of the fingerprint
@@ -106,14 +106,22 @@ class PrepareSettings:
                         f"pass --protocol {other}"
                     )
         if self.min_user_items < 1 or self.min_item_users < 0:
-            raise DataError("--min-user-items must be >= 1 and --min-item-users >= 0")
+            raise DataError(
+                f"{spelled('min_user_items')} must be at least 1 and {spelled('min_item_users')} "
+                "at least 0"
+            )
         if not 0 < self.target_frac < 1:
-            raise DataError("target fraction must lie strictly between 0 and 1")
+            raise DataError(f"the target fraction {spelled('target_frac')} must lie in (0, 1)")
         if self.protocol == "thesis":
             if not 0 < self.validation_frac < 1:
-                raise DataError("--validation-frac must lie strictly between 0 and 1")
+                raise DataError(
+                    f"{flag('validation_frac')} must lie strictly between 0 and 1 "
+                    "(validation_frac=; vaecf.fit: validation=, a share or a number of users)"
+                )
             if not 0 <= self.test_frac < 1:  # 0: no test users (a production fit)
-                raise DataError("--test-frac must lie in [0, 1)")
+                raise DataError(
+                    f"{flag('test_frac')} must lie in [0, 1) (test_frac=; vaecf.fit: test=)"
+                )
 
 
 def sha256_file(path: str | os.PathLike, chunk: int = 1 << 22) -> str:
@@ -385,7 +393,9 @@ def prepare_frame(
     counts: dict[str, int] = {"n_rows": df.height}
     if settings.min_rating is not None:
         if RATING not in df.columns:
-            raise DataError("--min-rating needs --rating-col")
+            raise DataError(
+                f"{spelled('min_rating')} needs a rating column: {spelled('rating_col')}"
+            )
         df = df.filter(pl.col(RATING) >= settings.min_rating)
     counts["n_positive_rows"] = df.height
     df = _first_pairs(df.select(USER, ITEM))
@@ -397,7 +407,8 @@ def prepare_frame(
     counts["n_filtered_pairs"] = df.height
     if df.height == 0:
         raise DataError(
-            "no interactions remain after filtering; lower --min-rating / --min-user-items"
+            f"no interactions remain after filtering: lower {spelled('min_rating')} or "
+            f"{spelled('min_user_items')}"
         )
 
     users = df.get_column(USER).unique().sort().to_numpy()
@@ -534,7 +545,10 @@ def prepare_csv(
     columns = check_columns(header, columns, Path(path).suffix.lower() in {".parquet", ".pq"})
     user_col, item_col, rating_col = resolve_columns(user_col, item_col, rating_col, columns)
     if settings.min_rating is not None and rating_col is None:
-        raise DataError("--min-rating needs --rating-col to say which column holds ratings")
+        raise DataError(
+            f"{spelled('min_rating')} needs {spelled('rating_col')} to say which column holds "
+            "the ratings"
+        )
     path, out = Path(path), Path(out)
     if not path.is_file():
         raise DataError(f"{path} does not exist or is not a file; pass --path to a CSV/TSV/Parquet")
@@ -722,7 +736,7 @@ def prepare_dataset(
         record["parse"] = parse_counts
         _say(progress, f"{name}: {df.height:,} rows; filtering and splitting")
         if settings.min_rating is not None and RATING not in df.columns:
-            raise DataError(f"{name} has no ratings; leave --min-rating unset")
+            raise DataError(f"{name} has no ratings; leave {spelled('min_rating')} unset")
         return prepare_frame(df, out, settings, record, names)
 
 

@@ -1,0 +1,70 @@
+"""The Python API in its own words (issue 38, item 9): errors that `vaecf.fit` and the prepare
+functions raise name the keyword argument beside the command-line flag, "too few users" says
+what to change (and following it works), and `repr` of a Recommender says what it is."""
+
+from __future__ import annotations
+
+import os
+import shutil
+
+import polars as pl
+import pytest
+from conftest import cpu_config
+
+import vaecf
+from vaecf import models
+from vaecf.data.vocab import Vocabulary
+from vaecf.errors import DataError
+from vaecf.recommender import Recommender
+
+
+def _users(n: int, items: int = 6) -> pl.DataFrame:
+    """n users with `items` items each, all rated 5."""
+    return pl.DataFrame(
+        {
+            "user": [u for u in range(n) for _ in range(items)],
+            "item": list(range(items)) * n,
+            "rating": [5] * (n * items),
+        }
+    )
+
+
+def _fit(df, **kw):
+    return vaecf.fit(df, model="popular", progress=False, device="cpu", **kw)
+
+
+def test_fit_errors_name_the_keyword_argument_not_only_the_flag():
+    df = _users(8)
+    with pytest.raises(DataError, match=r"lower --min-rating \(min_rating=\) or .*min_user_items="):
+        _fit(df, min_rating=10)
+    with pytest.raises(DataError, match=r"\(min_user_items=\) must be at least 1"):
+        _fit(df, min_user_items=0)
+    with pytest.raises(DataError, match=r"vaecf.fit: test=\)"):
+        _fit(df, test=1.5)
+    with pytest.raises(DataError, match=r"one of liang, thesis, not 'x' \(in Python: protocol=\)"):
+        vaecf.PrepareSettings(protocol="x").validate()
+
+
+def test_too_few_users_says_what_to_change_and_the_advice_works():
+    with pytest.raises(DataError) as one:
+        _fit(_users(1))
+    msg = str(one.value)
+    assert msg.startswith("1 user remains after filtering, too few to hold out 10%")
+    assert "(at least 6 users)" in msg and "lower --min-user-items (min_user_items=)" in msg
+    assert "larger share" not in msg  # with one user, no share helps
+    with pytest.raises(DataError, match=r"vaecf.fit: validation=, a share or a number of users"):
+        _fit(_users(3))
+    rec = _fit(_users(3), validation=1)  # the advice taken: one validation user
+    assert len(rec.items) == 6
+
+
+def test_repr_names_the_model_its_items_and_where_it_came_from(planted, tmp_path):
+    ds = planted("words", 200, 40, 2, 10, seed=3, heldout=20)
+    run = tmp_path / "run"
+    vaecf.train(ds, cpu_config(), run, model="popular")
+    rec = Recommender.load(run)
+    assert repr(rec) == f"Recommender(popular, 40 items, from run {os.path.abspath(run)})"
+    shutil.rmtree(run)  # a run directory that is gone is no source any more
+    assert repr(rec).endswith(", in memory)")
+    many = Recommender(models.build("popular", 1500), Vocabulary(list(range(1500))))
+    assert repr(many) == "Recommender(Popular, 1,500 items, in memory)"
