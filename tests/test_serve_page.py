@@ -158,6 +158,8 @@ def test_page_in_a_real_browser(named_run, tmp_path):
     assert "Toy Story (1995)" in t["recs"]
     assert any(title in t["similar"] for title in (TITLES[i] for i in CRIME if i != 296))
     assert "ease" in t["card"] and "ndcg@100" in t["card"]
+    # the lambda EASE's search chose, and no epochs for a closed form (issue 38, item 5)
+    assert re.search(r"l2=\d", t["card"]) and "best epoch" not in t["card"]
     assert t["message"].strip() == ""
 
 

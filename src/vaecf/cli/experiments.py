@@ -246,9 +246,15 @@ def register(sub) -> None:
 
     pp = sub.add_parser(
         "plot",
-        help="training curves of runs: loss, NLL, KL, beta, validation metrics (PNG)",
+        help="training curves of runs: loss, NLL, KL, beta, validation metrics (PNG); a "
+        "closed-form run's search",
         description="Draw the per-epoch training loss, NLL, KL and beta and the validation "
-        "metrics of one or more runs, overlaid, each run's selected epoch marked.",
+        "metrics of one or more runs, overlaid, each run's selected epoch marked; a closed-form "
+        "run (EASE, EDLAE, inf-AE, popularity) among them is a level line at its validation "
+        "metrics. Runs that are all closed-form have no training curve: their validation "
+        "search is drawn instead (the metric over lambda, a line per p and beta, the choice "
+        "starred). Where none of them searched (a fixed lambda, popularity) there is nothing "
+        "to draw: one line says so, nothing is written, exit code 2.",
     )
     pp.add_argument("runs", nargs="+", help="run directories (RUN or LABEL=RUN)")
     pp.add_argument("--out", required=True, help="PNG file to write")

@@ -1,6 +1,7 @@
-"""Pictures (matplotlib, Agg backend: no display needed): training curves of runs (`vaecf plot`),
-a study's optimization history and parameter importances (`vaecf tune`), and a comparison's bar
-chart with error bars (`vaecf compare`)."""
+"""Pictures (matplotlib, Agg backend: no display needed): training curves of runs (`vaecf plot`;
+a closed-form run's search instead where every run is fitted in closed form: experiments.
+searchplot), a study's optimization history and parameter importances (`vaecf tune`), and a
+comparison's bar chart with error bars (`vaecf compare`)."""
 
 from __future__ import annotations
 
@@ -9,8 +10,9 @@ import os
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from vaecf import rundir
+from vaecf import rundir, specs
 from vaecf.errors import RunError
+from vaecf.experiments.figures import pyplot, save_figure
 
 TRAIN_PANELS = (
     ("loss", "training loss (NLL + beta KL)", "nats per user"),
@@ -19,27 +21,6 @@ TRAIN_PANELS = (
     ("beta", "KL weight beta", "beta"),
 )
 VAL_PANELS = ("ndcg@100", "recall@20", "recall@50")
-
-
-def save_figure(fig, path: Path) -> Path:
-    """Write `fig` to `path` (the format its suffix names; PNG, and a .png suffix, without one)
-    atomically: a process killed while drawing leaves the previous picture, never a torn one."""
-    from vaecf.safewrite import atomic_file
-
-    if not path.suffix:
-        path = path.with_name(path.name + ".png")
-    with atomic_file(path) as f:
-        fig.savefig(f, format=path.suffix[1:].lower(), dpi=110)
-    return path
-
-
-def _pyplot():
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt
 
 
 def _label(run: Path, cfg: dict, names: list[Path]) -> str:
@@ -54,22 +35,32 @@ def plot_runs(
     labels: Sequence[str] | None = None,
 ) -> Path:
     """One figure of the runs' per-epoch training loss, NLL, KL, beta and validation metrics,
-    overlaid, each run's selected (best) epoch marked. Returns the PNG path."""
+    overlaid, each run's selected (best) epoch marked; a closed-form run (fitted once) is a
+    level line at its validation metrics. Where every run is closed-form the figure is their
+    searches instead (`searchplot.plot_searches`). Returns the PNG path."""
     runs = [Path(r) for r in runs]
     if not runs:
         raise RunError("pass at least one run directory")
     if not Path(out).parent.is_dir():  # made by nobody but its owner, as every verb's --out
         raise RunError(f"{Path(out).parent} does not exist; create it or choose another --out")
-    data = []
+    data, fits = [], []
     for i, run in enumerate(runs):
         cfg = rundir.load_config(run)
         rows = rundir.read_metrics(run)
-        if not rows:
+        closed = closed_form(cfg, rows)
+        if not rows and not (closed and (run / rundir.RESULTS).is_file()):
             raise RunError(f"{run} has no {rundir.METRICS} yet: train it first")
         label = labels[i] if labels else _label(run, cfg, runs)
         metric = cfg["train"].get("select_metric", "ndcg@100")
-        data.append((label, rows, metric, _best_epoch(run, rows, metric)))
-    plt = _pyplot()
+        if closed:
+            fits.append((run, label, cfg, rows, metric))
+        else:
+            data.append((label, rows, metric, _best_epoch(run, rows, metric)))
+    if not data:
+        from vaecf.experiments.searchplot import plot_searches
+
+        return plot_searches(fits, Path(out))
+    plt = pyplot()
     fig, axes = plt.subplots(2, 4, figsize=(17, 8), constrained_layout=True)
     colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
     for ax, (key, title, unit) in zip(axes[0], TRAIN_PANELS):
@@ -89,6 +80,10 @@ def plot_runs(
                 if key in (r.get("validation") or {})
             ]
             _curve(ax, pts, best, colors[i % len(colors)], label)
+        for i, (run, label, _, rows, _) in enumerate(fits, len(data)):
+            value = (_validation(run) or (rows or [{}])[0].get("validation") or {}).get(key)
+            if isinstance(value, (int, float)):
+                ax.axhline(value, color=colors[i % len(colors)], ls=":", lw=1.4, label=label)
         _decorate(ax, f"validation {key}", key)
     legend_ax = axes[1][3]
     legend_ax.axis("off")
@@ -96,14 +91,35 @@ def plot_runs(
         plt.Line2D([], [], color=colors[i % len(colors)], label=f"{lab} (best epoch {best})")
         for i, (lab, _, _, best) in enumerate(data)
     ]
+    handles += [
+        plt.Line2D([], [], color=colors[i % len(colors)], ls=":", label=f"{lab} (closed form)")
+        for i, (_, lab, *_) in enumerate(fits, len(data))
+    ]
     handles.append(
         plt.Line2D([], [], color="grey", ls="--", marker="*", ms=10, label="selected epoch")
     )
     legend_ax.legend(handles=handles, loc="center", fontsize=10, frameon=False)
-    fig.suptitle(f"training curves of {len(data)} run{'s' if len(data) > 1 else ''}", fontsize=13)
+    n = len(data) + len(fits)
+    fig.suptitle(f"training curves of {n} run{'s' if n > 1 else ''}", fontsize=13)
     out = save_figure(fig, Path(out))
     plt.close(fig)
     return out
+
+
+def closed_form(cfg: dict, rows: list[dict]) -> bool:
+    """The run was fitted once (EASE, EDLAE, inf-AE, popularity, a blend): it has no
+    per-epoch curve. A model not declared here: one metrics row without a loss."""
+    spec = specs.SPECS.get(cfg["model"]["name"])
+    if spec is not None:
+        return spec.closed_form
+    return len(rows) <= 1 and not any("loss" in r for r in rows)
+
+
+def _validation(run: Path) -> dict | None:
+    try:
+        return rundir.load_results(run).get("validation")
+    except RunError:
+        return None
 
 
 def _best_epoch(run: Path, rows: list[dict], metric: str) -> int | None:
@@ -152,7 +168,7 @@ def plot_study(study, out_dir: Path, metric: str, log: Callable[[str], None] = p
     (parameter importances, when at least two trials are complete). Returns what it wrote."""
     from optuna.trial import TrialState
 
-    plt = _pyplot()
+    plt = pyplot()
     written = {}
     trials = study.get_trials(deepcopy=False)
     complete = [t for t in trials if t.state == TrialState.COMPLETE]
@@ -254,7 +270,7 @@ def plot_compare(summary: dict, out: str | os.PathLike) -> Path:
     over the splits, the individual splits as dots."""
     import numpy as np
 
-    plt = _pyplot()
+    plt = pyplot()
     labels = summary["labels"]
     metrics = summary["metrics"]
     per = summary["per_split"]  # label -> metric -> [values]
