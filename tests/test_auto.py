@@ -138,7 +138,7 @@ def test_a_blend_is_judged_on_users_its_weight_was_not_chosen_on():
 
 def test_auto_budget_skips_candidates_not_started(ds, tmp_path):
     with pytest.raises(RunError, match="budget"):
-        vaecf.train(ds, quiet(), tmp_path / "c", models.AutoConfig(["ease"], budget=1e-9))
+        vaecf.train(ds, quiet(budget=1e-9), tmp_path / "c", models.AutoConfig(["ease"]))
 
 
 def test_blend_scores_its_formula(ds):

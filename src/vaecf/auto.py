@@ -31,7 +31,9 @@ from vaecf.specs import LINEAR_CV_BETAS
 from vaecf.trainer import RunResult, train
 
 BLEND_WEIGHTS = [0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9]
-SETTINGS = "auto_settings.json"  # the settings an auto run started with, for its resume
+SETTINGS = "auto_settings.json"
+# The share of --budget kept back from the candidates for the blend, the selection and the test
+BUDGET_RESERVE = 0.03  # the settings an auto run started with, for its resume
 
 
 def saved_settings(out: Path) -> tuple[TrainConfig | None, AutoConfig | None]:
@@ -44,11 +46,16 @@ def saved_settings(out: Path) -> tuple[TrainConfig | None, AutoConfig | None]:
     return from_dict(TrainConfig, saved["train"]), from_dict(AutoConfig, saved["auto"])
 
 
-def candidate_config(cfg: TrainConfig, name: str) -> TrainConfig:
-    """The run's training settings, less those the candidate does not read (reset)."""
+def candidate_config(cfg: TrainConfig, name: str, budget: float | None = None) -> TrainConfig:
+    """The run's training settings, less those the candidate does not read (reset), with
+    `budget`: the seconds of the selection's budget left to it, less the selection's reserve."""
     reads, default = models.get(name).train_settings, TrainConfig()
     optional = (*GRADIENT_SETTINGS, *ANNEAL_SETTINGS)
-    return replace(cfg, **{n: getattr(default, n) for n in optional if n not in reads})
+    reset = {n: getattr(default, n) for n in optional if n not in reads}
+    reset["progress"] = False  # one line per candidate (train_auto's); its log holds the rest
+    if budget is not None:
+        reset["budget"] = budget - BUDGET_RESERVE * cfg.budget
+    return replace(cfg, **reset)
 
 
 def candidate_model_config(name: str, auto: AutoConfig):
@@ -81,18 +88,23 @@ def train_auto(
     t_start = time.perf_counter()
     metric = cfg.select_metric
     record, fitted = [], {}
+    log(
+        f"auto: fitting {', '.join(auto.candidates)}"
+        + ("" if cfg.budget is None else f" within {cfg.budget:g} s")
+        + f"; each candidate's epochs and search are in {out / 'candidates'}"
+    )
     for name in auto.candidates:
-        spent = time.perf_counter() - t_start
         row = {"model": name, "family": models.get(name).family}
-        if auto.budget is not None and spent >= auto.budget:
-            record.append({**row, "skipped": f"the budget ({auto.budget:g} s) was spent"})
+        left = None if cfg.budget is None else cfg.budget - (time.perf_counter() - t_start)
+        if left is not None and left <= BUDGET_RESERVE * cfg.budget:
+            record.append({**row, "skipped": f"the budget ({cfg.budget:g} s) was spent"})
             log(f"auto: {name} skipped, the budget is spent")
             continue
         t0 = time.perf_counter()
         try:
             res = train(
                 ds,
-                candidate_config(cfg, name),
+                candidate_config(cfg, name, left),
                 out / "candidates" / name,
                 candidate_model_config(name, auto),
                 model=name,
@@ -104,9 +116,15 @@ def train_auto(
             log(f"auto: {name} skipped: {e}")
             continue
         row.update(validation=res.validation_metrics, seconds=round(time.perf_counter() - t0, 3))
+        stopped = rundir.load_results(res.run_dir).get("stopped")
+        if stopped in ("patience", "budget"):
+            row.update(stopped=stopped, best_epoch=res.best_epoch, epochs=len(res.history))
         record.append(row)
         fitted[name] = res
-        log(f"auto: {name} validation {metric} {res.validation_metrics[metric]:.4f}")
+        how = f"{row['seconds']:.0f} s"
+        if stopped in ("patience", "budget"):
+            how += f", stopped by the {stopped} after epoch {row['epochs']}, best {res.best_epoch}"
+        log(f"auto: {name} validation {metric} {res.validation_metrics[metric]:.4f} ({how})")
     if not fitted:
         raise RunError(
             "auto: no candidate could be fitted: "

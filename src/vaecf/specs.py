@@ -24,6 +24,7 @@ GRADIENT_SETTINGS = (
     "cuda_graphs",
     "eval_every",
     "checkpoint_every",
+    "patience",
 )
 ANNEAL_SETTINGS = ("total_anneal_steps", "anneal_cap")
 FAMILIES = ("autoencoder", "linear", "baseline", "selection")
@@ -273,11 +274,6 @@ class AutoConfig:
         help="models to fit and compare on validation, cheapest first",
         factory=lambda: ["edlae", "multvae", "recvae"],
     )
-    budget: float | None = setting(
-        None,
-        "seconds for the whole selection: a candidate not started when it is spent is skipped "
-        "(and recorded as such); unset: no limit",
-    )
     blend: bool = setting(
         True, "also try a validation-weighted blend of the best linear and best autoencoder"
     )
@@ -298,8 +294,6 @@ class AutoConfig:
     def __post_init__(self) -> None:
         if not self.candidates:
             raise ConfigError("--candidates names no model")
-        if self.budget is not None and self.budget <= 0:
-            raise ConfigError("--budget must be a positive number of seconds")
         if not self.margin_z >= 0:
             raise ConfigError("--margin-z must be >= 0 (standard errors of the paired gain)")
 

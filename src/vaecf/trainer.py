@@ -24,7 +24,7 @@ from tqdm.auto import tqdm
 from vaecf import checkpoint, distributed, footprint, graphs, memory, models, rundir
 from vaecf import precision as prec
 from vaecf.background import CheckpointWriter, snapshot
-from vaecf.config import ANNEAL_SETTINGS, GRADIENT_SETTINGS, TrainConfig, from_dict
+from vaecf.config import ANNEAL_SETTINGS, GRADIENT_SETTINGS, PATIENCE, TrainConfig, from_dict
 from vaecf.data.matrix import CSR, prefetch_batches
 from vaecf.data.prepare import PreparedDataset
 from vaecf.errors import ConfigError, RunError
@@ -44,6 +44,8 @@ RESUME_MAY_CHANGE = (
     "cuda_graphs",
     "eval_batch_size",
     "checkpoint_every",
+    "patience",
+    "budget",
 )
 
 
@@ -123,6 +125,8 @@ def resolve_config(cfg: TrainConfig, model_cls: type[Model], n_train_users: int)
         )
     d = cfg.to_dict()
     d.update(model_cls.resolve_train(d, n_train_users, cfg.preset))
+    if d["patience"] is None and "patience" in model_cls.train_settings:
+        d["patience"] = 0 if cfg.preset == "paper" else PATIENCE
     return TrainConfig(**d)
 
 
@@ -277,6 +281,7 @@ class _Run:
         self.epoch, self.step = 0, 0
         self.on_epoch: Callable[[dict], None] | None = None
         self.score_test = True
+        self.stopped: str | None = None  # why training ended: epochs, patience or budget
 
     def _check_memory(self) -> None:
         """Before the model is built: refuse what will not fit (closed-form models check
@@ -333,6 +338,8 @@ class _Run:
             "epochs": self.epoch,
             "steps": self.step,
         }
+        if self.stopped is not None:
+            results["stopped"] = self.stopped
         if hasattr(self, "train_csr"):  # gradient models: the rows trained on
             results["train_rows"] = self.train_csr.n_rows
         if timing is not None:
@@ -414,6 +421,7 @@ class Trainer(_Run):
         # each phase's graph by its name; False: no graphs; None: not yet decided
         self._graph: dict[str, graphs.GraphedStep] | bool | None = None
         self.graph_steps = 0  # steps of this process replayed as a CUDA graph
+        self._val_seconds = 0.0  # the last validation's time, for the budget's forecast
 
     def _train_rows(self) -> sp.csr_matrix:
         """What the model trains on: the training users' rows, and with the model's
@@ -683,7 +691,7 @@ class Trainer(_Run):
         if ck is not None:
             self._load_last(ck)
         self._write_config()
-        if self.epoch >= cfg.epochs and self._finished():
+        if self._done() is not None and self._finished():
             return self._result()
         if self.epoch == 0:  # a new run: the model's data-dependent parts, if it has any
             val = (self.ds.split("validation_tr"), self.ds.split("validation_te"))
@@ -692,7 +700,7 @@ class Trainer(_Run):
                 tqdm.write(
                     f"{self.model.title}: " + ", ".join(f"{k} {v:g}" for k, v in prepared.items())
                 )
-        if self.epoch < cfg.epochs and self.ctx.is_main:  # extending a finished run: its
+        if self._done() is None and self.ctx.is_main:  # extending a finished run: its
             (self.out / rundir.RESULTS).unlink(missing_ok=True)  # results are no longer the run's
         if self.ctx.enabled:
             from torch.nn.parallel import DistributedDataParallel
@@ -716,43 +724,20 @@ class Trainer(_Run):
         )
         timing = {"setup_s": time.perf_counter() - t_setup, "train_s": 0.0, "validation_s": 0.0}
         self._last_saved = time.perf_counter()
+        deadline = None if cfg.budget is None else t_setup + cfg.budget
         stop = _StopRequests(enabled=not self.ctx.enabled)
         try:
             with stop:
-                while self.epoch < cfg.epochs:
-                    t0 = time.perf_counter()
-                    row = {"epoch": self.epoch + 1, "step": None, **self.train_epoch()}
-                    timing["train_s"] += time.perf_counter() - t0
-                    self.epoch += 1
-                    row["step"] = self.step
-                    if not math.isfinite(row["loss"]):
-                        raise TrainingDiverged(
-                            f"the training loss became {row['loss']} at epoch {self.epoch}; "
-                            "train a new run with a lower --lr, or with --precision fp32"
-                        )
-                    if self.epoch % cfg.eval_every == 0 or self.epoch == cfg.epochs:
-                        t0 = time.perf_counter()
-                        self._validate_epoch(row, show)
-                        timing["validation_s"] += time.perf_counter() - t0
-                    self.history.append(row)
-                    if self.ctx.is_main:
-                        self._metrics_file.write(json.dumps(row) + "\n")
-                        self._metrics_file.flush()  # readable as it goes; fsync'd with last.pt
-                    due = time.perf_counter() - self._last_saved >= cfg.checkpoint_every
-                    if due or self.epoch == cfg.epochs or stop.requested:
-                        self._save_last()
-                    if self.on_epoch is not None:
-                        self.on_epoch(row)
+                while self.stopped is None and self._done() is None:
+                    self.stopped = self._run_epoch(timing, deadline, stop, show)
                     bar.update(1)
                     bar.set_postfix(
-                        loss=f"{row['loss']:.2f}",
+                        loss=f"{self.history[-1]['loss']:.2f}",
                         best=f"{self.best['value']:.4f}@{self.best['epoch']}",
                     )
-                    if stop.requested:
-                        raise KeyboardInterrupt(
-                            f"stopped after epoch {self.epoch}; its checkpoint is saved: "
-                            "continue with --resume"
-                        )
+            self.stopped = self.stopped or self._done()
+            if show and self.stopped in ("patience", "budget"):
+                tqdm.write(self._stop_line())
             self.writer.flush()  # best.pt and last.pt are on disk before the test
             timing["checkpoint_wait_s"] = self.writer.wait_seconds
         finally:
@@ -764,6 +749,65 @@ class Trainer(_Run):
         timing["checkpoint_writes"] = self.writer.writes
         timing["graph_steps"] = self.graph_steps
         return self._finish(timing, t_setup)
+
+    def _done(self) -> str | None:
+        """Why no further epoch is due: "epochs" (all trained) or "patience" (the last
+        `patience` epochs found no better validation metric); None: train on."""
+        if self.epoch >= self.cfg.epochs:
+            return "epochs"
+        patience = self.cfg.patience
+        if patience and self.best["epoch"] and self.epoch - self.best["epoch"] >= patience:
+            return "patience"
+        return None
+
+    def _run_epoch(self, timing: dict, deadline: float | None, stop, show: bool) -> str | None:
+        """Train one epoch, validate it when due, record and checkpoint it. Returns "budget"
+        when the next epoch would end past the deadline (this one is then validated), else
+        None (the caller asks `_done`)."""
+        cfg = self.cfg
+        t0 = time.perf_counter()
+        row = {"epoch": self.epoch + 1, "step": None, **self.train_epoch()}
+        now = time.perf_counter()
+        timing["train_s"] += now - t0
+        self.epoch += 1
+        row["step"] = self.step
+        if not math.isfinite(row["loss"]):
+            raise TrainingDiverged(
+                f"the training loss became {row['loss']} at epoch {self.epoch}; "
+                "train a new run with a lower --lr, or with --precision fp32"
+            )
+        # the next epoch's end: this one's validation, then its training and validation
+        over = deadline is not None and now + (now - t0) + 2 * self._val_seconds > deadline
+        if deadline is not None and self.ctx.enabled:  # rank 0's clock decides for every rank
+            over = self.ctx.from_main(over)
+        last = over or self._done() == "epochs"
+        if self.epoch % cfg.eval_every == 0 or last:
+            t0 = time.perf_counter()
+            self._validate_epoch(row, show)
+            self._val_seconds = time.perf_counter() - t0
+            timing["validation_s"] += self._val_seconds
+        self.history.append(row)
+        if self.ctx.is_main:
+            self._metrics_file.write(json.dumps(row) + "\n")
+            self._metrics_file.flush()  # readable as it goes; fsync'd with last.pt
+        due = time.perf_counter() - self._last_saved >= cfg.checkpoint_every
+        if due or last or self._done() is not None or stop.requested:
+            self._save_last()
+        if self.on_epoch is not None:
+            self.on_epoch(row)
+        if stop.requested:
+            raise KeyboardInterrupt(
+                f"stopped after epoch {self.epoch}; its checkpoint is saved: continue with --resume"
+            )
+        return "budget" if over and self._done() is None else None
+
+    def _stop_line(self) -> str:
+        best, metric = self.best["epoch"], self.cfg.select_metric
+        if self.stopped == "patience":
+            why = f"no better validation {metric} in {self.cfg.patience} epochs"
+        else:
+            why = f"another epoch would end past the {self.cfg.budget:g} s budget"
+        return f"stopped after epoch {self.epoch}: {why}; the best, epoch {best}, is kept"
 
     def _validate_epoch(self, row: dict, show: bool) -> None:
         cfg = self.cfg

@@ -1,0 +1,90 @@
+"""Training stops when it is done (--patience) and when its time is up (--budget)."""
+
+import json
+import time
+
+import pytest
+from conftest import cpu_config
+
+import vaecf
+from vaecf import models, rundir
+from vaecf.errors import ConfigError
+
+
+@pytest.fixture(scope="module")
+def ds(planted):
+    return planted("stopping", 400, 80, 4, 10, 5, 40)
+
+
+def _rows(out):
+    return [json.loads(line) for line in (out / rundir.METRICS).read_text().splitlines()]
+
+
+def test_patience_run_is_the_full_runs_prefix_and_keeps_its_best(ds, tmp_path):
+    full = vaecf.train(ds, cpu_config(epochs=30, patience=0, lr=3e-3), tmp_path / "full")
+    short = vaecf.train(ds, cpu_config(epochs=30, patience=2, lr=3e-3), tmp_path / "short")
+    res = rundir.load_results(tmp_path / "short")
+    assert res["stopped"] == "patience" and rundir.load_results(tmp_path / "full")["stopped"] == (
+        "epochs"
+    )
+    n = res["epochs"]
+    assert n < 30 and n - short.best_epoch == 2
+    a, b = _rows(tmp_path / "full")[:n], _rows(tmp_path / "short")
+    assert [r["loss"] for r in a] == [r["loss"] for r in b]  # the same training, cut short
+    vals = [r["validation"]["ndcg@100"] for r in a]
+    assert short.best_epoch == 1 + max(range(n), key=lambda i: (vals[i], -i))
+    assert full.best_epoch >= short.best_epoch
+    if full.best_epoch == short.best_epoch:
+        assert short.test_metrics == full.test_metrics
+
+
+def test_a_stopped_run_resumes_to_itself_and_patience_0_extends_it(ds, tmp_path):
+    out = tmp_path / "run"
+    first = vaecf.train(ds, cpu_config(epochs=30, patience=1, lr=3e-3), out)
+    n = rundir.load_results(out)["epochs"]
+    again = vaecf.train(ds, cpu_config(epochs=30, patience=1, lr=3e-3), out, resume=True)
+    assert rundir.load_results(out)["epochs"] == n and again.test_metrics == first.test_metrics
+    vaecf.train(ds, cpu_config(epochs=30, patience=0, lr=3e-3), out, resume=True)
+    res = rundir.load_results(out)
+    assert res["epochs"] == 30 and res["stopped"] == "epochs"
+
+
+def test_budget_stops_training_before_an_epoch_that_would_pass_it(ds, tmp_path):
+    out = tmp_path / "run"
+    t0 = time.perf_counter()
+    result = vaecf.train(ds, cpu_config(epochs=100_000, patience=0, budget=6.0), out)
+    wall = time.perf_counter() - t0
+    res = rundir.load_results(out)
+    rows = _rows(out)
+    assert res["stopped"] == "budget" and res["epochs"] < 100_000
+    assert "validation" in rows[-1]  # the last epoch is validated, the best kept among them
+    assert result.best_epoch == 1 + max(
+        (i for i, r in enumerate(rows) if "validation" in r),
+        key=lambda i: (rows[i]["validation"]["ndcg@100"], -i),
+    )
+    slowest = max(r["train_seconds"] for r in rows)
+    assert res["timing"]["total_s"] <= 6.0 + 2 * slowest + 0.5, (res["timing"], slowest)
+    assert wall < 30
+
+
+def test_auto_shares_its_budget_and_records_the_stop(ds, tmp_path):
+    auto = models.AutoConfig(["ease", "multvae"], blend=False, linear_cv=False)
+    cfg = cpu_config(epochs=100_000, patience=0, budget=6.0)
+    t0 = time.perf_counter()
+    vaecf.train(ds, cfg, tmp_path / "a", auto)
+    wall = time.perf_counter() - t0
+    rec = {c["model"]: c for c in rundir.load_results(tmp_path / "a")["auto"]["candidates"]}
+    assert rec["multvae"]["stopped"] == "budget", rec
+    assert rec["multvae"]["best_epoch"] <= rec["multvae"]["epochs"] < 100_000
+    assert wall < 6.0 * 1.1 + 3, wall  # the selection's own reads and the test on top
+
+
+def test_patience_is_a_gradient_setting_and_the_paper_preset_trains_every_epoch(ds, tmp_path):
+    with pytest.raises(ConfigError, match="--patience"):
+        vaecf.train(ds, cpu_config(patience=5), tmp_path / "e", model="ease")
+    with pytest.raises(ConfigError, match="--patience"):
+        vaecf.TrainConfig(patience=-1).validate()
+    vaecf.train(ds, cpu_config(epochs=1, preset="paper"), tmp_path / "p")
+    assert rundir.load_config(tmp_path / "p")["train"]["patience"] == 0
+    vaecf.train(ds, cpu_config(epochs=1), tmp_path / "d")
+    assert rundir.load_config(tmp_path / "d")["train"]["patience"] == vaecf.config.PATIENCE
