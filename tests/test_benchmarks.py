@@ -51,6 +51,12 @@ SMOKE: dict[str, list[tuple[str, str]]] = {
         )
     ],
     "drills.py": [("| csv | 3 |", "--only fuzz --parsers csv --fuzz 3 --fuzz-cli 1")],
+    "early_stopping.py": [
+        (
+            "| demo (1 splits) | multvae | 2 |",
+            "--out {tmp}/out --datasets demo --seeds 1 --epochs 3 --patience 2",
+        )
+    ],
     "ease_scale.py": [("total s", "--items 200 --users 300 --nnz 3000 --model edlae")],
     "infae_scale.py": [("| 200 |", "--users 200 --items 100")],
     "linear_search.py": [
