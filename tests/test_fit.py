@@ -1,8 +1,14 @@
-"""vaecf.fit: a DataFrame, a CSR matrix or a file in, a Recommender out, nothing left on disk."""
+"""vaecf.fit: a DataFrame, a CSR matrix or a file in, a Recommender out; its work kept where it
+says, within its budget, and continued with resume=True."""
 
 from __future__ import annotations
 
+import json
+import signal
+import subprocess
+import sys
 import tempfile
+import time
 
 import numpy as np
 import pandas as pd
@@ -12,6 +18,7 @@ import scipy.sparse as sp
 
 import vaecf
 from vaecf.errors import ConfigError, DataError
+from vaecf.fitting import default_budget
 
 
 def _clusters(n_users=240, n_items=40, per_user=8, seed=0) -> pd.DataFrame:
@@ -27,6 +34,13 @@ def _clusters(n_users=240, n_items=40, per_user=8, seed=0) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=["userId", "movieId", "rating"])
 
 
+@pytest.fixture(autouse=True)
+def fits_home(tmp_path, monkeypatch):
+    """fit keeps its work under $VAECF_HOME/fits: here, the test's own directory."""
+    monkeypatch.setenv("VAECF_HOME", str(tmp_path / "home"))
+    return tmp_path / "home" / "fits"
+
+
 @pytest.fixture
 def private_tmp(tmp_path, monkeypatch):
     """Temporary files go to an empty directory we can inspect; the working directory too."""
@@ -39,11 +53,19 @@ def private_tmp(tmp_path, monkeypatch):
     return tdir, cwd
 
 
-def test_fit_pandas_recommends_within_taste_and_leaves_no_files(private_tmp):
+def test_fit_pandas_recommends_within_taste_and_keeps_its_work_where_it_says(
+    private_tmp, fits_home, capsys
+):
     tdir, cwd = private_tmp
     df = _clusters()
     rec = vaecf.fit(df, model="ease", item_names={i: f"film {i}" for i in range(40)})
-    assert list(tdir.iterdir()) == [] and list(cwd.iterdir()) == []  # nothing left behind
+    assert list(tdir.iterdir()) == [] and list(cwd.iterdir()) == []  # nothing left elsewhere
+    (work,) = fits_home.iterdir()
+    said = capsys.readouterr().out
+    assert f"kept in {work / 'run'}" in said and "within 60 s" in said
+    assert vaecf.Recommender.load(work / "run").recommend([0, 1], k=3).item_ids == (
+        rec.recommend([0, 1], k=3).item_ids
+    )
     r = rec.recommend([0, 1, 2, 3], k=5)
     assert all(0 <= i < 20 for i in r.item_ids) and not set(r.item_ids) & {0, 1, 2, 3}
     assert r.titles == [f"film {i}" for i in r.item_ids]
@@ -147,6 +169,61 @@ def test_fit_auto_by_default(private_tmp):
     assert rec.results["auto"]["selection"]["margin_z"] == 0.0  # an Auto setting reached auto
     assert rec.info["model"]["name"] in [c["model"] for c in rec.results["auto"]["candidates"]]
     assert list(tdir.iterdir()) == []
+
+
+def test_default_budget_grows_with_the_data_and_binds_the_fit(tmp_path):
+    assert default_budget(35_000) == 60.0
+    assert 110 < default_budget(1_000_209) < 120
+    rec = vaecf.fit(_clusters(), model="multvae", epochs=100_000, budget=4.0, progress=False)
+    assert rec.results["stopped"] == "budget" and rec.results["epochs"] < 100_000
+
+
+FIT_SCRIPT = """
+import sys, vaecf
+vaecf.fit(sys.argv[1], model="multvae", epochs=60, patience=0, batch_size=50, out=sys.argv[2])
+"""
+
+
+def test_an_interrupted_fit_says_how_to_resume_and_resume_continues_it(tmp_path):
+    data = tmp_path / "ratings.csv"
+    pl.DataFrame(_clusters(n_users=600).to_dict("list")).write_csv(data)
+    out = tmp_path / "run"
+    proc = subprocess.Popen(
+        [sys.executable, "-c", FIT_SCRIPT, str(data), str(out)],
+        stderr=subprocess.PIPE,
+        stdout=subprocess.DEVNULL,
+        text=True,
+    )
+    deadline = time.monotonic() + 120
+    while (
+        not (out / "metrics.jsonl").is_file()
+        or len((out / "metrics.jsonl").read_text().splitlines()) < 2
+    ):
+        assert proc.poll() is None and time.monotonic() < deadline, proc.stderr.read()
+        time.sleep(0.2)
+    proc.send_signal(signal.SIGINT)
+    err = proc.communicate(timeout=120)[1]
+    assert proc.returncode != 0 and "resume=True" in err and str(out) in err, err
+    before = (out / "metrics.jsonl").read_text().splitlines()
+    assert 2 <= len(before) < 60
+    with pytest.raises(vaecf.RunError, match="resume=True"):  # a named out is never overwritten
+        vaecf.fit(data, model="multvae", epochs=60, patience=0, batch_size=50, out=out)
+    rec = vaecf.fit(
+        data,
+        model="multvae",
+        epochs=60,
+        patience=0,
+        batch_size=50,
+        out=out,
+        resume=True,
+        budget=3600,
+        progress=False,
+    )
+    after = (out / "metrics.jsonl").read_text().splitlines()
+    assert rec.results["epochs"] == 60 and len(after) == 60
+    assert [json.loads(r)["loss"] for r in after[: len(before)]] == [
+        json.loads(r)["loss"] for r in before
+    ]
 
 
 def test_fit_reads_nullable_pandas_columns_and_a_tab_file(tmp_path):

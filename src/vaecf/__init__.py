@@ -32,7 +32,7 @@ _EXPORTS = {
     "RunError": "vaecf.errors",
     "VaecfError": "vaecf.errors",
     "evaluate_model": "vaecf.evaluate",
-    "fit": "vaecf.fit",
+    "fit": "vaecf.fitting",
     "evaluate_scores": "vaecf.evaluate",
     "popularity_scores": "vaecf.evaluate",
     "Recommendation": "vaecf.recommender",

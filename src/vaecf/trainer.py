@@ -192,10 +192,11 @@ def _train(ds, config, out, model_config, resume, model, on_epoch, test) -> RunR
             p.unlink()
     elif rundir.is_run(out):
         raise RunError(
-            f"{out} already holds a run; pass --resume to continue it or choose another --out"
+            f"{out} already holds a run; pass --resume (resume=True) to continue it or choose "
+            "another --out (out=)"
         )
     elif out.exists() and any(not _leftover(p) for p in out.iterdir()):
-        raise RunError(f"{out} exists and is not a run directory; choose another --out")
+        raise RunError(f"{out} exists and is not a run directory; choose another --out (out=)")
     else:
         if out.exists():  # what a process killed before its first config.json left behind
             for p in out.iterdir():
@@ -797,7 +798,8 @@ class Trainer(_Run):
             self.on_epoch(row)
         if stop.requested:
             raise KeyboardInterrupt(
-                f"stopped after epoch {self.epoch}; its checkpoint is saved: continue with --resume"
+                f"stopped after epoch {self.epoch}; its checkpoint is saved in {self.out}: "
+                "continue with --resume (resume=True)"
             )
         return "budget" if over and self._done() is None else None
 

@@ -1,5 +1,5 @@
 """`vaecf.fit`: interactions in memory (a DataFrame, a CSR matrix, a file) -> a trained
-Recommender, in one call.
+Recommender, in one call (the module is named apart from the function it exports).
 
     rec = vaecf.fit(ratings, user_col="userId", item_col="movieId", rating_col="rating",
                     min_rating=3.5)
@@ -8,25 +8,28 @@ Recommender, in one call.
 The data goes through the same preparation as `vaecf prepare` (binarize at `min_rating`, filter,
 shuffle users with the seed), split for production: every user trains but a validation share,
 whose held-out 20% picks the model and the epoch; no test users unless `test=` asks for them.
-The preparation and the run live in a private temporary directory that is deleted before `fit`
-returns (the trainer's checkpoints and atomic writes work on files); the returned Recommender
-holds everything in memory. `out=DIR` keeps the run there instead, a normal run directory
-(`vaecf serve --run DIR`); `Recommender.save(DIR)` writes one later.
+The prepared data and the run are kept in a working directory under $VAECF_HOME/fits named by
+the data and the settings (printed; `out=DIR` puts the run there instead), so that an
+interrupted fit continues with `resume=True`; the whole fit keeps to a time budget.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 import re
-import tempfile
-from dataclasses import fields
+import shutil
+import time
+from dataclasses import fields, replace
 from pathlib import Path
 
 import numpy as np
 import polars as pl
 import scipy.sparse as sp
 
-from vaecf.data.prepare import PrepareSettings, prepare_frame
+from vaecf.data.prepare import PreparedDataset, PrepareSettings, fingerprint, prepare_frame
+from vaecf.data.registry import home
 from vaecf.data.sources import (
     ITEM,
     NAME,
@@ -181,6 +184,12 @@ def _split_settings(model: str, settings: dict):
     return train, model_cfg
 
 
+def default_budget(n_rows: int) -> float:
+    """fit's wall-time budget in seconds when none is given: 60 s up to 100,000 interactions,
+    plus 60 s for each further million (ML-1M's 1,000,209 ratings: 114 s)."""
+    return 60.0 + 60.0 * max(0, n_rows - 100_000) / 1_000_000
+
+
 def fit(
     data,
     user_col: str | None = None,
@@ -197,10 +206,11 @@ def fit(
     item_names=None,
     sep: str | None = None,
     out: str | os.PathLike | None = None,
+    resume: bool = False,
     serve_precision: str = "fp32",
     **settings,
 ):
-    """Prepare, train and load, in memory: returns a `vaecf.Recommender`.
+    """Prepare, train and load: returns a `vaecf.Recommender`, within a time budget.
 
     data: a pandas or Polars DataFrame, a scipy sparse matrix (rows are users, columns items,
         ids their indices; stored values are ratings), or the path of a CSV/TSV/Parquet file
@@ -215,16 +225,53 @@ def fit(
         the epoch (default 10%, at most 10,000 users); test: a share of users held out and
         scored into `rec.results["test"]` (default 0: every other user trains).
     item_names: {item id: name}, returned with recommendations as titles.
-    out: keep the run there (a run directory for `vaecf serve`/`score`/`export`); default: no
-        file is left behind.
-    settings: training settings (epochs, lr, batch_size, seed, device, precision, progress, ...)
-        and the model's (`vaecf models` lists them), by name.
+    out: the run directory (for `vaecf serve --run`, `score`, `export`); default: under
+        $VAECF_HOME/fits (~/.cache/vaecf/fits), named by the data and the settings, printed.
+        The prepared data is kept there too (for `rec.recommend_user`).
+    resume: continue the run an interrupted fit with the same data and settings left (or the
+        one in `out`); without it a fit starts over (a run in an `out` you named is refused).
+    settings: training settings (epochs, lr, batch_size, seed, device, precision, progress,
+        patience, budget, ...) and the model's (`vaecf models` lists them), by name.
+        budget: seconds for the whole fit, preparation included; default 60 s up to 100,000
+        rows, plus 60 s for each further million (`default_budget` in this module).
     """
     from vaecf.recommender import Recommender
     from vaecf.training import train
 
+    t0 = time.perf_counter()
     train_cfg, model_cfg = _split_settings(model, settings)
+    train_cfg.validate()  # before any work
     frame = _read(data, user_col, item_col, rating_col, min_rating, sep)
+    prep = _prepare_settings(frame, validation, test, min_rating, min_user_items, min_item_users)
+    prep = replace(prep, seed=split_seed)
+    names = _names_frame(item_names)
+    source = {"kind": "vaecf.fit", "n_rows": frame.height, "sha256": _digest(frame)}
+    if names is not None:
+        source["item_names"] = {"sha256": _digest(names)}
+    work = home() / "fits" / _key(fingerprint(prep, source), model, settings)
+    ds = _prepared(frame, work / "data", prep, source, names)
+    run_dir = Path(out) if out is not None else work / "run"
+    if out is None and not resume and run_dir.exists():
+        shutil.rmtree(run_dir)  # an earlier fit of the same data and settings: start over
+    if train_cfg.budget is None:
+        train_cfg.budget = max(1.0, default_budget(frame.height) - (time.perf_counter() - t0))
+    if train_cfg.progress:
+        print(
+            f"vaecf.fit: {model} within {train_cfg.budget:.0f} s; the run is kept in "
+            f"{run_dir} (resume=True continues it if interrupted)",
+            flush=True,
+        )
+    try:
+        train(ds, train_cfg, run_dir, model_config=model_cfg, model=model, resume=resume)
+    except KeyboardInterrupt:
+        raise KeyboardInterrupt(
+            f"vaecf.fit stopped; its run is kept in {run_dir}: the same vaecf.fit(..., "
+            "resume=True) continues it"
+        ) from None
+    return Recommender.load(run_dir, device=train_cfg.device, precision=serve_precision)
+
+
+def _prepare_settings(frame, validation, test, min_rating, min_user_items, min_item_users):
     n_users = frame.get_column(USER).n_unique()
     if isinstance(validation, bool) or not isinstance(validation, (int, float)):
         raise ConfigError("validation must be a fraction (0.1) or a number of users (500)")
@@ -236,23 +283,40 @@ def fit(
         if not 0 < validation < 1:
             raise ConfigError("validation as a share must lie strictly between 0 and 1")
         share = min(validation, MAX_VALIDATION_USERS / max(n_users, 1))
-    prep = PrepareSettings(
+    return PrepareSettings(
         min_rating=min_rating,
         min_item_users=min_item_users,
         min_user_items=min_user_items,
         protocol="thesis",
         validation_frac=min(share, 0.5),
         test_frac=test,
-        seed=split_seed,
     )
-    with tempfile.TemporaryDirectory(prefix="vaecf-fit-") as tmp:
-        ds = prepare_frame(
-            frame,
-            Path(tmp) / "data",
-            prep,
-            source={"kind": "vaecf.fit", "n_rows": frame.height},
-            item_names=_names_frame(item_names),
-        )
-        run_dir = Path(out) if out is not None else Path(tmp) / "run"
-        train(ds, train_cfg, run_dir, model_config=model_cfg, model=model)  # no test users: none
-        return Recommender.load(run_dir, device=train_cfg.device, precision=serve_precision)
+
+
+def _digest(frame: pl.DataFrame) -> str:
+    """A digest of the frame's content, rows in order."""
+    return hashlib.sha256(frame.hash_rows(seed=0).to_numpy().tobytes()).hexdigest()
+
+
+def _key(data_fingerprint: str, model: str, settings: dict) -> str:
+    """The name of a fit's working directory: its data and the settings a resume keeps."""
+    from vaecf.trainer import RESUME_MAY_CHANGE
+
+    kept = {k: v for k, v in settings.items() if k not in RESUME_MAY_CHANGE}
+    blob = json.dumps([data_fingerprint, model, kept], sort_keys=True, default=str)
+    return f"{model}-{hashlib.sha256(blob.encode()).hexdigest()[:12]}"
+
+
+def _prepared(frame, out: Path, prep, source, names):
+    """The data prepared into `out`, or what an earlier fit of the same data prepared there."""
+    if (out / "manifest.json").is_file():
+        try:
+            ds = PreparedDataset(out)
+            if ds.fingerprint == fingerprint(prep, source):
+                ds.verify()
+                return ds
+        except DataError:
+            pass  # damaged: prepare it again
+    if out.exists():
+        shutil.rmtree(out)
+    return prepare_frame(frame, out, prep, source=source, item_names=names)
