@@ -88,3 +88,23 @@ def test_patience_is_a_gradient_setting_and_the_paper_preset_trains_every_epoch(
     assert rundir.load_config(tmp_path / "p")["train"]["patience"] == 0
     vaecf.train(ds, cpu_config(epochs=1), tmp_path / "d")
     assert rundir.load_config(tmp_path / "d")["train"]["patience"] == vaecf.config.PATIENCE
+
+
+def test_an_auto_winner_keeps_its_own_epochs_on_its_card(ds, tmp_path):
+    auto = models.AutoConfig(["multvae"], blend=False, linear_cv=False)
+    vaecf.train(ds, cpu_config(epochs=6, patience=0), tmp_path / "a", auto)
+    res = rundir.load_results(tmp_path / "a")
+    own = rundir.load_results(tmp_path / "a" / "candidates" / "multvae")
+    assert res["epochs"] == 6 and res["best_epoch"] == own["best_epoch"]
+    assert res["stopped"] == "epochs"
+
+
+def test_a_linear_search_under_a_budget_keeps_its_best_point_so_far(ds, tmp_path):
+    full = vaecf.train(ds, cpu_config(), tmp_path / "full", model="edlae")
+    tried = json.loads((tmp_path / "full" / rundir.METRICS).read_text())["grid"]
+    cut = vaecf.train(ds, cpu_config(budget=1e-3), tmp_path / "cut", model="edlae")
+    row = json.loads((tmp_path / "cut" / rundir.METRICS).read_text())
+    assert rundir.load_results(tmp_path / "cut")["stopped"] == "budget" == row["stopped"]
+    assert 1 <= len(row["grid"]) < len(tried)  # at least one point: a model to keep
+    assert cut.validation_metrics["ndcg@100"] <= full.validation_metrics["ndcg@100"] + 1e-9
+    assert rundir.load_config(tmp_path / "cut")["model"]["config"]["l2"] == row["l2"]

@@ -116,14 +116,17 @@ def train_auto(
             log(f"auto: {name} skipped: {e}")
             continue
         row.update(validation=res.validation_metrics, seconds=round(time.perf_counter() - t0, 3))
-        stopped = rundir.load_results(res.run_dir).get("stopped")
-        if stopped in ("patience", "budget"):
-            row.update(stopped=stopped, best_epoch=res.best_epoch, epochs=len(res.history))
+        ran = rundir.load_results(res.run_dir)
+        how = f"{row['seconds']:.0f} s"
+        if models.get(name).closed_form and ran.get("stopped") == "budget":
+            row["stopped"] = "budget"
+            how += ", its search cut short by the budget"
+        elif ran.get("stopped") in ("patience", "budget"):
+            row.update(stopped=ran["stopped"], best_epoch=res.best_epoch, epochs=ran["epochs"])
+            how += f", stopped by the {ran['stopped']} after epoch {ran['epochs']}"
+            how += f", best {res.best_epoch}"
         record.append(row)
         fitted[name] = res
-        how = f"{row['seconds']:.0f} s"
-        if stopped in ("patience", "budget"):
-            how += f", stopped by the {stopped} after epoch {row['epochs']}, best {res.best_epoch}"
         log(f"auto: {name} validation {metric} {res.validation_metrics[metric]:.4f} ({how})")
     if not fitted:
         raise RunError(
@@ -269,17 +272,20 @@ def _materialise(ds, cfg, out, winner, record, fitted, test, t_start, selection)
     """Write the winner into `out` as a run of its own and score the test split once."""
     kind, what, val = winner
     out.mkdir(parents=True, exist_ok=True)
+    source = {"best_epoch": 1, "epochs": 1, "steps": 0}  # a blend: no epochs of its own
     if kind == "single":
         src = fitted[what].run_dir
         model, saved = rundir.load_model(src, "cpu")
         name, model_cfg, train_cfg = what, saved["model"]["config"], saved["train"]
         source_metrics = (src / rundir.METRICS).read_bytes()
+        ran = rundir.load_results(src)  # the winner's own epochs, and why it stopped
+        source = {k: ran[k] for k in ("best_epoch", "epochs", "steps", "stopped") if k in ran}
     else:
         model, name = what.cpu(), "blend"
         model_cfg = models.config_to_dict(model.config)
         train_cfg, source_metrics = candidate_config(cfg, "blend").to_dict(), b""
     rundir.start_run(out, name, model_cfg, train_cfg, ds)
-    rundir.save_model(out, model, epoch=1, metrics=val)
+    rundir.save_model(out, model, epoch=source["best_epoch"], metrics=val)
     with atomic_file(out / rundir.METRICS, "wb") as f:
         f.write(source_metrics)
     test_metrics = None
@@ -289,11 +295,9 @@ def _materialise(ds, cfg, out, winner, record, fitted, test, t_start, selection)
         test_metrics = evaluate_model(model, fold_in, target, every, cfg.eval_batch_size)
     results = {
         "model": name,
-        "best_epoch": 1,
         "validation": val,
         "test": test_metrics,
-        "epochs": 1,
-        "steps": 0,
+        **source,
         "auto": {
             "winner": name if kind == "single" else f"blend({','.join(model.config.parts)})",
             "select_metric": cfg.select_metric,
@@ -303,4 +307,4 @@ def _materialise(ds, cfg, out, winner, record, fitted, test, t_start, selection)
         },
     }
     write_json(out / rundir.RESULTS, results)
-    return RunResult(out, 1, val, test_metrics, [])
+    return RunResult(out, source["best_epoch"], val, test_metrics, [])

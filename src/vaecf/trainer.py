@@ -254,6 +254,7 @@ class _Run:
         ctx: distributed.DistContext | None = None,
         device: str | None = None,
     ):
+        self.t_start = time.perf_counter()  # what --budget counts from
         self.ds, self.cfg, self.model_name, self.model_cfg, self.out = (
             ds,
             cfg,
@@ -379,6 +380,7 @@ class ClosedFormFit(_Run):
         self._write_config()
         show = self.cfg.progress and self.ctx.is_main
         t0 = time.perf_counter()
+        budget = {} if self.cfg.budget is None else {"deadline": self.t_start + self.cfg.budget}
         record = self.model.fit(
             self.ds.split("train"),
             validate=lambda m: self.validate(),
@@ -386,7 +388,9 @@ class ClosedFormFit(_Run):
             fold_in=sp.vstack([self.ds.split("validation_tr"), self.ds.split("test_tr")]).tocsr(),
             select_metric=self.cfg.select_metric,
             log=tqdm.write if show else None,
+            **budget,  # only under a --budget: a model of the contract may not take it
         )
+        self.stopped = record.get("stopped")
         val = self.validate()
         self.epoch = 1
         self.best = {"epoch": 1, "value": val[self.cfg.select_metric], "metrics": val}
@@ -725,7 +729,7 @@ class Trainer(_Run):
         )
         timing = {"setup_s": time.perf_counter() - t_setup, "train_s": 0.0, "validation_s": 0.0}
         self._last_saved = time.perf_counter()
-        deadline = None if cfg.budget is None else t_setup + cfg.budget
+        deadline = None if cfg.budget is None else self.t_start + cfg.budget
         stop = _StopRequests(enabled=not self.ctx.enabled)
         try:
             with stop:

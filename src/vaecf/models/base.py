@@ -115,12 +115,15 @@ class Model(nn.Module):
         log: Callable[[str], None] | None = None,
         validation: tuple[Any, Any] | None = None,
         fold_in: Any = None,
+        deadline: float | None = None,
     ) -> dict:
         """Closed-form models: fit on the training matrix (scipy CSR, users x items). Choices
         the model makes itself are scored with `validate(model) -> validation metrics`, or on
         `validation` (fold-in, target) CSR matrices directly. `fold_in`: the held-out users'
-        fold-in rows (never their targets), which a model may add to what it fits on; returns
-        what to record."""
+        fold-in rows (never their targets), which a model may add to what it fits on;
+        `deadline` (a `time.perf_counter()` value, passed only under a --budget): a search
+        stops trying points before one that would end past it and keeps its best so far
+        (recording "stopped": "budget"). Returns what to record."""
         raise NotImplementedError
 
     # -- fitting: gradient models ---------------------------------------------------------------

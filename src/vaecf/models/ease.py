@@ -140,6 +140,7 @@ class EASE(Model):
         log: Callable[[str], None] | None = None,
         validation: tuple[sp.csr_matrix, sp.csr_matrix] | None = None,
         fold_in: sp.csr_matrix | None = None,
+        deadline: float | None = None,
     ) -> dict:
         """Fit B on the training matrix; with lambda (or p, or beta) unset, search them on
         validation (`validation` (fold-in, target), `validate(model)` for the full catalogue
@@ -188,6 +189,7 @@ class EASE(Model):
             (cfg.neighbours, cfg.popular_share, cfg.popular_neighbours, cfg.neighbour_rank),
             log,
             self.title,
+            deadline,
         )
         t_gram = time.perf_counter() - t0
         full = [(l2, p) for p in dropouts for l2 in l2s]
@@ -203,14 +205,18 @@ class EASE(Model):
         self._keep(best[1], best[2], best[3])
         record = self._record(search, solver, single, best[1], best[2], best[3])
         record.update(gram_seconds=round(t_gram, 3), seconds=round(time.perf_counter() - t0, 3))
+        if search.stopped:
+            record["stopped"] = "budget"
         return record
 
     def _validated(self, search: Search, full, validate, single: bool, sparse: bool):
         """The full catalogue's points, each B set on the model and scored by `validate`
         (nothing scored for a single point): (value, lambda, p, beta, B's tensors) of the
         best."""
-        beta, best = search.betas[0], None
+        beta, best, last = search.betas[0], None, 0.0
         for l2, p in full:
+            if best is not None and search.late(last):
+                break
             t1 = time.perf_counter()
             if sparse:
                 self._set_sparse(search.sparse_b(l2, p))
@@ -225,7 +231,8 @@ class EASE(Model):
             if not single:
                 row["validation"] = validate(self)
                 value = row["validation"][search.select_metric]
-            search.note({**row, "seconds": round(time.perf_counter() - t1, 3)})
+            last = time.perf_counter() - t1
+            search.note({**row, "seconds": round(last, 3)})
             if best is None or value > best[0]:
                 best = (value, l2, p, beta, [getattr(self, n) for n in self._B])
         return best

@@ -126,6 +126,7 @@ class InfAE(Model):
         log: Callable[[str], None] | None = None,
         validation=None,
         fold_in: sp.csr_matrix | None = None,
+        deadline: float | None = None,
     ) -> dict:
         cfg, device = self.config, self.users_t.device
         dtype = getattr(torch, cfg.kernel_dtype)

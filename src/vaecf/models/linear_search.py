@@ -44,11 +44,20 @@ class Search:
     sparse_opts: tuple  # neighbours, popular_share, popular_neighbours, neighbour_rank
     log: Callable[[str], None] | None = None
     title: str = ""
+    deadline: float | None = None  # a time.perf_counter() value: no point that would end past it
+    stopped: bool = False  # a point was left untried for the deadline
     tried: list[dict] = field(default_factory=list)
     kept: list = field(default_factory=list)  # the sparse solver's B of the point last scored
 
     def __post_init__(self) -> None:
         self.diag = torch.from_numpy(self.gram_sp.diagonal())  # each item's count
+
+    def late(self, seconds: float) -> bool:
+        """Whether a point that takes `seconds` (the last one's) would end past the deadline;
+        then the search stops (and says so)."""
+        if self.deadline is not None and time.perf_counter() + seconds > self.deadline:
+            self.stopped = True
+        return self.stopped
 
     def view(self, cols=None):
         """What scoring on the items `cols` (None: all) needs, made once per stage: their
@@ -126,11 +135,15 @@ class Search:
         sub = sub.to(device=self.device, dtype=self.dtype)
         view = self.view(cols)
         curve: dict[tuple[float, float, float], float] = {}
+        last = 0.0
         for l2, p in [(l2, p) for p in dropouts for l2 in l2s]:
+            if curve and self.late(last):
+                break
             t1 = time.perf_counter()
             rows = self.point(self.dense_solve(sub, l2, p), view, l2, p)
+            last = time.perf_counter() - t1
             for row in rows:
-                seconds = round((time.perf_counter() - t1) / len(rows), 3)
+                seconds = round(last / len(rows), 3)
                 self.note({"stage": "coarse", "n_items": len(cols), **row, "seconds": seconds})
                 curve[(l2, p, row["popularity_exponent"])] = row["value"]
         del sub
@@ -139,8 +152,9 @@ class Search:
         full = [(l2, p)]
         if refine:  # half a grid step toward the better coarse neighbour
             i = l2s.index(l2)
-            down = curve[(l2s[i - 1], p, beta)] if i > 0 else math.inf
-            up = curve[(l2s[i + 1], p, beta)] if i + 1 < len(l2s) else math.inf
+            # a neighbour the deadline left untried counts as worse than any tried
+            down = curve.get((l2s[i - 1], p, beta), -math.inf) if i > 0 else math.inf
+            up = curve.get((l2s[i + 1], p, beta), -math.inf) if i + 1 < len(l2s) else math.inf
             full.append((l2 / REFINE_STEP if down >= up else l2 * REFINE_STEP, p))
         return full
 
@@ -148,13 +162,17 @@ class Search:
         """The full catalogue's points scored by the search itself (several betas, or folds):
         (value, lambda, p, beta, the sparse B kept unpenalised or None: a dense B is solved
         again) of the best."""
-        view, best = self.view(None), None
+        view, best, last = self.view(None), None, 0.0
         for l2, p in full:
+            if best is not None and self.late(last):
+                break
             t1 = time.perf_counter()
             row = {"stage": "full", "n_items": n_items, "l2": l2, "dropout": p}
             solve = self.sparse_solve(l2, p) if sparse else self.dense_solve(self.gram, l2, p)
-            for r in self.point(solve, view, l2, p):
-                self.note({**row, **r, "seconds": round(time.perf_counter() - t1, 3)})
+            rows = self.point(solve, view, l2, p)
+            last = time.perf_counter() - t1
+            for r in rows:
+                self.note({**row, **r, "seconds": round(last, 3)})
                 if best is None or r["value"] > best[0]:
                     best = (r["value"], l2, p, r["popularity_exponent"], self.kept[:1] or None)
         self.kept.clear()

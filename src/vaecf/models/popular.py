@@ -38,6 +38,7 @@ class Popular(Model):
         log=None,
         validation=None,
         fold_in=None,
+        deadline=None,
     ) -> dict:
         counts = np.asarray(train.getnnz(axis=0), dtype=np.float32)
         self.counts = torch.from_numpy(counts).to(self.counts.device)
