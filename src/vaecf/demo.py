@@ -43,7 +43,8 @@ def run_demo(
     )
 
     run_dir = out / "runs" / time.strftime("%Y%m%d-%H%M%S")
-    res = train(ds, TrainConfig(epochs=epochs, seed=seed, device="auto"), run_dir)
+    # planted tastes are learnt in a few epochs: a short patience shows early stopping at work
+    res = train(ds, TrainConfig(epochs=epochs, seed=seed, device="auto", patience=3), run_dir)
 
     train_csr = CSR.from_scipy(ds.split("train"))
     test = [CSR.from_scipy(ds.split(f"test_{p}")) for p in ("tr", "te")]
