@@ -1,6 +1,7 @@
 """Early stopping: test NDCG@100 and time of `--patience P` runs against full-length runs.
 
-Does a patience keep the test NDCG@100 of the full run, and how much time does it save? For each dataset, model and split seed, trains once for --epochs with no early stopping, scoring
+Does a patience keep the test NDCG@100 of the full run, and how much time does it save? For
+each dataset, model and split seed, trains once for --epochs with no early stopping, scoring
 the test users after every epoch beside the validation users (the run's own choice of epoch
 still sees validation only). A run with `--patience P` is exactly that run's prefix (the same
 steps; tests/test_stopping.py checks it epoch for epoch), so every P is read off the curves:
@@ -20,17 +21,16 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
 import subprocess
 import sys
 import time
 from pathlib import Path
 
 import numpy as np
-import torch
 
 import vaecf
 from vaecf import models, trainer
+from vaecf.bench import machine
 from vaecf.data import synthetic
 from vaecf.data.matrix import CSR
 from vaecf.evaluate import evaluate_model, metrics_with
@@ -130,27 +130,6 @@ def table(a) -> str:
                     f"| {diff.min():+.4f} | {(diff < 0).sum()} |"
                 )
     return "\n".join(lines)
-
-
-def machine() -> str:
-    cpu = platform.processor() or platform.machine()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    flags = set()
-    try:
-        flags = set(Path("/proc/cpuinfo").read_text().split("flags", 2)[1].split("\n")[0].split())
-    except (OSError, IndexError):
-        pass
-    have = [f for f in ("avx2", "avx512f", "avx512_bf16", "amx_bf16") if f in flags]
-    return (
-        f"{cpu} ({', '.join(have) or 'no AVX2'}), {torch.get_num_threads()} threads, "
-        f"torch {torch.__version__}"
-    )
 
 
 def main() -> None:

@@ -57,6 +57,7 @@ SMOKE: dict[str, list[tuple[str, str]]] = {
             "--out {tmp}/out --datasets demo --seeds 1 --epochs 3 --patience 2",
         )
     ],
+    "fit_budget.py": [("| demo | 1 |", "--datasets demo --seeds 1 --budget 4")],
     "ease_scale.py": [("total s", "--items 200 --users 300 --nnz 3000 --model edlae")],
     "infae_scale.py": [("| 200 |", "--users 200 --items 100")],
     "linear_search.py": [

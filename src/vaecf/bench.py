@@ -43,6 +43,22 @@ def cpu_name() -> str:
     return platform.processor() or "unknown"
 
 
+def machine() -> str:
+    """The CPU, its vector flags that decide the figures, the threads and torch, for the
+    caption of a benchmark table."""
+    flags: set[str] = set()
+    try:
+        with open("/proc/cpuinfo") as f:
+            flags = set(next(ln for ln in f if ln.startswith("flags")).split(":", 1)[1].split())
+    except (OSError, StopIteration):
+        pass
+    have = [f for f in ("avx2", "avx512f", "avx512_bf16", "amx_bf16") if f in flags]
+    return (
+        f"{cpu_name()} ({', '.join(have) or 'no AVX2'}), {torch.get_num_threads()} threads, "
+        f"torch {torch.__version__}"
+    )
+
+
 def device_name(device: str | torch.device) -> str:
     """The GPU's name for a CUDA device, else the CPU's, for benchmark tables."""
     dev = torch.device(device)

@@ -1,0 +1,116 @@
+"""vaecf.fit's time budget: wall time and test NDCG@100 of `vaecf.fit(df)`, and unbudgeted.
+
+For each dataset and split seed, `vaecf.fit(ratings, test=0.2, split_seed=S)` with its default
+budget (60 s up to 100,000 rows, plus 60 s a further million) and, with --reference, the same
+fit with no budget and no early stopping (`budget=1e9, patience=0`: what `auto` did before the
+budget was a promise). Prints each fit's wall seconds (preparation, training and loading), its
+budget, the winner, what stopped, and the test NDCG@100; the reference's, and the difference.
+
+    python benchmarks/fit_budget.py [--datasets filmtrust,ml-latest-small,ml-1m]
+        [--seeds 98765,1,2,3,4] [--reference] [--out DIR]
+
+The frames are what a user would pass: ml-latest-small's ratings.csv and ML-1M's ratings.dat
+(every rating an interaction, as `vaecf.fit(df)` takes them), FilmTrust's raw ratings.txt.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import tempfile
+import time
+from pathlib import Path
+
+import polars as pl
+
+import vaecf
+from vaecf.bench import machine
+from vaecf.data import synthetic
+from vaecf.fitting import default_budget
+
+ROOT = Path(__file__).resolve().parents[1]
+METRIC = "ndcg@100"
+
+
+def frame(name: str, a) -> pl.DataFrame:
+    if name == "ml-latest-small":
+        return pl.read_csv(a.data_root / "ml-latest-small" / "ratings.csv")
+    if name == "filmtrust":
+        rows = (a.data_root / "filmtrust" / "ratings.txt").read_text().split("\n")
+        cells = [r.split() for r in rows if r.strip()]
+        return pl.DataFrame(
+            {"user": [int(c[0]) for c in cells], "item": [int(c[1]) for c in cells]}
+        )
+    if name == "ml-1m":
+        lines = a.ml1m.read_text().splitlines()
+        cells = [ln.split("::") for ln in lines]
+        return pl.DataFrame(
+            {"user": [int(c[0]) for c in cells], "item": [int(c[1]) for c in cells]}
+        )
+    if name == "demo":
+        return synthetic.generate(n_users=300, n_items=60, mean_items=8, seed=1)
+    raise SystemExit(f"unknown dataset {name}")
+
+
+def one(df: pl.DataFrame, seed: int, **kw) -> dict:
+    t0 = time.perf_counter()
+    rec = vaecf.fit(df, test=0.2, split_seed=seed, progress=False, **kw)
+    wall = time.perf_counter() - t0
+    res = rec.results
+    stops = [
+        c["model"] + ": " + c["stopped"] for c in res["auto"]["candidates"] if c.get("stopped")
+    ]
+    stops += [c["model"] + ": skipped" for c in res["auto"]["candidates"] if c.get("skipped")]
+    return {
+        "wall": wall,
+        "winner": res["auto"]["winner"],
+        "stopped": ", ".join(stops) or "-",
+        "test": res["test"][METRIC],
+    }
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--datasets", default="filmtrust,ml-latest-small,ml-1m")
+    ap.add_argument("--seeds", default="98765,1,2,3,4")
+    ap.add_argument("--reference", action="store_true", help="also fit with no budget")
+    ap.add_argument("--budget", type=float, help="instead of the default budget (a quick look)")
+    ap.add_argument("--out", type=Path, help="keep each row here as JSON (default: not kept)")
+    ap.add_argument("--data-root", type=Path, default=ROOT.parent / "shared" / "data")
+    ap.add_argument(
+        "--ml1m", type=Path, default=Path.home() / ".cache/vaecf-data/ml-1m/ratings.dat"
+    )
+    a = ap.parse_args()
+    home = tempfile.mkdtemp(prefix="vaecf-fit-budget-")
+    os.environ["VAECF_HOME"] = home  # the fits' working directories: not the user's cache
+    print(
+        f"`python benchmarks/fit_budget.py --datasets {a.datasets} --seeds {a.seeds}"
+        f"{' --reference' if a.reference else ''}`; {machine()}\n"
+    )
+    head = "| dataset | seed | rows | budget s | wall s | winner | stopped | test " + METRIC
+    head += " |" + (" reference wall s | its winner | its test | diff |" if a.reference else "")
+    print(head + "\n|" + "---|" * (head.count("|") - 1), flush=True)
+    for name in a.datasets.split(","):
+        df = frame(name, a)
+        for seed in map(int, a.seeds.split(",")):
+            got = one(df, seed, **({"budget": a.budget} if a.budget else {}))
+            line = (
+                f"| {name} | {seed} | {df.height:,} | {a.budget or default_budget(df.height):.0f} "
+                f"| {got['wall']:.1f} | {got['winner']} | {got['stopped']} | {got['test']:.4f} |"
+            )
+            if a.reference:
+                ref = one(df, seed, budget=1e9, patience=0)
+                got["reference"] = ref
+                line += (
+                    f" {ref['wall']:.0f} | {ref['winner']} | {ref['test']:.4f} "
+                    f"| {got['test'] - ref['test']:+.4f} |"
+                )
+            print(line, flush=True)
+            if a.out:
+                a.out.mkdir(parents=True, exist_ok=True)
+                (a.out / f"{name}-{seed}.json").write_text(json.dumps(got))
+
+
+if __name__ == "__main__":
+    main()
