@@ -149,3 +149,13 @@ def test_plot_of_a_gradient_and_a_closed_form_run(runs, tmp_path):
     r = runs[1]
     assert cli("plot", r["multvae"], r["popular"], "--out", tmp_path / "two.png") == 0
     assert _image(tmp_path / "two.png").shape[1] > 1500  # the training curves' 2 x 4 panels
+
+
+def test_the_hybrids_card_shows_the_linear_path_it_chose(planted, tmp_path):
+    ds = planted("closed", 300, 60, 4, 8, seed=1, heldout=40)
+    cfg = models.config_from_dict("recvae-edlae", {"hidden_dim": 16, "latent_dim": 8})
+    vaecf.train(ds, cpu_config(epochs=1, batch_size=50), tmp_path / "h", cfg)
+    chosen = rundir.load_config(tmp_path / "h")["model"]["config"]
+    assert chosen["linear_l2"] is not None and chosen["linear_dropout"] is not None
+    again = vaecf.train(ds, cpu_config(epochs=2, batch_size=50), tmp_path / "h", resume=True)
+    assert again.best_epoch >= 1  # the recorded choice resumes as the run's own settings

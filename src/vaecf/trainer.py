@@ -705,6 +705,9 @@ class Trainer(_Run):
                 tqdm.write(
                     f"{self.model.title}: " + ", ".join(f"{k} {v:g}" for k, v in prepared.items())
                 )
+            if self.model.config != self.model_cfg:  # what prepare chose: on the card
+                self.model_cfg = self.model.config
+                self._write_config()
         if self._done() is None and self.ctx.is_main:  # extending a finished run: its
             (self.out / rundir.RESULTS).unlink(missing_ok=True)  # results are no longer the run's
         if self.ctx.enabled:

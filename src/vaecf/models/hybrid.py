@@ -14,6 +14,8 @@ like EASE), so this model is for catalogues where EASE fits.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import scipy.sparse as sp
 import torch
 from torch import nn
@@ -65,6 +67,13 @@ class RecVAEEDLAE(RecVAE):
             self.decoder.bias.zero_()
             a = self.config.alpha
             self.alpha.fill_(a if a is not None else self._likeliest_alpha(train))
+        # the card shows the chosen values (a resume restores the path from its checkpoint)
+        self.config = replace(
+            self.config,
+            linear_l2=float(record["l2"]),
+            linear_dropout=float(record["dropout"]),
+            linear_popularity_exponent=float(record["popularity_exponent"]),
+        )
         return {
             "linear_l2": record["l2"],
             "linear_dropout": record["dropout"],
