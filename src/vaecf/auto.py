@@ -87,7 +87,38 @@ def train_auto(
         write_json(out / SETTINGS, {"train": cfg.to_dict(), "auto": asdict(auto)})
     t_start = time.perf_counter()
     metric = cfg.select_metric
-    record, fitted = [], {}
+    record, fitted = fit_candidates(ds, cfg, out, auto, t_start, log)
+    if not fitted:
+        raise RunError(
+            "auto: no candidate could be fitted: "
+            + "; ".join(f"{r['model']}: {r['skipped']}" for r in record)
+        )
+    device = prec.resolve_device(cfg.device)
+    val = tuple(CSR.from_scipy(ds.split(f"validation_{p}"), device) for p in ("tr", "te"))
+    loaded = {n: rundir.load_model(res.run_dir, device) for n, res in fitted.items()}
+    # candidate -> its validation metric per user, for the paired comparison
+    per_user = {n: _per_user(m, val, metric, cfg) for n, (m, _) in loaded.items()}
+    options = {n: ("single", n, fitted[n].validation_metrics) for n in fitted}
+    if auto.blend:
+        blend = _best_blend(ds, record, fitted, loaded, metric, val, per_user, cfg, log)
+        if blend is not None:
+            options["blend"] = blend
+    winner, selection = choose(per_user, _best_of("linear", record, fitted, metric), auto.margin_z)
+    if selection.get("challenger") == "blend":
+        selection["rule"] += (
+            " (the blend's values cross-fitted: each validation user's at the weight chosen on "
+            "the other half of them)"
+        )
+    log(f"auto: {selection['rule']}")
+    return _materialise(ds, cfg, out, options[winner], record, fitted, test, t_start, selection)
+
+
+def fit_candidates(ds, cfg: TrainConfig, out: Path, auto: AutoConfig, t_start: float, log):
+    """Each candidate fitted (or resumed) under OUT/candidates/NAME within what is left of the
+    budget: (the record of every candidate, name -> RunResult of those fitted)."""
+    metric = cfg.select_metric
+    record: list[dict] = []
+    fitted: dict[str, RunResult] = {}
     log(
         f"auto: fitting {', '.join(auto.candidates)}"
         + ("" if cfg.budget is None else f" within {cfg.budget:g} s")
@@ -128,29 +159,7 @@ def train_auto(
         record.append(row)
         fitted[name] = res
         log(f"auto: {name} validation {metric} {res.validation_metrics[metric]:.4f} ({how})")
-    if not fitted:
-        raise RunError(
-            "auto: no candidate could be fitted: "
-            + "; ".join(f"{r['model']}: {r['skipped']}" for r in record)
-        )
-    device = prec.resolve_device(cfg.device)
-    val = tuple(CSR.from_scipy(ds.split(f"validation_{p}"), device) for p in ("tr", "te"))
-    loaded = {n: rundir.load_model(res.run_dir, device) for n, res in fitted.items()}
-    # candidate -> its validation metric per user, for the paired comparison
-    per_user = {n: _per_user(m, val, metric, cfg) for n, (m, _) in loaded.items()}
-    options = {n: ("single", n, fitted[n].validation_metrics) for n in fitted}
-    if auto.blend:
-        blend = _best_blend(ds, record, fitted, loaded, metric, val, per_user, cfg, log)
-        if blend is not None:
-            options["blend"] = blend
-    winner, selection = choose(per_user, _best_of("linear", record, fitted, metric), auto.margin_z)
-    if selection.get("challenger") == "blend":
-        selection["rule"] += (
-            " (the blend's values cross-fitted: each validation user's at the weight chosen on "
-            "the other half of them)"
-        )
-    log(f"auto: {selection['rule']}")
-    return _materialise(ds, cfg, out, options[winner], record, fitted, test, t_start, selection)
+    return record, fitted
 
 
 def _per_user(model, val, metric, cfg):

@@ -711,14 +711,7 @@ class Trainer(_Run):
         if self._done() is None and self.ctx.is_main:  # extending a finished run: its
             (self.out / rundir.RESULTS).unlink(missing_ok=True)  # results are no longer the run's
         if self.ctx.enabled:
-            from torch.nn.parallel import DistributedDataParallel
-
-            ids = [self.device.index] if self.device.type == "cuda" else None
-            self.step_module = DistributedDataParallel(
-                self.step_module,
-                device_ids=ids,
-                find_unused_parameters=len(self.opts) > 1,  # phases leave groups unused
-            )
+            self._wrap_data_parallel()
         self.writer = CheckpointWriter()
         self._open_metrics()
         show = cfg.progress and self.ctx.is_main
@@ -757,6 +750,16 @@ class Trainer(_Run):
         timing["checkpoint_writes"] = self.writer.writes
         timing["graph_steps"] = self.graph_steps
         return self._finish(timing, t_setup)
+
+    def _wrap_data_parallel(self) -> None:
+        from torch.nn.parallel import DistributedDataParallel
+
+        ids = [self.device.index] if self.device.type == "cuda" else None
+        self.step_module = DistributedDataParallel(
+            self.step_module,
+            device_ids=ids,
+            find_unused_parameters=len(self.opts) > 1,  # phases leave groups unused
+        )
 
     def _done(self) -> str | None:
         """Why no further epoch is due: "epochs" (all trained) or "patience" (the last
