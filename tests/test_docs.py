@@ -378,3 +378,23 @@ if __name__ == "__main__":
             print(f"<!-- flags: {cmd} -->\n```\n{synopsis(cmd, cmds[cmd])}\n```\n")
     else:
         sys.exit("usage: python tests/test_docs.py --write | --show [COMMAND ...]")
+
+
+def test_readme_shell_commands_resolve_after_its_set_up():
+    """Issue 38: after `make demo`, `vaecf ...` was 'command not found'. The set-up the README
+    names puts vaecf on PATH (make demo builds .venv/bin/vaecf, the venv's activate script
+    puts that on PATH); every shell block's commands start with a word that set-up provides."""
+    text = README.read_text()
+    install = text[text.index("## Install") : text.index("## Run the demo")]
+    assert "make demo" in install and "source .venv/bin/activate" in install
+    assert "$(BIN)/vaecf:" in (ROOT / "Makefile").read_text()  # make demo's target
+    assert 'vaecf = "vaecf.cli:main"' in (ROOT / "pyproject.toml").read_text()
+    assert "pip install 'vaecf" not in text and 'pip install "vaecf' not in text  # not on PyPI
+    provided = {"vaecf", "make", "source", "python3", "pip", "curl", "bash", "cd", "git"}
+    for block in re.findall(r"```(\w*)\n(.*?)```", text, re.S):
+        lang, body = block
+        if lang == "python":
+            continue
+        for ln in [ln for ln in body.splitlines() if ln.strip() and not ln.startswith(" ")]:
+            first = ln.split()[0]
+            assert first in provided or first.startswith("#"), f"README: {ln!r}"
