@@ -27,6 +27,9 @@ GRADIENT_SETTINGS = (
     "patience",
 )
 ANNEAL_SETTINGS = ("total_anneal_steps", "anneal_cap")
+# Under --budget, the next epoch's (or search point's) time is forecast as the last one's times
+# this: machines are shared and their speed drifts by up to 1.6x between minutes
+FORECAST_MARGIN = 1.5
 FAMILIES = ("autoencoder", "linear", "baseline", "selection")
 
 # EASE's lambda grid; p = 0 (EASE) is on EDLAE's dropout grid, so without the popularity

@@ -33,7 +33,7 @@ from vaecf.models import Model, Phase
 from vaecf.runtime import tune_cpu_allocator
 from vaecf.safewrite import atomic_file, write_json, writer_lock
 from vaecf.settings import flag
-from vaecf.specs import SPECS
+from vaecf.specs import FORECAST_MARGIN, SPECS
 
 # Settings a resumed run may change; every other one must match the run's own.
 RESUME_MAY_CHANGE = (
@@ -788,7 +788,8 @@ class Trainer(_Run):
                 "train a new run with a lower --lr, or with --precision fp32"
             )
         # the next epoch's end: this one's validation, then its training and validation
-        over = deadline is not None and now + (now - t0) + 2 * self._val_seconds > deadline
+        next_ends = now + FORECAST_MARGIN * ((now - t0) + 2 * self._val_seconds)
+        over = deadline is not None and next_ends > deadline
         if deadline is not None and self.ctx.enabled:  # rank 0's clock decides for every rank
             over = self.ctx.from_main(over)
         last = over or self._done() == "epochs"

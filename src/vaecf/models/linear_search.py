@@ -20,6 +20,7 @@ import torch
 
 from vaecf.models.linear import beta_metrics, csr_on, linear_weights, pooled, restrict
 from vaecf.models.neighbourhood import dense_block, neighbour_weights, sparse_b_rows
+from vaecf.specs import FORECAST_MARGIN
 
 REFINE_STEP = 10**0.25  # the fast search's step around the coarse best: half a grid step
 
@@ -52,10 +53,12 @@ class Search:
     def __post_init__(self) -> None:
         self.diag = torch.from_numpy(self.gram_sp.diagonal())  # each item's count
 
-    def late(self, seconds: float) -> bool:
-        """Whether a point that takes `seconds` (the last one's) would end past the deadline;
-        then the search stops (and says so)."""
-        if self.deadline is not None and time.perf_counter() + seconds > self.deadline:
+    def late(self, seconds: float, then: float = 0.0) -> bool:
+        """Whether a point that takes `seconds` (the last one's, with a margin for a machine
+        whose speed drifts), and `then` seconds of what must follow it, would end past the
+        deadline; then the search stops (and says so)."""
+        need = FORECAST_MARGIN * seconds + then
+        if self.deadline is not None and time.perf_counter() + need > self.deadline:
             self.stopped = True
         return self.stopped
 
@@ -136,8 +139,10 @@ class Search:
         view = self.view(cols)
         curve: dict[tuple[float, float, float], float] = {}
         last = 0.0
+        # the full catalogue's first solve must follow: a coarse point's time scaled as n^3
+        full = (self.diag.numel() / len(cols)) ** 3
         for l2, p in [(l2, p) for p in dropouts for l2 in l2s]:
-            if curve and self.late(last):
+            if curve and self.late(last, FORECAST_MARGIN * full * last):
                 break
             t1 = time.perf_counter()
             rows = self.point(self.dense_solve(sub, l2, p), view, l2, p)
