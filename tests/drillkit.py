@@ -664,7 +664,7 @@ def run_state(run_dir: Path):
             results = json.dumps({k: res[k] for k in ("best_epoch", "test", "validation")})
     except (VaecfError, OSError, ValueError, KeyError) as e:
         raise Broken(f"{run_dir}: {type(e).__name__}: {e}") from None
-    return cfg["train"]["epochs"], epoch, h.hexdigest(), results
+    return cfg["train"].get("epochs"), epoch, h.hexdigest(), results  # closed forms: none
 
 
 class TrainDrill(Drill):
