@@ -174,7 +174,9 @@ def test_fit_auto_by_default(private_tmp):
 def test_default_budget_grows_with_the_data_and_binds_the_fit(tmp_path):
     assert default_budget(35_000) == 60.0
     assert 110 < default_budget(1_000_209) < 120
-    rec = vaecf.fit(_clusters(), model="multvae", epochs=100_000, budget=4.0, progress=False)
+    rec = vaecf.fit(
+        _clusters(), model="multvae", epochs=100_000, patience=0, budget=4.0, progress=False
+    )
     assert rec.results["stopped"] == "budget" and rec.results["epochs"] < 100_000
 
 
