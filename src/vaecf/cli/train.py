@@ -91,7 +91,11 @@ def cmd_train(a) -> int:
             }
         )
     else:
-        print(f"\nbest epoch {res.best_epoch}; run directory {res.run_dir}")
+        from vaecf import rundir
+
+        ran = rundir.load_results(res.run_dir)
+        epochs = "" if ran.get("steps", 0) == 0 else f"best epoch {res.best_epoch}; "
+        print(f"\n{epochs}run directory {res.run_dir}")  # closed forms have no epochs
         print(metrics_table({"validation": res.validation_metrics, "test": res.test_metrics}))
     return 0
 
