@@ -257,3 +257,25 @@ def test_min_rating_finds_the_rating_column_by_name(tmp_path):
     assert fingerprint == [fingerprint[0]] * 3
     every = vaecf.fit(df, model="popular", progress=False, validation=30)  # no filter: other rows
     assert every.info["data"]["fingerprint"] != fingerprint[0]
+
+
+def test_float_id_columns_are_the_integers_they_spell(tmp_path):
+    """An integer column that held a NaN is float64 in pandas: after dropna its ids are the
+    integers (13.0 is item 13, not "13.0"), from a frame, a Parquet file and item_names alike;
+    a fractional id is refused by name."""
+    df = _clusters()
+    holed = pd.concat([df, pd.DataFrame({"userId": [1000], "movieId": [np.nan]})]).dropna()
+    assert holed.movieId.dtype == np.float64
+    names = pd.Series({float(i): f"film {i}" for i in range(40)})
+    kw = dict(model="popular", progress=False, validation=30)
+    rec = vaecf.fit(holed, item_names=names, **kw)
+    assert sorted(rec.items.ids.to_list()) == list(range(40))
+    answer = rec.recommend([13, 29, 39], k=3)
+    assert answer.fallback is None and answer.unknown == []
+    assert answer.titles == [f"film {i}" for i in answer.item_ids]
+    pl.from_pandas(holed).write_parquet(tmp_path / "r.parquet")
+    from_file = vaecf.fit(tmp_path / "r.parquet", **kw)
+    assert from_file.recommend([13, 29, 39], k=3).item_ids == answer.item_ids
+    holed.loc[holed.index[0], "movieId"] = 2.5
+    with pytest.raises(DataError, match=r"'movieId', row 1: id 2\.5 is not a whole number"):
+        vaecf.fit(holed, **kw)

@@ -36,6 +36,7 @@ from vaecf.data.sources import (
     RATING,
     USER,
     WHITESPACE,
+    ids_of_floats,
     int_if_possible,
     read_table,
     sep_for,
@@ -94,7 +95,9 @@ def _frame_columns(df: pl.DataFrame, user_col, item_col, rating_col) -> pl.DataF
         )
     for col in (USER, ITEM):
         s = frame.get_column(col)
-        if not (s.dtype.is_integer() or s.dtype == pl.String):
+        if s.dtype.is_float():
+            s = ids_of_floats(s, f"column {(user_col if col == USER else item_col)!r}")
+        elif not (s.dtype.is_integer() or s.dtype == pl.String):
             s = int_if_possible(s.cast(pl.String))
         frame = frame.with_columns(s.alias(col))
     return frame
@@ -156,7 +159,8 @@ def _names_frame(item_names) -> pl.DataFrame | None:
             "(e.g. movies.set_index('movieId')['title'])"
         )
     pairs = list(item_names.items())
-    ids = [p[0] for p in pairs]
+    # float keys (an index that held a NaN) name the integer ids the frame's columns become
+    ids = [int(p[0]) if isinstance(p[0], float) and p[0].is_integer() else p[0] for p in pairs]
     return pl.DataFrame(
         {ITEM: pl.Series(ITEM, [str(i) for i in ids]), NAME: [str(p[1]) for p in pairs]}
     )

@@ -123,6 +123,19 @@ def int_if_possible(col: pl.Series) -> pl.Series:
     return col
 
 
+def ids_of_floats(s: pl.Series, where: str) -> pl.Series:
+    """Float ids (what pandas makes of an integer column that held a NaN) as the integers they
+    spell: 13.0 -> 13. A value with a fraction, NaN or infinity is an error naming it."""
+    bad = ~s.is_finite() | (s != s.floor())
+    if bad.any():
+        row = int(bad.arg_true()[0])
+        raise DataError(
+            f"{where}, row {row + 1}: id {s[row]!r} is not a whole number; ids must be integers "
+            "or text (convert the column, e.g. with .astype('Int64') or .astype(str))"
+        )
+    return s.cast(pl.Int64)
+
+
 def read_table(
     path: str | os.PathLike,
     user_col: str,
@@ -199,6 +212,8 @@ def read_table(
     out = {}
     for name, col in ((USER, user_col), (ITEM, item_col)):
         s = df.get_column(col)
+        if s.dtype.is_float() and not s.is_null().any():
+            s = ids_of_floats(s, f"{path}: column {col!r}")
         if not (s.dtype == pl.String or s.dtype.is_integer()):
             raise DataError(
                 f"{path}: column {col!r} holds {s.dtype} values; ids must be integers or text"
