@@ -32,6 +32,7 @@ import numpy as np
 import polars as pl
 import torch
 
+from vaecf.data.vocab import INT_ID
 from vaecf.errors import DataError, WriteError
 from vaecf.evaluate import SCORE_BUDGET
 from vaecf.memory import gib
@@ -82,7 +83,7 @@ def _cast_ids(col: pl.Expr, given: pl.DataType, vocab: pl.DataType) -> pl.Expr:
     if given == vocab:
         return col
     if vocab.is_integer() and given == pl.String:  # the Vocabulary's rule: "42", not " 42"
-        col = pl.when(col.str.contains(r"^-?[0-9]+$")).then(col)
+        col = pl.when(col.str.contains(f"^(?:{INT_ID.pattern})$")).then(col)
     if vocab.is_integer() and given.is_float():  # 7.0 is item 7; 7.5 is no item (not 7)
         col = pl.when(col == col.round(0)).then(col)
     return col.cast(vocab, strict=False)

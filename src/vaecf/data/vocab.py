@@ -14,7 +14,9 @@ import polars as pl
 from vaecf.errors import DataError
 from vaecf.safewrite import atomic_file
 
-INT_ID = re.compile(r"-?[0-9]+", re.ASCII)  # how an integer id may be spelled as text
+# The one spelling of an integer id as text: Python's str(int), so "10" is item 10 and "010",
+# "-0", "+10" are no item; at most 19 digits (an int64), so no long text reaches int().
+INT_ID = re.compile(r"0|-?[1-9][0-9]{0,18}", re.ASCII)
 
 
 class Vocabulary:
@@ -35,7 +37,7 @@ class Vocabulary:
 
     def _coerce(self, raw):
         if self.is_int and not isinstance(raw, (int, np.integer)) or isinstance(raw, bool):
-            # "42" names item 42; nothing else does: not " 42", "4_2", "+42", "٤٢" or True
+            # "42" names item 42; nothing else does: not "042", " 42", "4_2", "+42", "٤٢" or True
             if isinstance(raw, str) and INT_ID.fullmatch(raw):
                 return int(raw)
             return None
