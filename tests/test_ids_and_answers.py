@@ -10,6 +10,8 @@ import pytest
 from serve_helpers import client, running
 
 from vaecf.cli import main
+from vaecf.data.prepare import PrepareSettings, prepare_frame
+from vaecf.data.vocab import MAX_NAME_CHARS
 from vaecf.recommender import Recommender
 from vaecf.score import score_file
 from vaecf.serve.fixtures import fresh_run
@@ -50,3 +52,55 @@ def test_an_integer_id_has_one_spelling(run, tmp_path, capsys):
     want = rec.recommend_batch([["10", "0"], ["010"]], 2)
     assert got.get_column("item_id").to_list() == [i for r in want for i in r.item_ids]
     assert want[1].fallback == "popular"
+
+
+# -- 5. name length and answer bytes --------------------------------------------------------------
+LONG = "x" * 20_000
+
+
+def test_prepare_cuts_long_names_and_says_so(tmp_path, capsys):
+    rows = [(u, i) for u in range(30) for i in range(8) if (u + i) % 3]
+    df = pl.DataFrame(rows, schema={"user_id": pl.Int64, "item_id": pl.Int64}, orient="row")
+    names = pl.DataFrame({"item_id": [0, 1, 2], "name": [LONG, "short", "é" * MAX_NAME_CHARS]})
+    settings = PrepareSettings(heldout_users=4, min_user_items=1, min_item_users=1)
+    ds = prepare_frame(df, tmp_path / "p", settings, {}, names)
+    assert ds.manifest["counts"]["n_names_cut"] == 1
+    got = ds.item_names()
+    assert got[0] == "x" * (MAX_NAME_CHARS - 1) + "\u2026" and len(got[0]) == MAX_NAME_CHARS
+    assert got[1] == "short" and got[2] == "é" * MAX_NAME_CHARS  # at the limit: kept whole
+    assert main(["info", str(ds.path)]) == 0
+    assert f"1 item names cut to {MAX_NAME_CHARS} characters" in capsys.readouterr().out
+
+
+@pytest.fixture(scope="module")
+def long_named(tmp_path_factory):
+    """A run whose names were written before the limit: 20,000 characters each."""
+    out = fresh_run(tmp_path_factory.mktemp("long") / "run", len(IDS), "multvae", TINY, IDS)
+    pl.DataFrame({"item_id": IDS, "name": [f"{i}:{LONG}" for i in IDS]}).write_parquet(
+        out / "item_names.parquet"
+    )
+    return out
+
+
+def test_names_prepared_before_the_limit_are_cut_on_loading(long_named, caplog):
+    with caplog.at_level("WARNING", logger="vaecf"):
+        rec = Recommender.load(long_named)
+    assert {len(n) for n in rec.names.values()} == {MAX_NAME_CHARS}
+    assert f"{len(IDS)} item names" in caplog.text and "cut to 500" in caplog.text
+
+
+def test_answers_have_a_byte_cap_with_a_422_that_says_what_fits(long_named):
+    settings = ServeSettings(run=str(long_named), max_answer_bytes=6000)
+    with running(settings) as (base, _), client(base) as c:
+        big = c.post("/v1/recommend", json={"items": [0], "k": 15})
+        small = c.post("/v1/recommend", json={"items": [0], "k": 5})
+        batch = c.post("/v1/recommend/batch", json={"histories": [[0], [7], [10]], "k": 5})
+        similar = c.get("/v1/items/10/similar", params={"k": 15})
+    assert small.status_code == 200 and len(small.content) <= 6000
+    for r in (big, batch, similar):
+        assert r.status_code == 422, r.text
+        body = r.json()
+        assert body["error"] == "answer_too_large" and body["limits"]["max_answer_bytes"] == 6000
+        assert "ask for fewer histories or a smaller k" in body["message"]
+        assert "max_answer_bytes=6000" in body["message"]
+    assert ServeSettings().max_answer_bytes == 8 << 20

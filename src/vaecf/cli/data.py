@@ -73,8 +73,16 @@ def _prepared_summary(ds) -> str:
     return (
         f"prepared {ds.path}: {c['n_train_users']} training users, {c['n_items']} items, "
         f"{c['nnz_train']} training interactions; {c['n_validation_users']} validation + "
-        f"{c['n_test_users']} test users"
+        f"{c['n_test_users']} test users" + _names_cut(c)
     )
+
+
+def _names_cut(counts: dict) -> str:
+    """What prepare did to long item names, if anything."""
+    from vaecf.data.vocab import MAX_NAME_CHARS
+
+    n = counts.get("n_names_cut")
+    return f"; {n} item names cut to {MAX_NAME_CHARS} characters" if n else ""
 
 
 def cmd_prepare_dataset(a) -> int:
@@ -192,7 +200,7 @@ def cmd_info(a) -> int:
         f"  training interactions {c['nnz_train']} (density {density:.4%}); all splits {total}"
         f"\n  raw rows {c['n_rows']}, positives {c['n_positive_rows']}, after filters "
         f"{c['n_filtered_pairs']}\n  item names "
-        f"{c['n_named_items'] if 'n_named_items' in c else 'none'}"
+        f"{c['n_named_items'] if 'n_named_items' in c else 'none'}{_names_cut(c)}"
         f"\n  source {src.get('dataset') or src.get('path')} "
         f"(sha256 {str(src.get('sha256'))[:16]}...)\n  settings "
         + ", ".join(f"{k}={v}" for k, v in s.items())

@@ -4,7 +4,8 @@ Directory: train.npz, validation_tr.npz, validation_te.npz, test_tr.npz, test_te
 user x item, float32 ones), items.parquet (raw item id per column), users.parquet (raw user id
 per row: training users, then validation, then test), manifest.json (source checksum, settings,
 counts, fingerprint, library version), and item_names.parquet (item_id, name) where the data names
-its items: only items of the vocabulary, ids typed like items.parquet's. Its checksum is in the
+its items: only items of the vocabulary, ids typed like items.parquet's, names cut to
+vocab.MAX_NAME_CHARS characters (counted in the manifest: n_names_cut). Its checksum is in the
 manifest like every file's; names from a user's file (`prepare_csv(item_names=...)`) are part of
 the fingerprint, a registry dataset's (read beside its raw files) are not: they come with the same
 download, and a dataset prepared again to gain them keeps matching the runs trained on it.
@@ -36,7 +37,7 @@ from vaecf.data.sources import (
     read_table,
     resolve_columns,
 )
-from vaecf.data.vocab import Vocabulary, load_item_names
+from vaecf.data.vocab import Vocabulary, cut_names, load_item_names
 from vaecf.errors import DataError
 from vaecf.safewrite import (
     atomic_dir,
@@ -301,9 +302,10 @@ class PreparedDataset:
         )
 
 
-def _vocab_names(names: pl.DataFrame, item_ids: pl.Series, what: str) -> pl.DataFrame:
+def _vocab_names(names: pl.DataFrame, item_ids: pl.Series, what: str) -> tuple[pl.DataFrame, int]:
     """(item_id, name) of the vocabulary's items that `names` names: ids cast to the vocabulary's
-    type, blank names dropped, the first name of an id kept, in vocabulary order."""
+    type, blank names dropped, the first name of an id kept, in vocabulary order, names longer
+    than vocab.MAX_NAME_CHARS cut to that length; and how many were cut."""
     ids = names.get_column(ITEM)
     if item_ids.dtype.is_integer():
         ids = ids.cast(pl.String).str.strip_chars().cast(pl.Int64, strict=False)
@@ -321,7 +323,8 @@ def _vocab_names(names: pl.DataFrame, item_ids: pl.Series, what: str) -> pl.Data
             f"none of the {names.height} ids in {what} is an item of the dataset; check that its "
             "id column (--name-id-col) holds the same ids as the interactions' --item-col"
         )
-    return out.select(pl.col(ITEM).cast(item_ids.dtype), NAME)
+    cut, n_cut = cut_names(out.get_column(NAME))
+    return out.select(pl.col(ITEM).cast(item_ids.dtype)).with_columns(cut), n_cut
 
 
 def load_prepared(path: str | os.PathLike) -> PreparedDataset:
@@ -454,8 +457,9 @@ def prepare_frame(
     named = None
     if item_names is not None:
         where = (source.get("item_names") or {}).get("path", "the item names")
-        named = _vocab_names(item_names, item_ids, where)
+        named, n_cut = _vocab_names(item_names, item_ids, where)
         counts["n_named_items"] = named.height
+        counts["n_names_cut"] = n_cut  # longer than MAX_NAME_CHARS: cut to it
     fp = fingerprint(settings, source)
     manifest = {
         "format_version": FORMAT_VERSION,

@@ -4,6 +4,7 @@ names."""
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 from collections.abc import Iterable, Sequence
@@ -17,6 +18,15 @@ from vaecf.safewrite import atomic_file
 # The one spelling of an integer id as text: Python's str(int), so "10" is item 10 and "010",
 # "-0", "+10" are no item; at most 19 digits (an int64), so no long text reaches int().
 INT_ID = re.compile(r"0|-?[1-9][0-9]{0,18}", re.ASCII)
+
+# An item name holds at most this many characters: a longer one is cut to its first
+# MAX_NAME_CHARS - 1 and "…", by prepare (the manifest counts them: n_names_cut) and on loading
+# names prepared before the limit (a warning says how many), so that an answer's size follows
+# from its number of items.
+MAX_NAME_CHARS = 500
+CUT = "\u2026"
+
+log = logging.getLogger("vaecf")
 
 
 class Vocabulary:
@@ -76,12 +86,31 @@ class Vocabulary:
         return cls(s.to_numpy() if s.dtype.is_integer() else s.to_list(), name=name)
 
 
+def cut_names(names: pl.Series) -> tuple[pl.Series, int]:
+    """`names` with each longer than MAX_NAME_CHARS cut to that many (ending in "…"), and how
+    many were cut."""
+    long = names.str.len_chars() > MAX_NAME_CHARS
+    n = int(long.sum())
+    if n:
+        cut = names.str.slice(0, MAX_NAME_CHARS - 1) + CUT
+        names = pl.select(pl.when(long).then(cut).otherwise(names)).to_series().alias(names.name)
+    return names, n
+
+
 def load_item_names(path: str | os.PathLike) -> dict:
-    """{raw item id: name} from an item_names.parquet (a prepared dataset's or a run's)."""
+    """{raw item id: name} from an item_names.parquet (a prepared dataset's or a run's), every
+    name at most MAX_NAME_CHARS long (a file written before the limit is cut, with a warning)."""
     try:
         df = pl.read_parquet(path, columns=["item_id", "name"])
     except FileNotFoundError:
         raise DataError(f"{path} is missing") from None
     except Exception as e:
         raise DataError(f"{path} is not a readable item names file ({type(e).__name__})") from None
-    return dict(zip(df.get_column("item_id").to_list(), df.get_column("name").to_list()))
+    names, n = cut_names(df.get_column("name"))
+    if n:
+        log.warning(
+            "%d item names in %s are longer than %d characters (prepared before vaecf limited "
+            "them): cut to %d",
+            n, path, MAX_NAME_CHARS, MAX_NAME_CHARS,
+        )  # fmt: skip
+    return dict(zip(df.get_column("item_id").to_list(), names.to_list()))

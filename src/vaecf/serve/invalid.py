@@ -124,3 +124,17 @@ def validation_error(
     if limits:
         message += " (server limits: " + ", ".join(f"{k}={v}" for k, v in limits.items()) + ")"
     return error(422, "invalid_request", message, errors=errors, **extra)
+
+
+def answer_too_large(size: int, items: int, s: ServeSettings) -> JSONResponse:
+    """The 422 for an answer of `size` bytes (`items` items) over max_answer_bytes: how many
+    items of this size would fit."""
+    fit = s.max_answer_bytes * items // size if items else 0
+    return error(
+        422,
+        "answer_too_large",
+        f"the answer ({items} items with their names) would be {size} bytes, over "
+        f"max_answer_bytes={s.max_answer_bytes}; ask for fewer histories or a smaller k (about "
+        f"{fit} items of these fit in one answer)",
+        limits={"max_answer_bytes": s.max_answer_bytes, "max_answer_items": s.max_answer_items},
+    )

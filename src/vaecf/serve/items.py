@@ -49,8 +49,9 @@ def router(svc: Service) -> APIRouter:
             return error(404, "unknown_item", f"item {item_id!r} is not in the model's vocabulary")
         vocab = model.recommender.items
         raw = vocab.id_of(vocab.index_of([item_id])[0])[0]  # the id as the data spells it
-        return {"item_id": raw, "items": found.to_dict()["items"],
+        body = {"item_id": raw, "items": found.to_dict()["items"],
                 "model": svc.version(model.version)}  # fmt: skip
+        return await svc.answer(lambda: body, len(found.item_ids))
 
     @r.get("/v1/items", response_model=ItemsResponse, responses=documented(401, 421, 422),
            tags=["items"])  # fmt: skip

@@ -17,6 +17,7 @@ from fastapi.responses import JSONResponse, Response
 from vaecf import rundir
 from vaecf.errors import UnknownUserError, VaecfError
 from vaecf.serve.batcher import ClientGone, Expired, MicroBatcher, Overloaded, Stopped
+from vaecf.serve.invalid import answer_too_large
 from vaecf.serve.metrics import Metrics
 from vaecf.serve.reload import ModelHolder, RunForbidden, RunNotFound
 from vaecf.serve.schemas import error, json_ok, request_schemas
@@ -156,12 +157,16 @@ class Service:
         """(the user's id as the data spells it, their history's item indices)."""
         return rec.user_histories().find(user_id)
 
-    @staticmethod
-    async def answer(content: Callable[[], dict], items: int) -> Response:
-        """The JSON answer; a big one (it can take milliseconds) built off the event loop."""
+    async def answer(self, content: Callable[[], dict], items: int) -> Response:
+        """The JSON answer; a big one (it can take milliseconds) built off the event loop; a 422
+        instead when it exceeds max_answer_bytes (long item names)."""
         if items <= BIG_ANSWER_ITEMS:
-            return json_ok(content())
-        return await asyncio.to_thread(lambda: json_ok(content()))
+            resp = json_ok(content())
+        else:
+            resp = await asyncio.to_thread(lambda: json_ok(content()))
+        if len(resp.body) > self.settings.max_answer_bytes:
+            return answer_too_large(len(resp.body), items, self.settings)
+        return resp
 
     async def reload_model(self, run: str | None) -> JSONResponse:
         holder, metrics = self.holder, self.metrics

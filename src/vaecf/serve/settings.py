@@ -41,6 +41,9 @@ class ServeSettings(Scoring):
     max_batch: int = setting(256, "histories per batch request (at most --max-batch-size)")
     max_filter: int = setting(100_000, "ids in an allow or deny list")
     max_answer_items: int = setting(25_000, "histories x k in one answer (422 beyond)")
+    max_answer_bytes: int = setting(
+        8 << 20, "bytes of one JSON answer (422 beyond: ask for fewer histories or a smaller k)"
+    )
     max_queue: int = setting(
         1024, "histories waiting to be scored; beyond, 503 with Retry-After at once"
     )
@@ -97,6 +100,7 @@ class ServeSettings(Scoring):
             "max_k",
             "max_batch",
             "max_answer_items",
+            "max_answer_bytes",
             "max_queue",
             "limit_concurrency",
         ):
@@ -142,6 +146,7 @@ class ServeSettings(Scoring):
             "max_batch": self.max_batch,
             "max_filter": self.max_filter,
             "max_answer_items": self.max_answer_items,
+            "max_answer_bytes": self.max_answer_bytes,
         }
 
 
