@@ -5,6 +5,8 @@ the dependency floors sit past known advisories."""
 
 from __future__ import annotations
 
+import re
+
 import polars as pl
 import pytest
 from serve_helpers import client, running
@@ -15,6 +17,7 @@ from vaecf.data.vocab import MAX_NAME_CHARS
 from vaecf.recommender import Recommender
 from vaecf.score import score_file
 from vaecf.serve.fixtures import fresh_run
+from vaecf.serve.page import PAGE_PATHS
 from vaecf.serve.settings import ServeSettings
 
 IDS = [0, 7, 10, 11, *range(100, 116)]
@@ -104,3 +107,27 @@ def test_answers_have_a_byte_cap_with_a_422_that_says_what_fits(long_named):
         assert "ask for fewer histories or a smaller k" in body["message"]
         assert "max_answer_bytes=6000" in body["message"]
     assert ServeSettings().max_answer_bytes == 8 << 20
+
+
+# -- 6. pages fetch nothing from another site -----------------------------------------------------
+URL = re.compile(r"(?:https?:)?//[A-Za-z0-9-]+\.[A-Za-z0-9.-]+")  # a link to another host
+
+
+def test_every_page_is_self_hosted_under_a_csp(run):
+    with running(ServeSettings(run=str(run))) as (base, _), client(base) as c:
+        spec = c.get("/openapi.json").json()  # what /docs draws, and schemathesis reads
+        assert "/v1/recommend" in spec["paths"]
+        routes = [p for p, ops in spec["paths"].items() if "get" in ops and "{" not in p]
+        assert c.get("/redoc").status_code == 404
+        pages = []
+        for path in dict.fromkeys(["/docs", "/openapi.json", *PAGE_PATHS, *routes]):
+            r = c.get(path)
+            assert r.status_code == 200 or path not in ("/docs", *PAGE_PATHS), path
+            assert not URL.findall(r.text), (path, URL.findall(r.text)[:3])
+            if r.headers["content-type"].startswith("text/html"):
+                pages.append(path)
+                csp = r.headers.get("content-security-policy", "")
+                assert "default-src 'none'" in csp and "script-src 'self'" in csp, path
+                for src in re.findall(r'(?:src|href)="([^"]+)"', r.text):
+                    assert src.startswith("/") and c.get(src).status_code == 200, src
+    assert sorted(pages) == ["/", "/docs"]

@@ -71,6 +71,10 @@ def create_app(holder: ModelHolder, settings: ServeSettings) -> FastAPI:
         'popularity. Item ids are the data\'s own; 42 and "42" name the same item. A web page '
         "for people is at /.",
         lifespan=lifespan,
+        # FastAPI's /docs and /redoc load scripts, styles and fonts from CDNs: page.py serves
+        # /docs from the package instead, under the pages' CSP; /redoc is not served
+        docs_url=None,
+        redoc_url=None,
     )
     full = lambda: batcher.queued >= settings.max_queue  # noqa: E731
     app.add_middleware(Guard, settings=settings, metrics=metrics, active=active, full=full)

@@ -1,8 +1,11 @@
-"""The web page at `/`: plain HTML, CSS and JavaScript shipped in the package (static/), no
-build step and nothing fetched from elsewhere (the server may have no internet). The page is a
-shell with no data in it, so it is served without the API key; everything it shows comes from
-the API (/v1/model, /v1/items, /v1/recommend, /v1/items/{id}/similar), whose calls carry the key
-the user types into the page, under the same rule as every client's."""
+"""The web pages: `/` (search, history, recommendations, the model card) and the API reference at
+`/docs` (every route of /openapi.json, drawn by docs.js), plain HTML, CSS and JavaScript shipped
+in the package (static/), no build step and nothing fetched from elsewhere (the server may have
+no internet; no third-party script may read the key the page keeps). The pages are shells with
+no data in them, so they are served without the API key; everything they show comes from the API
+(/v1/model, /v1/items, /v1/recommend, /v1/items/{id}/similar, /openapi.json), whose calls carry
+the key the user types into the page, under the same rule as every client's. Every page has the
+same strict Content-Security-Policy."""
 
 from functools import cache
 from importlib import resources
@@ -12,7 +15,9 @@ from fastapi.responses import Response
 
 FILES = {
     "/": ("index.html", "text/html; charset=utf-8"),
+    "/docs": ("docs.html", "text/html; charset=utf-8"),
     "/ui/app.js": ("app.js", "text/javascript; charset=utf-8"),
+    "/ui/docs.js": ("docs.js", "text/javascript; charset=utf-8"),
     "/ui/style.css": ("style.css", "text/css; charset=utf-8"),
 }
 PAGE_PATHS = tuple(FILES)
