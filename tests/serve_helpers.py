@@ -1,4 +1,5 @@
-"""Test helpers for the server: run an app on uvicorn in a thread, on 127.0.0.1 and a free port."""
+"""Test helpers for the server: run an app on uvicorn in a thread, on 127.0.0.1 and a free port;
+hold a recommender's calls on demand (Gate)."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ import contextlib
 import socket
 import threading
 import time
+from typing import TYPE_CHECKING
 
 import httpx
 import uvicorn
@@ -14,6 +16,9 @@ from vaecf.serve.app import create_app
 from vaecf.serve.reload import ModelHolder
 from vaecf.serve.server import uvicorn_config
 from vaecf.serve.settings import ServeSettings
+
+if TYPE_CHECKING:
+    from vaecf.recommender import Recommender
 
 
 def fuzz_target(root, ids: list, max_body_bytes: int) -> ServeSettings:
@@ -58,4 +63,27 @@ def running(settings: ServeSettings, holder: ModelHolder | None = None):
 
 
 def client(base: str, **kw) -> httpx.Client:
-    return httpx.Client(base_url=base, timeout=30, **kw)
+    return httpx.Client(base_url=base, **{"timeout": 30, **kw})
+
+
+class Gate:
+    """Holds every call of a recommender's `method` until opened (a slow machine, on demand);
+    `calls` records each call's first argument's length (histories scored)."""
+
+    def __init__(self, rec: Recommender, method: str = "recommend_batch"):
+        self.open, self.entered, self.calls = threading.Event(), threading.Event(), []
+        inner = getattr(rec, method)
+
+        def gated(first, *args, **kw):
+            self.entered.set()
+            self.open.wait(30)
+            self.calls.append(len(first) if isinstance(first, list) else 1)
+            return inner(first, *args, **kw)
+
+        setattr(rec, method, gated)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.open.set()  # never leave a scoring thread held, whatever the test did

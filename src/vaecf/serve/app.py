@@ -39,8 +39,9 @@ def create_app(holder: ModelHolder, settings: ServeSettings) -> FastAPI:
         max_queue=settings.max_queue,
         timeout_s=settings.request_timeout_s,
         stuck_after_s=settings.stuck_after_s,
+        max_calls=settings.max_call_queue,
     )
-    metrics.watch(lambda: batcher.queued, lambda: active["n"])
+    metrics.watch(lambda: batcher.queued, lambda: active["n"], lambda: batcher.calls_queued)
     svc = Service(holder, settings, metrics, batcher)
 
     @contextlib.asynccontextmanager
@@ -76,8 +77,7 @@ def create_app(holder: ModelHolder, settings: ServeSettings) -> FastAPI:
         docs_url=None,
         redoc_url=None,
     )
-    full = lambda: batcher.queued >= settings.max_queue  # noqa: E731
-    app.add_middleware(Guard, settings=settings, metrics=metrics, active=active, full=full)
+    app.add_middleware(Guard, settings=settings, metrics=metrics, active=active, full=batcher.full)
     app.state.svc, app.state.ready = svc, svc.ready  # serve() sets ready["draining"] on SIGTERM
 
     @app.exception_handler(RequestValidationError)

@@ -1,24 +1,27 @@
-"""MicroBatcher: concurrent recommendation requests gathered for a short, bounded wait and scored
-as one batch by one worker thread.
+"""MicroBatcher: the one scoring worker and the bounded queues in front of it. Concurrent
+recommendation requests are gathered for a short, bounded wait and scored as one batch; every
+other use of the model a request makes (similar items, item search, a user's history) waits in
+a queue of its own and runs on the same thread. Nothing is scored on the event loop's thread:
+it stays free to answer probes and accept requests while a batch is scored.
 
-A bounded queue sits in front of one scoring worker. The worker takes the first waiting job,
-waits `wait_s` (unless `max_batch_size` histories are already queued, or the server is handling
-no request beyond those in hand: then nobody could join), takes what has queued up to exactly
-`max_batch_size` histories, and scores them in its single thread (the event loop stays free
-to accept requests meanwhile; under load, requests queue while a batch is scored and form the
-next batch). Jobs are grouped by what changes the answer (model, k, exclude_seen, allow, deny)
-and each group is one `Recommender.recommend_batch` call, so a request's answer is exactly the
-one it would get alone. `wait_s = 0` turns batching off: one request per scoring call. A request
-that finds the server otherwise idle is scored at once on the event loop's thread.
+The worker takes the first waiting job, waits `wait_s` (unless `max_batch_size` histories are
+already queued, or the server is handling no request beyond those in hand: then nobody could
+join), takes what has queued up to exactly `max_batch_size` histories, and scores them on its
+thread (under load, requests queue while a batch is scored and form the next batch). Jobs are
+grouped by what changes the answer (model, k, exclude_seen, allow, deny) and each group is one
+`Recommender.recommend_batch` call, so a request's answer is exactly the one it would get
+alone. `wait_s = 0` turns batching off: one request per scoring call. When both queues hold
+work the worker alternates, a batch then a call, so that neither starves the other: a flood of
+similar-items requests delays a recommendation by one call at most.
 
-Backpressure: a request that would take the queue past `max_queue` histories is refused at once
+Backpressure, the same for both queues: a request that would take the recommendation queue past
+`max_queue` histories, or the call queue past `max_calls` requests, is refused at once
 (`Overloaded`: the server answers 503 with Retry-After), and one not answered within
-`timeout_s` gives up (`Expired`, 503). A request waiting in the queue, or for the worker
-thread, watches its connection (`client_gone`, set per request by the server's middleware): if
-its client leaves it gives up (`ClientGone`), and a job whose request gave up is dropped before
-scoring. Nothing is watched on the fast path (scored inline): it has nothing to wait for.
-`health()` reports a worker that stopped or whose scoring call has run longer than
-`stuck_after_s`.
+`timeout_s` gives up (`Expired`, 503). A waiting request watches its connection (`client_gone`,
+set per request by the server's middleware): if its client leaves it gives up (`ClientGone`),
+and work whose request gave up is dropped before it runs. `health()` reports a worker that
+stopped, or whose call on the thread has run longer than `stuck_after_s`, or that has not
+turned for that long (it turns every IDLE_BEAT_S when idle).
 """
 
 from __future__ import annotations
@@ -35,6 +38,7 @@ from typing import Any
 
 from vaecf.recommender import Recommendation
 from vaecf.serve.reload import LoadedModel
+from vaecf.serve.settings import IDLE_BEAT_S
 
 
 class Stopped(RuntimeError):
@@ -89,6 +93,13 @@ class _Job:
         return (id(self.model), self.k, self.exclude_seen, self.allow, self.deny)
 
 
+@dataclass(eq=False)
+class _Call:
+    fn: Callable[..., Any]
+    args: tuple
+    future: asyncio.Future
+
+
 class MicroBatcher:
     def __init__(
         self,
@@ -99,10 +110,12 @@ class MicroBatcher:
         max_queue: int = 1024,
         timeout_s: float = 10.0,
         stuck_after_s: float = 30.0,
+        max_calls: int = 64,
     ):
         self.wait_s = wait_s
         self.max_batch_size = max_batch_size
         self.max_queue = max_queue
+        self.max_calls = max_calls
         self.timeout_s = timeout_s
         self.stuck_after_s = stuck_after_s
         self.on_batch = on_batch  # (histories, requests, seconds) of every scoring call
@@ -112,10 +125,11 @@ class MicroBatcher:
         self.executor = ThreadPoolExecutor(1, thread_name_prefix="vaecf-score")
         self._jobs: deque[_Job] = deque()
         self._queued = 0  # histories waiting in the queue
+        self._calls: deque[_Call] = deque()
+        self._calls_turn = False  # both queues hold work: a call goes next (after a batch)
         self._wake: asyncio.Event | None = None
         self._task: asyncio.Task | None = None
         self._stopping = False
-        self._busy = 0  # calls on the worker thread (or scoring inline)
         self._scoring_since: float | None = None  # when the running scoring call started
         self._beat = time.monotonic()  # the worker loop's last turn
 
@@ -128,6 +142,15 @@ class MicroBatcher:
         """Histories waiting for the worker."""
         return self._queued
 
+    @property
+    def calls_queued(self) -> int:
+        """Calls (similar items, search, user lookups) waiting for the worker."""
+        return len(self._calls)
+
+    def full(self, calls: bool = False) -> bool:
+        """Whether the recommendation queue (`calls`: the call queue) has no room left."""
+        return len(self._calls) >= self.max_calls if calls else self._queued >= self.max_queue
+
     def health(self) -> str | None:
         """None when the worker is alive and not stuck, else what is wrong."""
         now = time.monotonic()
@@ -135,7 +158,7 @@ class MicroBatcher:
             return "the scoring worker is not running"
         since = self._scoring_since
         if since is not None and now - since > self.stuck_after_s:
-            return f"a scoring call has run for {now - since:.0f} s (stuck_after_s)"
+            return f"a scoring call has run for {now - since:.1f} s (stuck_after_s)"
         if since is None and now - self._beat > self.stuck_after_s:
             return f"the scoring worker has not turned for {now - self._beat:.0f} s"
         return None
@@ -175,20 +198,6 @@ class MicroBatcher:
             None if deny is None else tuple(deny),
             asyncio.get_running_loop().create_future(),
         )
-        # let requests that arrived with this one reach the server's count, then score at once
-        # if none did and the worker is idle: nothing to gather, no hop to the thread (at
-        # concurrency 1, ~0.6 ms of a 2 ms answer on 2 cores). Without the yield, requests
-        # read in one go would each find themselves alone and be scored one by one, inline.
-        await asyncio.sleep(0)
-        if self._alone():
-            self._busy += 1  # no await until it is given back: nothing else sees it
-            try:
-                out = self._timed(self._score, [job])[0]
-            finally:
-                self._busy -= 1
-            if isinstance(out, BaseException):
-                raise out
-            return out
         n = len(job.histories)
         if self._queued + n > self.max_queue:
             raise Overloaded(
@@ -198,30 +207,47 @@ class MicroBatcher:
         self._jobs.append(job)
         self._queued += n
         self._wake.set()
+        return await self._answer(job.future, lambda: self._leave(job))
+
+    def _leave(self, job: _Job) -> None:
+        if job in self._jobs:  # not taken yet: its place goes back
+            self._jobs.remove(job)
+            self._queued -= len(job.histories)
+
+    async def run(self, fn: Callable[..., Any], *args: Any) -> Any:
+        """`fn(*args)` on the scoring thread, between batches, under the same rule as
+        recommendations: refused at once when `max_calls` calls wait (Overloaded), given up
+        after `timeout_s` (Expired) or when the client leaves (ClientGone)."""
+        if not self.running:
+            raise Stopped("the server is shutting down")
+        if len(self._calls) >= self.max_calls:
+            raise Overloaded(
+                f"the scoring worker's call queue is full ({len(self._calls)} of "
+                f"max_call_queue={self.max_calls} requests waiting); retry shortly"
+            )
+        call = _Call(fn, args, asyncio.get_running_loop().create_future())
+        self._calls.append(call)
+        self._wake.set()
+        return await self._answer(call.future, lambda: self._drop(call))
+
+    def _drop(self, call: _Call) -> None:
+        if call in self._calls:  # not taken yet: its place goes back
+            self._calls.remove(call)
+
+    async def _answer(self, future: asyncio.Future, leave: Callable[[], Any]) -> Any:
+        """`future`'s result within the deadline; whatever happens, its place in the queue is
+        given back if it was not taken."""
         try:
-            return await _answer_or_gone(job.future, self.timeout_s)
-        except TimeoutError:
+            return await _answer_or_gone(future, self.timeout_s)
+        except (TimeoutError, asyncio.TimeoutError):  # one class from Python 3.11
             raise Expired(
                 f"not answered within request_timeout_s={self.timeout_s:g} s; the server is "
                 "overloaded, retry shortly"
             ) from None
         finally:
-            if not job.future.done():
-                job.future.cancel()  # the request was cancelled: its client left
-            if job in self._jobs:  # not taken yet: its place goes back
-                self._jobs.remove(job)
-                self._queued -= n
-
-    def _alone(self) -> bool:
-        """Whether the server handles no request but the caller's and the worker is idle
-        (anything arriving while the caller scores on the event loop's thread waits as it
-        would for the worker)."""
-        return (
-            self.in_flight is not None
-            and self.in_flight() == 1
-            and not self._busy
-            and not self._jobs
-        )
+            if not future.done():
+                future.cancel()  # the request gave up or was cancelled: its client left
+            leave()
 
     def _timed(self, fn: Callable[..., Any], *args: Any) -> Any:
         """fn(*args), with the scoring-call clock that health() reads."""
@@ -231,19 +257,10 @@ class MicroBatcher:
         finally:
             self._scoring_since = None
 
-    async def call(self, fn: Callable[..., Any], *args: Any) -> Any:
-        """Run `fn(*args)` on the scoring thread (between batches). `_busy` is counted on the
-        event loop's thread, from before the hand-over to after the answer."""
-        self._busy += 1
-        try:
-            loop = asyncio.get_running_loop()
-            work = loop.run_in_executor(self.executor, self._timed, fn, *args)
-            try:
-                return await _answer_or_gone(work, None)
-            finally:
-                work.cancel()  # not started yet: it never runs
-        finally:
-            self._busy -= 1
+    async def _on_thread(self, fn: Callable[..., Any], *args: Any) -> Any:
+        """`fn(*args)` on the scoring thread, its time watched by health()."""
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self.executor, self._timed, fn, *args)
 
     def _take(self) -> tuple[list[_Job], int]:
         """The jobs of the next batch (at most max_batch_size histories; one job when batching
@@ -264,35 +281,57 @@ class MicroBatcher:
     async def _run(self) -> None:
         while True:
             self._beat = time.monotonic()
-            if not self._jobs:
+            if not self._jobs and not self._calls:
                 if self._stopping:
                     break
                 self._wake.clear()
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._wake.wait(), 1.0)  # a beat a second when idle
+                with contextlib.suppress(asyncio.TimeoutError):  # a beat every IDLE_BEAT_S idle
+                    await asyncio.wait_for(self._wake.wait(), IDLE_BEAT_S)
                 continue
-            if self.wait_s > 0:
-                others = None if self.in_flight is None else self.in_flight() - 1
-                if self._queued < self.max_batch_size and (
-                    others is None or others > len(self._jobs) - 1
-                ):
-                    await asyncio.sleep(self.wait_s)
-            jobs, _ = self._take()
-            if not jobs:
+            if self._calls and (self._calls_turn or not self._jobs):
+                self._calls_turn = False
+                await self._run_call(self._calls.popleft())
+            else:
+                self._calls_turn = True
+                await self._run_batch()
+
+    async def _run_call(self, call: _Call) -> None:
+        if call.future.done():  # its request gave up, or its client left, while it waited
+            return
+        try:
+            out = await self._on_thread(call.fn, *call.args)
+        except asyncio.CancelledError:
+            raise
+        except BaseException as e:
+            if not call.future.done():
+                call.future.set_exception(e)
+            return
+        if not call.future.done():
+            call.future.set_result(out)
+
+    async def _run_batch(self) -> None:
+        if self.wait_s > 0:
+            others = None if self.in_flight is None else self.in_flight() - 1
+            if self._queued < self.max_batch_size and (
+                others is None or others > len(self._jobs) - 1
+            ):
+                await asyncio.sleep(self.wait_s)
+        jobs, _ = self._take()
+        if not jobs:
+            return
+        try:
+            outcomes = await self._on_thread(self._score, jobs)
+        except asyncio.CancelledError:
+            raise
+        except BaseException as e:  # the executor itself failed: fail the batch
+            outcomes = [e] * len(jobs)
+        for job, out in zip(jobs, outcomes):
+            if job.future.done():  # the client went away, or its deadline passed
                 continue
-            try:
-                outcomes = await self.call(self._score, jobs)
-            except asyncio.CancelledError:
-                raise
-            except BaseException as e:  # the executor itself failed: fail the batch
-                outcomes = [e] * len(jobs)
-            for job, out in zip(jobs, outcomes):
-                if job.future.done():  # the client went away, or its deadline passed
-                    continue
-                if isinstance(out, BaseException):
-                    job.future.set_exception(out)
-                else:
-                    job.future.set_result(out)
+            if isinstance(out, BaseException):
+                job.future.set_exception(out)
+            else:
+                job.future.set_result(out)
 
     def _score(self, jobs: list[_Job]) -> list[list[Recommendation] | BaseException]:
         """On the scoring thread: one recommend_batch per group of alike jobs."""

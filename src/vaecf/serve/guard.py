@@ -26,10 +26,21 @@ ADMIN = "/v1/admin/"
 SCORING = ("/v1/recommend", "/v1/recommend/batch")
 
 
+def reads_model(path: str) -> bool:
+    """Whether `path` is a route whose work waits in the scoring worker's call queue."""
+    return (
+        path == "/v1/items"
+        or (path.startswith("/v1/items/") and path.endswith("/similar"))
+        or (path.startswith("/v1/users/") and path.endswith("/recommend"))
+    )
+
+
 class Guard:
     def __init__(self, app, settings: ServeSettings, metrics: Metrics, active: dict, full):
         self.app = app
-        self.full = full  # whether the scoring queue is full: scoring requests refused unread
+        # full(), full(calls=True): whether the scoring queue (the call queue) is full; the
+        # requests that would wait there are refused unread
+        self.full = full
         self.active = active  # {"n": HTTP requests in progress}, read by the batcher
         self.key = settings.api_key.encode() if settings.api_key else None
         self.admin_key = settings.admin_key.encode() if settings.admin_key else None
@@ -92,6 +103,9 @@ class Guard:
                 return _unauthorized("the API key")
         if path in SCORING and self.full():  # overloaded: refused before any parsing
             msg = "the scoring queue is full (max_queue); retry shortly"
+            return busy(self.metrics, "overloaded", msg)
+        if reads_model(path) and self.full(calls=True):
+            msg = "the scoring worker's call queue is full (max_call_queue); retry shortly"
             return busy(self.metrics, "overloaded", msg)
         return None
 

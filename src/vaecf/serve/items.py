@@ -1,12 +1,11 @@
 """The item routes: the items similar to one, item search, the model card."""
 
-import asyncio
 from typing import Annotated
 
 from fastapi import APIRouter, Path, Query
+from fastapi.responses import Response
 
 from vaecf.errors import VaecfError
-from vaecf.serve.batcher import ClientGone
 from vaecf.serve.schemas import (
     NO_CONTROL,
     ItemsResponse,
@@ -15,14 +14,14 @@ from vaecf.serve.schemas import (
     documented,
     error,
 )
-from vaecf.serve.service import Service, gone
+from vaecf.serve.service import Service
 
 MAX_SEARCH = 100  # items a search answers at most
 
 
 def router(svc: Service) -> APIRouter:
     r = APIRouter()
-    batcher, holder = svc.batcher, svc.holder
+    holder = svc.holder
 
     @r.get(
         "/v1/items/{item_id}/similar",
@@ -37,14 +36,12 @@ def router(svc: Service) -> APIRouter:
     ):
         """The k items most similar to `item_id` under the model (cosine of item vectors)."""
         model = holder.current
-        if not batcher.running:
-            return error(503, "shutting_down", "the server is shutting down; retry elsewhere")
         try:
-            found = await batcher.call(model.recommender.similar_items, item_id, k)
-        except ClientGone:
-            return gone()
+            found = await svc.on_worker(model.recommender.similar_items, item_id, k)
         except VaecfError as e:
             return error(422, "not_supported", str(e))
+        if isinstance(found, Response):  # refused or given up (503, 499)
+            return found
         if found.unknown:
             return error(404, "unknown_item", f"item {item_id!r} is not in the model's vocabulary")
         vocab = model.recommender.items
@@ -53,7 +50,7 @@ def router(svc: Service) -> APIRouter:
                 "model": svc.version(model.version)}  # fmt: skip
         return await svc.answer(lambda: body, len(found.item_ids))
 
-    @r.get("/v1/items", response_model=ItemsResponse, responses=documented(401, 421, 422),
+    @r.get("/v1/items", response_model=ItemsResponse, responses=documented(401, 421, 422, 503),
            tags=["items"])  # fmt: skip
     async def search(
         q: Annotated[str, Query(min_length=1, max_length=256, pattern=NO_CONTROL)],
@@ -62,7 +59,9 @@ def router(svc: Service) -> APIRouter:
         """Find items: the item whose id is `q`, then the items whose name holds every word of
         `q` (any case), most popular first."""
         model = holder.current
-        found = await asyncio.to_thread(model.recommender.search, q, limit)
+        found = await svc.on_worker(model.recommender.search, q, limit)
+        if isinstance(found, Response):
+            return found
         return {
             "items": [{"item_id": i, "title": t} for i, t in found],
             "model": svc.version(model.version),

@@ -1,6 +1,7 @@
 """Prometheus metrics of one app, in its own registry (several apps in one process, as in the
 tests, do not collide): requests and latency by route and status (499: the client left first),
-scoring batch sizes and seconds, the queue and requests in flight, refusals under load, reloads."""
+scoring batch sizes and seconds, the queues and requests in flight, refusals under load (by
+reason: a full queue, a deadline, a slow client), reloads."""
 
 from __future__ import annotations
 
@@ -46,6 +47,11 @@ class Metrics:
         self.queued = Gauge(
             "vaecf_queue_histories", "histories waiting for the scoring worker", registry=r
         )
+        self.calls_queued = Gauge(
+            "vaecf_queue_calls",
+            "similar-items, search and user requests waiting for the scoring worker",
+            registry=r,
+        )
         self.in_flight = Gauge(
             "vaecf_requests_in_flight", "HTTP requests being handled", registry=r
         )
@@ -74,10 +80,12 @@ class Metrics:
         self.batch_requests.observe(requests)
         self.scoring.observe(seconds)
 
-    def watch(self, queued, in_flight) -> None:
-        """Gauges read at scrape time: `queued()` histories, `in_flight()` requests."""
+    def watch(self, queued, in_flight, calls_queued=lambda: 0) -> None:
+        """Gauges read at scrape time: `queued()` histories, `in_flight()` requests,
+        `calls_queued()` calls waiting."""
         self.queued.set_function(queued)
         self.in_flight.set_function(in_flight)
+        self.calls_queued.set_function(calls_queued)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

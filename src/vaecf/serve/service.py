@@ -11,6 +11,7 @@ import math
 import os
 import time
 from collections.abc import Callable
+from typing import Any
 
 from fastapi.responses import JSONResponse, Response
 
@@ -43,6 +44,7 @@ class UserQuery:
         self.k, self.exclude_seen, self.allow, self.deny = k, True, None, None
 
 
+QUEUE_ERRORS = (Stopped, Overloaded, Expired, ClientGone)  # the scoring worker did not answer
 CLIENT_CLOSED = 499  # the client went away before its answer (as nginx counts it)
 
 
@@ -101,17 +103,30 @@ class Service:
             recs = await self.batcher.submit(
                 model, histories, req.k, req.exclude_seen, req.allow, req.deny
             )
-        except Stopped:
-            return error(503, "shutting_down", "the server is shutting down; retry elsewhere")
-        except Overloaded as e:
-            return busy(self.metrics, "overloaded", str(e))
-        except Expired as e:
-            return busy(self.metrics, "deadline_exceeded", str(e))
-        except ClientGone:
-            return gone()
+        except QUEUE_ERRORS as e:
+            return self.not_run(e)
         except VaecfError as e:
             return error(422, "invalid_request", str(e))
         return recs, self.version(model.version)
+
+    async def on_worker(self, fn: Callable[..., Any], *args: Any) -> Any:
+        """`fn(*args)` on the scoring worker, under its call queue's admission rule (what a
+        route that reads the model does: similar items, search, a user's history); the answer
+        to a request refused or given up (503, 499) instead when it did not run. `fn`'s own
+        errors are raised."""
+        try:
+            return await self.batcher.run(fn, *args)
+        except QUEUE_ERRORS as e:
+            return self.not_run(e)
+
+    def not_run(self, e: Exception) -> Response:
+        """The answer to a request the scoring worker did not answer (QUEUE_ERRORS)."""
+        if isinstance(e, Stopped):
+            return error(503, "shutting_down", "the server is shutting down; retry elsewhere")
+        if isinstance(e, ClientGone):
+            return gone()
+        reason = "overloaded" if isinstance(e, Overloaded) else "deadline_exceeded"
+        return busy(self.metrics, reason, str(e))
 
     async def recommend(self, req, batch: bool) -> Response:
         """The answer to a validated POST /v1/recommend (`batch`: /v1/recommend/batch)."""
@@ -133,17 +148,16 @@ class Service:
         prepared dataset (read on the scoring thread: the first call loads the dataset),
         scored and excluded as any history."""
         model = self.holder.current
-        if not self.batcher.running:
-            return error(503, "shutting_down", "the server is shutting down; retry elsewhere")
         try:
-            user, idx = await self.batcher.call(self.user_lookup, model.recommender, user_id)
-        except ClientGone:
-            return gone()
+            found = await self.on_worker(self.user_lookup, model.recommender, user_id)
         except UnknownUserError as e:
             return error(404, "unknown_user", str(e))
         except VaecfError as e:
             # the server has no users to look up (the run's dataset is not there): none is found
             return error(404, "no_user_data", self.hide_paths(str(e), model.recommender))
+        if isinstance(found, Response):
+            return found
+        user, idx = found
         history = model.recommender.items.id_of(idx)
         out = await self.scored([history], UserQuery(k), model)
         if isinstance(out, Response):

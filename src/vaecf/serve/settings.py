@@ -13,6 +13,10 @@ from vaecf.errors import ConfigError
 from vaecf.settings import Scoring, setting
 
 API_KEY_ENV = "VAECF_API_KEY"
+# the scoring worker turns at least this often when idle; /healthz calls it stuck after
+# stuck_after_s without a turn, so stuck_after_s must leave room for two turns
+IDLE_BEAT_S = 0.5
+MIN_STUCK_AFTER_S = 2 * IDLE_BEAT_S
 
 
 @dataclass
@@ -46,6 +50,11 @@ class ServeSettings(Scoring):
     )
     max_queue: int = setting(
         1024, "histories waiting to be scored; beyond, 503 with Retry-After at once"
+    )
+    max_call_queue: int = setting(
+        64,
+        "similar-items, item-search and user requests waiting for the scoring worker; beyond, "
+        "503 with Retry-After at once",
     )
     request_timeout_s: float = setting(
         10.0, "seconds a request may wait for its answer before a 503", flag="--request-timeout"
@@ -102,6 +111,7 @@ class ServeSettings(Scoring):
             "max_answer_items",
             "max_answer_bytes",
             "max_queue",
+            "max_call_queue",
             "limit_concurrency",
         ):
             if getattr(self, name) < 1:

@@ -1,0 +1,159 @@
+"""The server's time and queue limits (issue 39): nothing is scored on the event loop, every route
+that reads the model waits in a bounded queue with a deadline, slow clients are cut off, reloads
+have a deadline and refuse files that would block, and --stuck-after leaves room for the idle
+worker's heartbeat. Each test runs a real uvicorn on 127.0.0.1 or the batcher itself, briefly."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+
+import httpx
+import pytest
+from serve_helpers import Gate, client, running
+
+from vaecf.recommender import Recommender
+from vaecf.serve.batcher import Expired, MicroBatcher, Overloaded
+from vaecf.serve.fixtures import fresh_run
+from vaecf.serve.reload import ModelHolder
+from vaecf.serve.settings import ServeSettings
+
+IDS = list(range(1000, 1040))
+SMALL = {"hidden_dims": [16], "latent_dim": 8}
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    return fresh_run(tmp_path_factory.mktemp("limits") / "runs" / "a", len(IDS), "multvae",
+                     SMALL, IDS, seed=1)  # fmt: skip
+
+
+def port_of(base: str) -> int:
+    return int(base.rsplit(":", 1)[1])
+
+
+def timed_get(c: httpx.Client, path: str) -> tuple[int | None, float]:
+    """(status or None when no answer came within the client's timeout, seconds)."""
+    t0 = time.perf_counter()
+    try:
+        status = c.get(path).status_code
+    except httpx.TimeoutException:
+        status = None
+    return status, time.perf_counter() - t0
+
+
+# -- item 1: no scoring on the event loop ---------------------------------------------------------
+def test_probes_answer_while_a_lone_request_is_scored_and_health_sees_it(run):
+    """A request alone on an idle server was scored on the event loop's thread: a probe waited
+    for the whole scoring call, and the liveness rule could not see it."""
+    settings = ServeSettings(run=str(run), stuck_after_s=1.0)
+    holder = ModelHolder.load(settings.run)
+    gate = Gate(holder.current.recommender)  # a scoring call as slow as we like
+    with gate, running(settings, holder) as (base, _), client(base) as c:
+        probe = httpx.Client(base_url=base, timeout=2)
+        probe.get("/healthz")  # the probe's connection is open before the request arrives
+        body = {"histories": [[1000, 1001, 1002]] * 4, "k": 5}
+        sender = threading.Thread(
+            target=c.post, args=("/v1/recommend/batch",), kwargs={"json": body}
+        )
+        sender.start()
+        assert gate.entered.wait(10)
+        t0 = time.monotonic()
+        probes = [timed_get(probe, p) for p in ("/healthz", "/readyz", "/healthz")]
+        time.sleep(max(0.0, 1.3 - (time.monotonic() - t0)))  # past --stuck-after
+        stuck = probe.get("/healthz") if all(s == 200 for s, _ in probes) else None
+        gate.open.set()
+        sender.join(10)
+        probe.close()
+    assert [s for s, _ in probes] == [200, 200, 200], probes
+    seconds = sorted(t for _, t in probes)
+    assert seconds[1] < 0.1 and seconds[-1] < 0.5, probes
+    assert stuck.status_code == 503 and "scoring call has run" in stuck.json()["message"]
+
+
+# -- item 2: one admission rule for every route that reads the model ------------------------------
+def record_order(rec: Recommender, order: list) -> None:
+    """Note the name of each scoring-thread call of `rec`, in the order they start."""
+    for name in ("similar_items", "recommend_batch", "search"):
+        inner = getattr(rec, name)
+
+        def called(*args, _inner=inner, _name=name, **kw):
+            order.append(_name)
+            return _inner(*args, **kw)
+
+        setattr(rec, name, called)
+
+
+def test_similar_and_search_wait_in_a_bounded_queue_without_starving_recommend(run):
+    settings = ServeSettings(run=str(run), max_call_queue=3)
+    holder = ModelHolder.load(settings.run)
+    rec = holder.current.recommender
+    gate = Gate(rec, "similar_items")
+    order: list[str] = []
+    record_order(rec, order)
+    with gate, running(settings, holder) as (base, app):
+        batcher = app.state.svc.batcher
+
+        async def flood():
+            async with httpx.AsyncClient(base_url=base, timeout=10) as c:
+
+                async def get(path):  # None when no answer comes within a second
+                    try:
+                        return await asyncio.wait_for(c.get(path), 1.0)
+                    except asyncio.TimeoutError:
+                        return None
+
+                held = asyncio.ensure_future(c.get("/v1/items/1000/similar?k=5"))
+                while not gate.entered.is_set():
+                    await asyncio.sleep(0.005)
+                queued = [asyncio.ensure_future(c.get(f"/v1/items/{1001 + i}/similar"))
+                          for i in range(3)]  # fmt: skip
+                t0 = time.monotonic()
+                while getattr(batcher, "calls_queued", 0) < 3 and time.monotonic() - t0 < 2:
+                    await asyncio.sleep(0.005)
+                refused = [await get("/v1/items/1010/similar?k=30"), await get("/v1/items?q=1011")]
+                scored = asyncio.ensure_future(c.post("/v1/recommend", json={"items": [1000]}))
+                await asyncio.sleep(0.1)  # queued behind the held call, beside the three
+                gate.open.set()
+                answered = await asyncio.gather(held, *queued, scored)
+                return answered, refused, (await c.get("/metrics")).text
+
+        answered, refused, metrics = asyncio.run(flood())
+    assert [r.status_code for r in answered] == [200] * 5
+    for r in refused:
+        assert r is not None, "waited instead of a 503 at once"
+        assert r.status_code == 503 and r.headers["retry-after"] == "1", r.text
+        assert r.json()["error"] == "overloaded" and "max_call_queue" in r.json()["message"]
+    # the recommendation went right after the call in hand, not behind the three waiting
+    assert order[:2] == ["similar_items", "recommend_batch"], order
+    assert 'vaecf_rejected_total{reason="overloaded"} 2.0' in metrics
+    assert "vaecf_queue_calls 0.0" in metrics
+
+
+def test_a_call_waits_no_longer_than_the_deadline_and_the_worker_recovers():
+    release = threading.Event()
+
+    async def go():
+        b = MicroBatcher(timeout_s=0.3, max_calls=1)
+        await b.start()
+        try:
+            held = asyncio.ensure_future(b.run(release.wait, 10))  # holds the thread
+            await asyncio.sleep(0.05)
+            t0 = time.perf_counter()
+            waiting = asyncio.ensure_future(b.run(len, [1]))
+            await asyncio.sleep(0.05)
+            with pytest.raises(Overloaded, match="max_call_queue=1"):
+                await b.run(len, [1])  # refused at once: one waits already
+            for task in (held, waiting):
+                with pytest.raises(Expired, match="request_timeout_s=0.3"):
+                    await task
+            waited = time.perf_counter() - t0
+            release.set()
+            return waited, await b.run(len, [1, 2])
+        finally:
+            release.set()
+            await b.stop()
+
+    waited, after = asyncio.run(go())
+    assert 0.2 < waited < 1.0 and after == 2
