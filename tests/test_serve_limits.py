@@ -6,6 +6,8 @@ worker's heartbeat. Each test runs a real uvicorn on 127.0.0.1 or the batcher it
 from __future__ import annotations
 
 import asyncio
+import os
+import shutil
 import threading
 import time
 
@@ -13,10 +15,13 @@ import httpx
 import pytest
 from serve_helpers import Gate, client, running
 
+from vaecf.cli import main
+from vaecf.errors import ConfigError, RunError
 from vaecf.recommender import Recommender
+from vaecf.serve import reload as reload_module
 from vaecf.serve.batcher import Expired, MicroBatcher, Overloaded
 from vaecf.serve.fixtures import fresh_run
-from vaecf.serve.reload import ModelHolder
+from vaecf.serve.reload import ModelHolder, ReloadTimeout
 from vaecf.serve.settings import ServeSettings
 
 IDS = list(range(1000, 1040))
@@ -157,3 +162,92 @@ def test_a_call_waits_no_longer_than_the_deadline_and_the_worker_recovers():
 
     waited, after = asyncio.run(go())
     assert 0.2 < waited < 1.0 and after == 2
+
+
+# -- item 9: reload deadlines, non-regular files, --stuck-after -----------------------------------
+def test_stuck_after_below_the_idle_heartbeat_is_refused(run, capsys):
+    with pytest.raises(ConfigError, match=r"at least 1 s.*idle"):
+        ServeSettings(stuck_after_s=0.5)
+    assert main(["serve", str(run), "--stuck-after", "0.9"]) == 2
+    assert "--stuck-after" in capsys.readouterr().err
+
+
+def unblock(fifo) -> None:
+    """Open `fifo` for writing and close it: a reader blocked opening it goes on (reads EOF)."""
+    try:
+        os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))
+    except OSError:  # no reader waits
+        pass
+
+
+def test_a_fifo_in_a_run_is_refused_at_once_over_http(run, tmp_path):
+    root = tmp_path / "runs"
+    shutil.copytree(run, root / "a")
+    shutil.copytree(run, root / "fifo")
+    fifo = root / "fifo" / "items.parquet"
+    fifo.unlink()
+    os.mkfifo(fifo)
+    settings = ServeSettings(run=str(root / "a"), reload_min_interval_s=0, drain_s=2)
+    try:
+        with running(settings) as (base, _), client(base, timeout=3) as c:
+            try:
+                r = c.post("/v1/admin/reload", json={"run": str(root / "fifo")})
+            except httpx.TimeoutException:
+                r = None
+            healthy = c.get("/healthz").status_code
+    finally:
+        unblock(fifo)
+    assert r is not None, "the reload blocked on the FIFO"
+    assert r.status_code == 422 and "not a regular file" in r.json()["message"]
+    assert healthy == 200
+
+
+def test_a_reload_past_its_deadline_is_abandoned_and_shutdown_is_not_held(run, tmp_path,
+                                                                        monkeypatch):  # fmt: skip
+    fifo = tmp_path / "never"
+    os.mkfifo(fifo)
+    loaded = reload_module.load_checked
+
+    def hangs(run_dir, *args):  # a read that blocks until someone opens the FIFO
+        with open(fifo, "rb"):
+            pass
+        return loaded(run_dir, *args)
+
+    settings = ServeSettings(run=str(run), reload_min_interval_s=0, reload_timeout_s=0.5)
+    holder = ModelHolder.load(settings.run)
+    before = holder.current
+    monkeypatch.setattr(reload_module, "load_checked", hangs)
+    try:
+        with running(settings, holder) as (base, _), client(base, timeout=5) as c:
+            t0 = time.monotonic()
+            late = c.post("/v1/admin/reload", json={})
+            took = time.monotonic() - t0
+            again = c.post("/v1/admin/reload", json={})  # the first still reads
+            healthy = c.get("/healthz").status_code
+            t0 = time.monotonic()
+        stopped_in = time.monotonic() - t0  # the server stops with a reload stuck on a read
+        stuck = [t for t in threading.enumerate() if t.name == "vaecf-reload"]
+        assert stuck and all(t.daemon for t in stuck)  # exit does not wait for it
+    finally:
+        unblock(fifo)
+    for t in stuck:
+        t.join(10)
+    assert late.status_code == 503 and "did not finish within 0.5 s" in late.json()["message"]
+    assert 0.4 < took < 2
+    assert again.status_code == 503 and "still reading" in again.json()["message"]
+    assert healthy == 200 and stopped_in < 5
+    assert holder.current is before  # what the abandoned reload loaded was never swapped in
+    with pytest.raises(ReloadTimeout, match="within 0.2 s"):  # the same rule in Python
+        monkeypatch.setattr(reload_module, "load_checked", hangs)
+        try:
+            holder.reload(timeout_s=0.2)
+        finally:
+            unblock(fifo)
+    assert holder.current is before
+    with pytest.raises(RunError, match="not a regular file"):
+        monkeypatch.setattr(reload_module, "load_checked", loaded)
+        bad = tmp_path / "bad"
+        shutil.copytree(run, bad)
+        (bad / "items.parquet").unlink()
+        os.mkfifo(bad / "items.parquet")
+        reload_module.load_checked(bad)

@@ -4,7 +4,10 @@
 request takes `current` once, when it arrives, and is scored by that model whatever happens
 next; a reload builds the new model beside the old one, checks it, and only then replaces the
 reference, so requests in flight finish on the model they started with and a model that fails
-to load or check leaves the old one serving.
+to load or check leaves the old one serving. A run's files must be regular files (a FIFO would
+block the read forever), and a reload given a deadline reads on a daemon thread that it leaves
+behind when the deadline passes: the old model keeps serving, what that thread loads later is
+never swapped in, and the process can still exit.
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ import datetime as dt
 import hashlib
 import os
 import threading
+from concurrent import futures
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -28,6 +32,10 @@ class RunForbidden(RunError):
 
 class RunNotFound(RunError):
     """A run directory that does not exist."""
+
+
+class ReloadTimeout(RunError):
+    """A reload that did not finish within its deadline (or one that passed it still runs)."""
 
 
 @dataclass
@@ -59,6 +67,13 @@ def load_checked(run_dir: str | os.PathLike, device: str = "cpu", precision: str
     """A LoadedModel of the run's best model, after a check that it scores: one history of its
     first item must give finite scores for every item. RunError if it does not load or check."""
     run_dir = Path(run_dir)
+    for name in rundir.RUN_FILES:
+        path = run_dir / name
+        if path.exists() and not path.is_file():  # links followed: what is read
+            raise RunError(
+                f"{run_dir}: {name} is not a regular file (a FIFO, a device or a directory); "
+                "a run directory holds regular files only"
+            )
     rec = Recommender.load(run_dir, device=device, precision=precision)
     scores, _ = rec.scores([[0]])
     if scores.shape != (1, len(rec.items)) or not bool(scores.isfinite().all()):
@@ -67,6 +82,19 @@ def load_checked(run_dir: str | os.PathLike, device: str = "cpu", precision: str
             "not served: check its training run (metrics.jsonl) or serve another run"
         )
     return LoadedModel(rec, _version(run_dir, rec))
+
+
+@dataclass(eq=False)
+class PendingReload:
+    """A reload under way on its own thread: `finished` is set when it ends, with `model`
+    (swapped in) or `error`; `abandoned` once its caller stopped waiting."""
+
+    target: Path
+    thread: threading.Thread | None = None
+    finished: futures.Future = field(default_factory=futures.Future)
+    model: LoadedModel | None = None
+    error: BaseException | None = None
+    abandoned: bool = False
 
 
 class ModelHolder:
@@ -85,7 +113,9 @@ class ModelHolder:
         self.device = device
         self.precision = precision
         self.root = Path(root or Path(current.version["run"]).parent).resolve()
-        self._lock = threading.Lock()  # one reload at a time
+        self._lock = threading.Lock()  # the swap, and the state of reloads
+        self._one = threading.Lock()  # one load at a time
+        self._late: PendingReload | None = None  # the last reload that passed its deadline
 
     @classmethod
     def load(
@@ -97,25 +127,76 @@ class ModelHolder:
     ):
         return cls(load_checked(run_dir, device, precision), device, precision, root)
 
-    def reload(self, run_dir: str | os.PathLike | None = None) -> LoadedModel:
+    def reload(
+        self, run_dir: str | os.PathLike | None = None, timeout_s: float | None = None
+    ) -> LoadedModel:
         """Load `run_dir` (default: the current run again), check it, swap it in; returns it.
         Raises RunError (and keeps the old model) when it fails, or when `run_dir` is given and
-        lies outside `root`."""
+        lies outside `root`; ReloadTimeout when `timeout_s` passes first."""
+        pending = self.start_reload(run_dir)
+        futures.wait([pending.finished], timeout_s)
+        return self.finish(pending, timeout_s)
+
+    def start_reload(self, run_dir: str | os.PathLike | None = None) -> PendingReload:
+        """The reload of `run_dir` (`reload`'s rules), started on a daemon thread; `finish`
+        gives its outcome. ReloadTimeout while an earlier one that passed its deadline runs."""
         with self._lock:
-            given = run_dir if run_dir else self.current.version["run"]
-            target = Path(given).resolve()  # what is checked is what is loaded
-            if run_dir and not target.is_relative_to(self.root):
-                raise RunForbidden(
-                    f"{given} is outside the directory runs may be reloaded from "
-                    f"({self.root}); restart the server with --reload-root to allow another"
+            late = self._late
+            if late is not None and late.thread.is_alive():
+                raise ReloadTimeout(
+                    f"an earlier reload (of {late.target}) passed its deadline and is still "
+                    "reading its files; retry once it ends"
                 )
-            if not target.is_dir():
-                raise RunNotFound(f"{given} is not a directory; give a run directory")
-            if run_dir:
-                self._check_files(target, given)
-            new = load_checked(target, self.device, self.precision)
-            self.current = new  # one reference assignment: atomic for readers
-            return new
+            pending = PendingReload(self._target(run_dir))
+            pending.thread = threading.Thread(
+                target=self._load, args=(pending,), name="vaecf-reload", daemon=True
+            )
+            pending.thread.start()
+            return pending
+
+    def finish(self, pending: PendingReload, timeout_s: float | None = None) -> LoadedModel:
+        """The model `pending` swapped in, or its error; if it has not finished, it is
+        abandoned (ReloadTimeout): the old model stays, and what it loads is dropped."""
+        with self._lock:
+            if pending.model is None and pending.error is None:
+                pending.abandoned = True
+                self._late = pending
+                within = "" if timeout_s is None else f" within {timeout_s:g} s"
+                raise ReloadTimeout(
+                    f"the reload of {pending.target} did not finish{within} (reload_timeout_s); "
+                    "still serving the previous model"
+                )
+        if pending.error is not None:
+            raise pending.error
+        return pending.model
+
+    def _target(self, run_dir) -> Path:
+        given = run_dir if run_dir else self.current.version["run"]
+        target = Path(given).resolve()  # what is checked is what is loaded
+        if run_dir and not target.is_relative_to(self.root):
+            raise RunForbidden(
+                f"{given} is outside the directory runs may be reloaded from "
+                f"({self.root}); restart the server with --reload-root to allow another"
+            )
+        if not target.is_dir():
+            raise RunNotFound(f"{given} is not a directory; give a run directory")
+        if run_dir:
+            self._check_files(target, given)
+        return target
+
+    def _load(self, pending: PendingReload) -> None:
+        """On the reload's thread: load and check, then swap in unless abandoned."""
+        try:
+            with self._one:
+                new = load_checked(pending.target, self.device, self.precision)
+            with self._lock:
+                if not pending.abandoned:
+                    self.current = new  # one reference assignment: atomic for readers
+                    pending.model = new
+        except BaseException as e:  # noqa: BLE001 - the caller's to raise
+            pending.error = e
+        finally:
+            pending.finished.set_result(None)
 
     def _check_files(self, target: Path, given) -> None:
         """Every file the load reads lies inside `root` once links are followed (a link in an

@@ -6,6 +6,7 @@ The routers (recommend.py, items.py, admin.py, ops.py) are built over one Servic
 """
 
 import asyncio
+import contextlib
 import logging
 import math
 import os
@@ -20,7 +21,7 @@ from vaecf.errors import UnknownUserError, VaecfError
 from vaecf.serve.batcher import ClientGone, Expired, MicroBatcher, Overloaded, Stopped
 from vaecf.serve.invalid import answer_too_large
 from vaecf.serve.metrics import Metrics
-from vaecf.serve.reload import ModelHolder, RunForbidden, RunNotFound
+from vaecf.serve.reload import ModelHolder, ReloadTimeout, RunForbidden, RunNotFound
 from vaecf.serve.schemas import error, json_ok, request_schemas
 from vaecf.serve.settings import ServeSettings
 
@@ -198,7 +199,7 @@ class Service:
             return resp
         async with self.reload_lock:
             try:
-                new = await asyncio.to_thread(holder.reload, run)
+                new = await self.reloaded(run)
             except VaecfError as e:
                 metrics.reloads.labels("failed").inc()
                 log.warning("reload failed, still serving %s: %s", holder.current.version["id"], e)
@@ -207,6 +208,8 @@ class Service:
                     if isinstance(e, RunForbidden)
                     else 404
                     if isinstance(e, RunNotFound)
+                    else 503
+                    if isinstance(e, ReloadTimeout)
                     else 422,
                     "reload_failed",
                     self.hide_paths(f"{e}; still serving the previous model"),
@@ -228,6 +231,16 @@ class Service:
             metrics.model_loaded.set_to_current_time()
             log.info("now serving %s from %s", new.version["id"], new.version["run"])
             return JSONResponse({"reloaded": True, "model": self.version(new.version)})
+
+    async def reloaded(self, run: str | None):
+        """The holder's reload of `run`, waited for on the event loop up to reload_timeout_s
+        (its thread is a daemon's: one stuck on a read is left behind, and exit does not wait
+        for it)."""
+        pending = self.holder.start_reload(run)  # checks paths (stat only), starts the thread
+        done = asyncio.shield(asyncio.wrap_future(pending.finished))
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(done, self.settings.reload_timeout_s)
+        return self.holder.finish(pending, self.settings.reload_timeout_s)
 
     def model_card(self) -> dict:
         """What the page's model card shows: the model, its settings, the data it was trained

@@ -71,6 +71,12 @@ class ServeSettings(Scoring):
     reload_min_interval_s: float = setting(
         1.0, "seconds between reloads; closer ones get 429", flag="--reload-min-interval"
     )
+    reload_timeout_s: float = setting(
+        120.0,
+        "seconds a reload may read and check its run; beyond, it fails (503) and the old model "
+        "keeps serving",
+        flag="--reload-timeout",
+    )
     allowed_hosts: list[str] = setting(
         help="a Host header name to answer besides localhost, 127.0.0.1, ::1 and --host "
         "(repeatable; '*': any, e.g. behind a proxy that checks it)",
@@ -127,6 +133,12 @@ class ServeSettings(Scoring):
         for name in ("request_timeout_s", "stuck_after_s"):
             if not getattr(self, name) > 0:
                 raise ConfigError(f"{name} must be a positive number of seconds")
+        if not self.stuck_after_s >= MIN_STUCK_AFTER_S:
+            raise ConfigError(
+                f"stuck_after_s (--stuck-after) must be at least {MIN_STUCK_AFTER_S:g} s, not "
+                f"{self.stuck_after_s:g}: the idle scoring worker turns every {IDLE_BEAT_S:g} s, "
+                "and a shorter value would make /healthz call an idle server stuck"
+            )
         for name in ("reload_min_interval_s", "shutdown_delay_s", "drain_s"):
             if not getattr(self, name) >= 0:
                 raise ConfigError(f"{name} must be >= 0 seconds")
