@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import os
 import shutil
+import socket
 import threading
 import time
 
@@ -162,6 +163,96 @@ def test_a_call_waits_no_longer_than_the_deadline_and_the_worker_recovers():
 
     waited, after = asyncio.run(go())
     assert 0.2 < waited < 1.0 and after == 2
+
+
+# -- item 3: slow clients -------------------------------------------------------------------------
+def test_dripping_heads_are_cut_so_health_answers_again(run):
+    settings = ServeSettings(run=str(run), limit_concurrency=16, head_timeout_s=1.0)
+    with running(settings) as (base, _):
+        port = port_of(base)
+        drips = [socket.create_connection(("127.0.0.1", port), timeout=5) for _ in range(16)]
+        silent = socket.create_connection(("127.0.0.1", port), timeout=5)  # sends nothing
+        stop = threading.Event()
+
+        def drip():  # a header line every 0.2 s on each, for as long as the server listens
+            for s in drips:
+                s.sendall(b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n")
+            for i in range(30):
+                if stop.wait(0.2):
+                    return
+                for s in drips:
+                    try:
+                        s.sendall(b"X-Drip-%d: 1\r\n" % i)
+                    except OSError:
+                        pass
+
+        dripper = threading.Thread(target=drip, daemon=True)
+        dripper.start()
+        time.sleep(0.3)
+        full = httpx.get(f"{base}/healthz", timeout=5).status_code  # 16 dripping + this one
+        t0 = time.monotonic()
+        healthy = None
+        while time.monotonic() - t0 < 4:
+            if httpx.get(f"{base}/healthz", timeout=5).status_code == 200:
+                healthy = time.monotonic() - t0
+                break
+            time.sleep(0.1)
+        stop.set()
+        dripper.join(5)
+        replies = [s.recv(4096) for s in drips]
+        quiet = silent.recv(4096)
+        for s in (*drips, silent):
+            s.close()
+    assert full == 503  # uvicorn's --limit-concurrency: the drips held every place
+    assert healthy is not None and healthy < 2.5, healthy
+    for r in replies:
+        assert r.startswith(b"HTTP/1.1 408") and b'"head_timeout"' in r, r[:200]
+    assert quiet == b""  # nothing came: closed without a word
+
+
+def test_slow_bodies_get_408_and_a_body_left_unread_is_cut(run):
+    settings = ServeSettings(run=str(run), body_timeout_s=0.5)
+    with running(settings) as (base, _):
+        port = port_of(base)
+        head = (b"POST %s HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: %s\r\n"
+                b"Content-Length: 1000\r\n\r\n")  # fmt: skip
+        slow = socket.create_connection(("127.0.0.1", port), timeout=5)
+        slow.sendall(head % (b"/v1/recommend", b"application/json") + b'{"items": [')
+        unread = socket.create_connection(("127.0.0.1", port), timeout=5)  # 415, body unread
+        unread.sendall(head % (b"/v1/admin/reload", b"text/plain") + b"x")
+        t0 = time.monotonic()
+        got: dict = {}
+
+        def read(name, s):
+            data = b""
+            while chunk := s.recv(4096):
+                data += chunk
+            got[name] = (data, time.monotonic() - t0)
+
+        pairs = (("slow", slow), ("unread", unread))
+        readers = [threading.Thread(target=read, args=pair) for pair in pairs]
+        for r in readers:
+            r.start()
+        while any(r.is_alive() for r in readers) and time.monotonic() - t0 < 4:
+            for s in (slow, unread):  # a byte every 0.1 s: never the whole body in time
+                try:
+                    s.sendall(b" ")
+                except OSError:
+                    pass
+            time.sleep(0.1)
+        for s in (slow, unread):
+            s.settimeout(0.1)  # a reader still waiting (a failure) gives up
+        for r in readers:
+            r.join(5)
+        for s in (slow, unread):
+            s.close()
+        metrics = httpx.get(f"{base}/metrics").text
+    data, seconds = got["slow"]
+    assert data.startswith(b"HTTP/1.1 408") and b'"body_timeout"' in data, data[:300]
+    assert 0.4 < seconds < 1.5
+    data, seconds = got["unread"]
+    assert data.startswith(b"HTTP/1.1 415") and 1.3 < seconds < 3, (data[:100], seconds)
+    assert 'vaecf_rejected_total{reason="body_timeout"} 2.0' in metrics
 
 
 # -- item 9: reload deadlines, non-regular files, --stuck-after -----------------------------------

@@ -1,10 +1,11 @@
 """Guard: the one ASGI middleware, around every HTTP request. What applies before any route is
 declared here and nowhere else: the Host name (421), the API and admin keys (401, 403, 415), the
-scoring queue's room (503 with Retry-After, before the body is read) and the body size limit
-(413); then the metrics of every answer, and the rule that no traceback reaches a client (an
-unexpected error is logged and answered with a generic JSON 500). The key is compared, never
-logged or counted."""
+scoring queues' room (503 with Retry-After, before the body is read), the body size limit (413)
+and the body's deadline (408: body_timeout_s from the request's start); then the metrics of every
+answer, and the rule that no traceback reaches a client (an unexpected error is logged and
+answered with a generic JSON 500). The key is compared, never logged or counted."""
 
+import asyncio
 import logging
 import secrets
 import time
@@ -47,6 +48,7 @@ class Guard:
         self.admin_open = settings.admin_open()
         self.hosts = settings.host_names()
         self.max_body = settings.max_body_bytes
+        self.body_timeout = settings.body_timeout_s
         self.metrics = metrics
 
     @staticmethod
@@ -147,19 +149,16 @@ class Guard:
             return await self._too_large(scope, receive, send)
         if scope["method"] in ("GET", "HEAD", "DELETE", "OPTIONS") and length is None:
             return await self.app(scope, receive, send)
-        # buffer the body (at most max_body bytes), then replay it to the app
-        chunks, size = [], 0
-        while True:
-            message = await receive()
-            if message["type"] == "http.disconnect":
-                state["status"] = CLIENT_CLOSED
-                return
-            chunks.append(message.get("body", b""))
-            size += len(chunks[-1])
-            if size > self.max_body:
-                return await self._too_large(scope, receive, send)
-            if not message.get("more_body", False):
-                break
+        # buffer the body (at most max_body bytes, within body_timeout_s), then replay it
+        try:
+            chunks = await asyncio.wait_for(self._body(receive), self.body_timeout)
+        except asyncio.TimeoutError:  # (TimeoutError itself from Python 3.11)
+            return await self._too_slow(scope, receive, send)
+        if chunks is None:
+            state["status"] = CLIENT_CLOSED
+            return
+        if isinstance(chunks, int):
+            return await self._too_large(scope, receive, send)
         body = {"type": "http.request", "body": b"".join(chunks), "more_body": False}
 
         async def replay():
@@ -170,6 +169,32 @@ class Guard:
             return message
 
         await self.app(scope, replay, send)
+
+    async def _body(self, receive) -> list[bytes] | int | None:
+        """The body's chunks; None when the client left, its size once past max_body."""
+        chunks, size = [], 0
+        while True:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                return None
+            chunks.append(message.get("body", b""))
+            size += len(chunks[-1])
+            if size > self.max_body:
+                return size
+            if not message.get("more_body", False):
+                return chunks
+
+    async def _too_slow(self, scope, receive, send) -> None:
+        self.metrics.rejected.labels("body_timeout").inc()
+        resp = error(
+            408,
+            "body_timeout",
+            f"the request body did not arrive within body_timeout_s={self.body_timeout:g} s; "
+            "send it at once",
+            limits={"body_timeout_s": self.body_timeout},
+        )
+        resp.headers["Connection"] = "close"  # what is left of the body is not read
+        await resp(scope, receive, send)
 
     async def _too_large(self, scope, receive, send) -> None:
         resp = error(

@@ -6,16 +6,20 @@ neither an API key nor --no-auth is given, and when the run does not load. SIGTE
 balancer sees not-ready before the server goes away), then uvicorn stops accepting, lets
 requests in flight finish (up to `drain_s`), the app's lifespan scores what is queued and stops
 its worker, and the process exits 0. A second signal skips the delay. SIGHUP reloads the model
-(app.py).
+(app.py). Connections that send their request's head or body too slowly are cut
+(`head_timeout_s`, `body_timeout_s`: http_protocol), so that they cannot hold uvicorn's
+`limit_concurrency` places.
 """
 
 from __future__ import annotations
 
 import asyncio
 import gc
+import json
 import logging
 import signal
 import threading
+from collections.abc import Callable
 
 import uvicorn
 
@@ -75,7 +79,7 @@ def uvicorn_config(app, settings: ServeSettings, **overrides) -> uvicorn.Config:
         limit_concurrency=settings.limit_concurrency,
         server_header=False,
         access_log=False,
-        http=http_protocol(),
+        http=http_protocol(settings.head_timeout_s, settings.body_timeout_s, _cut_counter(app)),
     )
     return uvicorn.Config(app, **{**kw, **overrides})
 
@@ -137,16 +141,91 @@ class CoalescingTransport:
         return getattr(self._transport, name)
 
 
-def http_protocol():
-    """uvicorn's httptools protocol with its writes coalesced (CoalescingTransport); "auto"
-    (uvicorn's choice) where httptools is not installed."""
+BODY_GRACE_S = 1.0  # a body still arriving this long past body_timeout_s: its connection is cut
+
+
+def _cut_counter(app) -> Callable[[str], None] | None:
+    """What counts a connection cut for its slowness, by reason: the app's refusals metric."""
+    svc = getattr(getattr(app, "state", None), "svc", None)
+    return None if svc is None else lambda reason: svc.metrics.rejected.labels(reason).inc()
+
+
+def _timeout_answer(seconds: float) -> bytes:
+    """The raw 408 a connection gets when its request's head does not arrive in time."""
+    body = json.dumps(
+        {
+            "error": "head_timeout",
+            "message": f"the request head did not arrive within head_timeout_s={seconds:g} s; "
+            "send it at once",
+            "limits": {"head_timeout_s": seconds},
+        }
+    ).encode()
+    return (
+        b"HTTP/1.1 408 Request Timeout\r\ncontent-type: application/json\r\n"
+        b"content-length: %d\r\nconnection: close\r\n\r\n%s" % (len(body), body)
+    )
+
+
+def http_protocol(
+    head_timeout_s: float | None = None,
+    body_timeout_s: float | None = None,
+    on_cut: Callable[[str], None] | None = None,
+):
+    """uvicorn's httptools protocol with its writes coalesced (CoalescingTransport) and the
+    slow-client deadlines uvicorn does not have: a request's head must arrive within
+    `head_timeout_s` of its first byte (of the connection's opening, for its first request),
+    else 408 and the connection is closed (closed without a word when nothing came); its body
+    within `body_timeout_s` + BODY_GRACE_S of the head (the app answers 408 at `body_timeout_s`
+    when it reads the body; this also cuts a body sent after an answer that did not read it).
+    `on_cut(reason)` counts each cut ("head_timeout", "body_timeout"). "auto" (uvicorn's
+    choice, without these deadlines) where httptools is not installed."""
     try:
         from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
     except ImportError:  # uvicorn without its [standard] extra
         return "auto"
 
-    class CoalescingHttpToolsProtocol(HttpToolsProtocol):
+    class VaecfHttpProtocol(HttpToolsProtocol):
+        _deadline: asyncio.TimerHandle | None = None
+        _begun = False  # a request's first byte came, and not yet its last
+
         def connection_made(self, transport) -> None:
             super().connection_made(CoalescingTransport(transport, self.loop))
+            self._arm(head_timeout_s, "head_timeout")
 
-    return CoalescingHttpToolsProtocol
+        def connection_lost(self, exc) -> None:
+            self._arm(None, "")
+            super().connection_lost(exc)
+
+        def on_message_begin(self) -> None:
+            super().on_message_begin()
+            self._begun = True
+            if self._deadline is None:  # a connection's first request: counted from its opening
+                self._arm(head_timeout_s, "head_timeout")
+
+        def on_headers_complete(self) -> None:
+            self._arm(None, "")
+            super().on_headers_complete()
+            if body_timeout_s:
+                self._arm(body_timeout_s + BODY_GRACE_S, "body_timeout")
+
+        def on_message_complete(self) -> None:
+            self._arm(None, "")
+            self._begun = False
+            super().on_message_complete()
+
+        def _arm(self, seconds: float | None, reason: str) -> None:
+            if self._deadline is not None:
+                self._deadline.cancel()
+            self._deadline = self.loop.call_later(seconds, self._cut, reason) if seconds else None
+
+        def _cut(self, reason: str) -> None:
+            self._deadline = None
+            if self.transport.is_closing():
+                return
+            if on_cut is not None:
+                on_cut(reason)
+            if reason == "head_timeout" and self._begun:
+                self.transport.write(_timeout_answer(head_timeout_s))
+            self.transport.close()
+
+    return VaecfHttpProtocol

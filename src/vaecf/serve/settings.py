@@ -59,6 +59,17 @@ class ServeSettings(Scoring):
     request_timeout_s: float = setting(
         10.0, "seconds a request may wait for its answer before a 503", flag="--request-timeout"
     )
+    head_timeout_s: float = setting(
+        5.0,
+        "seconds a connection has to send a request's head, from its first byte (or from "
+        "opening); then 408 and closed",
+        flag="--head-timeout",
+    )
+    body_timeout_s: float = setting(
+        30.0,
+        "seconds a request's body has to arrive once its head has; then 408 and closed",
+        flag="--body-timeout",
+    )
     limit_concurrency: int = setting(
         512, "connections and requests at once; uvicorn answers 503 beyond"
     )
@@ -130,7 +141,7 @@ class ServeSettings(Scoring):
             )
         if self.batch_wait_ms < 0:
             raise ConfigError("batch_wait_ms must be >= 0 (0: no micro-batching)")
-        for name in ("request_timeout_s", "stuck_after_s"):
+        for name in ("request_timeout_s", "head_timeout_s", "body_timeout_s", "reload_timeout_s"):
             if not getattr(self, name) > 0:
                 raise ConfigError(f"{name} must be a positive number of seconds")
         if not self.stuck_after_s >= MIN_STUCK_AFTER_S:
