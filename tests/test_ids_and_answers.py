@@ -5,10 +5,14 @@ the dependency floors sit past known advisories."""
 
 from __future__ import annotations
 
+import json
 import re
+from importlib import metadata
+from pathlib import Path
 
 import polars as pl
 import pytest
+import tomllib
 from serve_helpers import client, running
 
 from vaecf.cli import main
@@ -131,3 +135,54 @@ def test_every_page_is_self_hosted_under_a_csp(run):
                 for src in re.findall(r'(?:src|href)="([^"]+)"', r.text):
                     assert src.startswith("/") and c.get(src).status_code == 200, src
     assert sorted(pages) == ["/", "/docs"]
+
+
+# -- 9. /readyz is a probe; printed names are escaped; dependency floors --------------------------
+def test_readyz_names_no_model_to_a_foreign_host(run):
+    with running(ServeSettings(run=str(run))) as (base, _), client(base) as c:
+        own = c.get("/readyz").json()
+        foreign = c.get("/readyz", headers={"Host": "attacker.example"})
+        assert c.get("/v1/model", headers={"Host": "attacker.example"}).status_code == 421
+    assert own["ready"] is True and own["model"]["name"] == "multvae"
+    assert foreign.status_code == 200 and foreign.json() == {"ready": True}
+
+
+ESC = "\x1b]0;owned\x07\x1b[31mRed\x1b[0m"  # sets a terminal's title, then its colour
+
+
+def test_the_cli_prints_names_and_ids_with_control_characters_escaped(run, tmp_path, capsys):
+    out = fresh_run(tmp_path / "run", len(IDS), "multvae", TINY, IDS)
+    names = [f"{ESC} {i}\u202e" for i in IDS]
+    pl.DataFrame({"item_id": IDS, "name": names}).write_parquet(out / "item_names.parquet")
+    assert main(["recommend", str(out), "--items", "0,7,x\x1b[2J", "-k", "3"]) == 0
+    assert main(["similar", str(out), "--item", "10", "-k", "3"]) == 0
+    got = capsys.readouterr()
+    for text in (got.out, got.err):
+        assert "\x1b" not in text and "\x07" not in text and "\u202e" not in text
+    assert got.out.count("\\x1b]0;owned\\x07\\x1b[31mRed\\x1b[0m") == 7  # 3 + 1 + 3 names
+    assert "x\\x1b[2J" in got.err  # the unknown id, escaped too
+    assert main(["recommend", str(out), "--items", "0", "-k", "1", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["items"][0]["title"].startswith(ESC)  # exact
+
+
+FLOORS = {"orjson": (3, 9, 15), "fastapi": (0, 115), "starlette": (0, 40), "h11": (0, 16)}
+
+
+def _version(text: str) -> tuple:
+    return tuple(int(p) for p in re.findall(r"\d+", text.split("+")[0])[:3])
+
+
+def test_dependency_floors_are_past_known_advisories():
+    with open(Path(__file__).parents[1] / "pyproject.toml", "rb") as f:
+        extras = tomllib.load(f)["project"]["optional-dependencies"]
+    for extra in ("serve", "dev"):
+        floors = {}
+        for req in extras[extra]:
+            m = re.fullmatch(
+                r"([A-Za-z0-9_-]+)(?:\[[^]]*\])?>=([0-9.]+)", req.split(";")[0].strip()
+            )
+            if m:
+                floors[m.group(1).lower()] = _version(m.group(2))
+        for name, least in FLOORS.items():
+            assert floors.get(name, ()) >= least, (extra, name, floors.get(name))
+            assert _version(metadata.version(name)) >= floors[name], name  # what is installed

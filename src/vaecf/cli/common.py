@@ -1,4 +1,5 @@
-"""What every verb module shares: the data root, JSON output, metric tables."""
+"""What every verb module shares: the data root, JSON output, metric tables, names and ids made
+safe to print."""
 
 from __future__ import annotations
 
@@ -13,6 +14,17 @@ def home() -> Path:
 
 def print_json(obj) -> None:
     print(json.dumps(obj, indent=2, sort_keys=True, default=str))
+
+
+def printable(value) -> str:
+    """An item's or user's id or name as text to print: control characters (ESC, which can set a
+    terminal's title and colours; newlines, which forge lines) and other characters that do not
+    print (bidi overrides, zero-width) as Python escapes (\\x1b, \\n, \\u202e); --json keeps the
+    exact text."""
+    text = str(value)
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() else c.encode("unicode_escape").decode() for c in text)
 
 
 def metrics_table(rows: dict[str, dict]) -> str:

@@ -8,7 +8,7 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Literal
 
-from vaecf.cli.common import metrics_table, print_json
+from vaecf.cli.common import metrics_table, print_json, printable
 from vaecf.cli.options import add_settings, flag, from_args, given
 from vaecf.errors import VaecfError
 from vaecf.settings import Compute, ModelChoice, Scoring, ServingPrecision, setting
@@ -177,7 +177,8 @@ def cmd_recommend(a) -> int:
         n = len(history)
         if not a.json:
             print(
-                f"user {a.user.strip()}: {n} item{'s' * (n != 1)} in the history", file=sys.stderr
+                f"user {printable(a.user.strip())}: {n} item{'s' * (n != 1)} in the history",
+                file=sys.stderr,
             )
     else:
         if a.data is not None:
@@ -189,7 +190,7 @@ def cmd_recommend(a) -> int:
         return 0
     if r.unknown:  # the first ten: a long list of them is no use on a terminal
         more = f", and {len(r.unknown) - 10:,} more" if len(r.unknown) > 10 else ""
-        shown = ", ".join(map(str, r.unknown[:10]))
+        shown = ", ".join(map(printable, r.unknown[:10]))
         print(f"unknown item ids (ignored): {shown}{more}", file=sys.stderr)
     if not r.item_ids:
         print(
@@ -213,8 +214,10 @@ def _print_ranked(r) -> None:
     head = f"{'rank':>4s}  {'item_id':>12s}  {'score':>10s}"
     print(head + ("  title" if r.titles is not None else ""))
     for i, (item, s, t) in enumerate(zip(r.item_ids, r.scores, titles), 1):
-        line = f"{i:4d}  {item!s:>12s}  {s:10.5g}"
-        print(line + (f"  {t if t is not None else '-'}" if r.titles is not None else ""))
+        line = f"{i:4d}  {printable(item):>12s}  {s:10.5g}"
+        print(
+            line + (f"  {printable(t) if t is not None else '-'}" if r.titles is not None else "")
+        )
 
 
 def cmd_similar(a) -> int:
@@ -230,7 +233,7 @@ def cmd_similar(a) -> int:
         return 0
     if rec.names is not None:
         known = rec.items.id_of(rec.items.index_of([a.item])[0])[0]
-        print(f"most similar to {known}: {rec.names.get(known) or '-'}")
+        print(f"most similar to {printable(known)}: {printable(rec.names.get(known) or '-')}")
     _print_ranked(r)
     return 0
 

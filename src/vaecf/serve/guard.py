@@ -17,12 +17,13 @@ from vaecf.serve.metrics import Metrics
 from vaecf.serve.page import PAGE_PATHS
 from vaecf.serve.schemas import error
 from vaecf.serve.service import CLIENT_CLOSED, busy
-from vaecf.serve.settings import ServeSettings
+from vaecf.serve.settings import ServeSettings, host_name
 
 log = logging.getLogger("vaecf.serve")
 
 UNAUTHENTICATED = ("/healthz", *PAGE_PATHS)  # the page is a shell: its data calls need the key
-PROBES = ("/healthz", "/readyz")  # answered whatever the Host header names
+# answered whatever the Host header names (/readyz names no model to a foreign one: ops.py)
+PROBES = ("/healthz", "/readyz")
 ADMIN = "/v1/admin/"
 SCORING = ("/v1/recommend", "/v1/recommend/batch")
 
@@ -64,12 +65,7 @@ class Guard:
         resolves to 127.0.0.1 still sends Host: attacker.example)."""
         if self.hosts is None:
             return True
-        host = headers.get(b"host", b"").decode("latin-1").strip().lower()
-        if host.startswith("["):  # [::1]:8000
-            name = host[1 : host.find("]")] if "]" in host else host
-        else:
-            name = host.rsplit(":", 1)[0] if host.count(":") == 1 else host
-        return name in self.hosts
+        return host_name(headers.get(b"host", b"").decode("latin-1")) in self.hosts
 
     def _refusal(self, scope, headers) -> JSONResponse | None:
         """The answer to a request refused before routing (host, credentials), or None."""

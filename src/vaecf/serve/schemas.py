@@ -173,7 +173,9 @@ def documented(*statuses: int) -> dict:
 
 class ReadyResponse(BaseModel):
     ready: bool
-    model: ModelVersion
+    model: ModelVersion | None = Field(
+        None, description="the model served; absent for a Host this server does not answer to"
+    )
 
 
 class ReloadResponse(BaseModel):

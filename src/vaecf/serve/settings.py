@@ -183,6 +183,14 @@ class ServeSettings(Scoring):
         }
 
 
+def host_name(header: str) -> str:
+    """The name a Host header gives, lower case, without its port ("[::1]:8000": "::1")."""
+    host = header.strip().lower()
+    if host.startswith("["):
+        return host[1 : host.find("]")] if "]" in host else host
+    return host.rsplit(":", 1)[0] if host.count(":") == 1 else host
+
+
 def is_loopback(host: str) -> bool:
     if host == "localhost":
         return True
