@@ -10,12 +10,17 @@ import torch
 from conftest import cpu_config
 
 import vaecf
-from vaecf import models
+from vaecf import memory, models
 from vaecf.data.matrix import CSR
 from vaecf.errors import RunError
 from vaecf.evaluate import evaluate_model
 from vaecf.models.base import FAMILIES
 from vaecf.models.blend import standardise
+
+
+def free_bytes(n: int):
+    """In place of memory.free_memory: `n` bytes free on any device."""
+    return lambda device: memory.Free(n, "MemAvailable")
 
 
 @pytest.fixture(scope="module")
@@ -60,11 +65,10 @@ def test_auto_picks_the_planted_winner_without_the_test_split(ds, tmp_path):
 
 
 def test_auto_blends_and_skips_what_does_not_fit(ds, tmp_path, monkeypatch):
-    from vaecf.models import ease
 
     auto = models.AutoConfig(candidates=["edlae", "multdae", "ease"])
     cfg = quiet(epochs=4, batch_size=100)
-    monkeypatch.setattr(ease, "available_bytes", lambda device: 10**4)  # no n_items^2 fits
+    monkeypatch.setattr(memory, "free_memory", free_bytes(10**4))  # no n_items^2 fits
     with pytest.raises(RunError, match="no candidate could be fitted"):
         vaecf.train(ds, cfg, tmp_path / "none", models.AutoConfig(candidates=["edlae"]))
     monkeypatch.undo()

@@ -8,6 +8,7 @@ schedule, and the resolution of training defaults from the data.
 
 import json
 import math
+import re
 
 import numpy as np
 import pytest
@@ -17,7 +18,7 @@ from conftest import cpu_config
 from test_metrics import brute_force
 
 import vaecf
-from vaecf import models
+from vaecf import memory, models
 from vaecf.data.matrix import CSR
 from vaecf.errors import ConfigError
 from vaecf.evaluate import evaluate_model
@@ -33,6 +34,11 @@ from vaecf.trainer import resolve_config
 
 # every model fitted on its own (auto and blend are selections of these: tests/test_auto.py)
 NAMES = [n for n, m in models.MODELS.items() if m.family != "selection"]
+
+
+def free_bytes(n: int):
+    """In place of memory.free_memory: `n` bytes free on any device."""
+    return lambda device: memory.Free(n, "MemAvailable")
 
 
 @pytest.fixture(scope="module")
@@ -577,7 +583,7 @@ def test_auto_solver_goes_sparse_where_dense_does_not_fit(ds, monkeypatch):
     from vaecf.models import ease
 
     n, x = ds.n_items, ds.split("train")
-    monkeypatch.setattr(ease, "available_bytes", lambda device: 10**9)
+    monkeypatch.setattr(memory, "free_memory", free_bytes(10**9))
     assert models.build("ease", n, {"l2": 30.0}).fit(x)["solver"] == "dense"
     monkeypatch.setattr(ease, "linear_bytes", lambda *a: 10**12)  # the dense arrays never fit
     record = models.build("ease", n, {"l2": 30.0, "neighbours": 10}).fit(x)
@@ -585,8 +591,10 @@ def test_auto_solver_goes_sparse_where_dense_does_not_fit(ds, monkeypatch):
     assert record["solver"] == "sparse" and record["nnz"] <= n * 10 + wide
     assert record["popular_share"] == 0.02 and record["popular_neighbours"] == 1024
     assert record["neighbour_rank"] == "cosine"
-    monkeypatch.setattr(ease, "available_bytes", lambda device: 10**6)
-    with pytest.raises(vaecf.RunError, match=r"sparse solver on .* needs about .* GiB") as e:
+    monkeypatch.setattr(memory, "free_memory", free_bytes(10**6))
+    with pytest.raises(
+        vaecf.RunError, match=r"sparse solver on .* needs about .* [GM]iB \(the sparse"
+    ) as e:
         models.build("ease", n, {"l2": 30.0}).fit(x)  # neither fits: refused with figures
     assert "--selection" not in str(e.value)
     # cv holds a fold's Gram (half of gram_bytes' two copies) and B too: where only they do
@@ -595,7 +603,7 @@ def test_auto_solver_goes_sparse_where_dense_does_not_fit(ds, monkeypatch):
     cv = {"l2_grid": [3.0, 30.0], "selection": "cv"}
     monkeypatch.setattr(ease, "gram_bytes", lambda x: 10**9)
     for free, advised in ((12 * 10**8, True), (10**6, False)):
-        monkeypatch.setattr(ease, "available_bytes", lambda device, f=free: f)
+        monkeypatch.setattr(memory, "free_memory", free_bytes(free))
         with pytest.raises(vaecf.RunError, match=r"sparse solver on .* needs about") as e:
             models.build("ease", n, cv).fit(x, validate=lambda m: {}, validation=val)
         assert ("or choose with --selection validation" in str(e.value)) == advised
@@ -614,19 +622,19 @@ def test_ease_refuses_what_does_not_fit_before_allocating_with_advice_that_helps
     cols = [j for j in range(n) for _ in range(j // 10)]
     x = sp.csr_matrix((np.ones(len(rows), np.float32), (rows, cols)), shape=(200, n))
     free = linear.linear_bytes(500, torch.float32, False)  # room for 500 items' arrays
-    monkeypatch.setattr(linear, "available_bytes", lambda device: free)
+    monkeypatch.setattr(memory, "free_memory", free_bytes(free))
     with pytest.raises(vaecf.RunError) as e:
         model.fit(x)
     msg = str(e.value)
-    assert f"needs about {linear.linear_bytes(n, torch.float32, False) / 2**30:.1f} GiB" in msg
+    assert f"needs about {memory.gib(linear.linear_bytes(n, torch.float32, False))} for" in msg
     assert "keep the 500 items with at least 150 users" in msg and "--min-item-users 150" in msg
-    assert "float32" not in msg.split("free;")[1]  # already float32: no such advice
+    assert "float32" not in msg.split("(MemAvailable);")[1]  # already float32: no such advice
     assert model.weight.numel() == 0  # the placeholder went first; nothing large was made
     model.config.solve_dtype = "float64"
     with pytest.raises(vaecf.RunError, match=r"solve in float32"):
         model.fit(x)
     searching = models.build("ease", n, {"l2_grid": [1.0, 10.0], "solver": "dense"})
-    monkeypatch.setattr(linear, "available_bytes", lambda device: free * 16 + 1)  # one solve fits
+    monkeypatch.setattr(memory, "free_memory", free_bytes(free * 16 + 1))  # one solve fits
     with pytest.raises(vaecf.RunError, match=r"give --l2 \(one solve needs"):
         searching.fit(x, validate=lambda m: {})
 
@@ -742,12 +750,18 @@ def test_infae_samples_users_and_refuses_what_does_not_fit(monkeypatch):
     again.fit(x)
     assert torch.equal(again.users_t, model.users_t)  # the sample is seeded
     need = infae.fit_bytes(x.shape[0], 40, torch.float64)
-    monkeypatch.setattr(infae, "available_bytes", lambda device: need // 4)
+    monkeypatch.setattr(memory, "free_memory", free_bytes(need // 4))
     big = models.build("infae", 40, {"ridge": 1.0})
-    with pytest.raises(vaecf.RunError, match=r"give --max-users 100 or less") as e:
+    with pytest.raises(vaecf.RunError, match=r"give --max-users (\d+) or less") as e:
         big.fit(x)
-    assert "--kernel-dtype float32" in str(e.value)
+    assert "--kernel-dtype float32" in str(e.value) and "(MemAvailable)" in str(e.value)
     assert big.alpha.numel() == 0  # refused before anything was fitted
+    # the advice fits when followed (its users' rows count, not only the kernel), and asks
+    # for no fewer users than needed: one user in ten more would not fit
+    users = int(re.search(r"--max-users (\d+)", str(e.value)).group(1))
+    assert infae.fit_bytes(users, 40, torch.float64) <= need // 4
+    assert infae.fit_bytes(users * 11 // 10, 40, torch.float64) > need // 4
+    models.build("infae", 40, {"ridge": 1.0, "max_users": users}).fit(x)
 
 
 # -- RecVAE -----------------------------------------------------------------------------------

@@ -9,6 +9,11 @@ import vaecf
 from vaecf import background, footprint, memory, models
 
 
+def free_bytes(n: int):
+    """In place of memory.free_memory: `n` bytes free on any device."""
+    return lambda device: memory.Free(n, "MemAvailable")
+
+
 @pytest.fixture(scope="module")
 def ds(planted):
     return planted("mem", 700, 300, 6, 20, seed=5, heldout=80)
@@ -61,7 +66,7 @@ def test_training_that_does_not_fit_is_refused_before_it_starts(ds, tmp_path, mo
         return build(*a, **k)
 
     monkeypatch.setattr(models, "build", spy)
-    monkeypatch.setattr(memory, "available_bytes", lambda device: 10**5)
+    monkeypatch.setattr(memory, "free_memory", free_bytes(10**5))
     with pytest.raises(vaecf.RunError) as e:
         vaecf.train(ds, cfg(batch_size=500), tmp_path / "r")
     msg = str(e.value)
@@ -70,7 +75,7 @@ def test_training_that_does_not_fit_is_refused_before_it_starts(ds, tmp_path, mo
     assert "--min-item-users" not in msg and "--batch-size" not in msg  # neither would do
     assert not built  # refused before the model was built
     free = mem.need(False) - mem.batch // 2  # a quarter of the batch fits
-    monkeypatch.setattr(memory, "available_bytes", lambda device: free)
+    monkeypatch.setattr(memory, "free_memory", free_bytes(free))
     with pytest.raises(vaecf.RunError, match=r"--batch-size 125 \(0.4 MiB a batch\)"):
         vaecf.train(ds, cfg(batch_size=500), tmp_path / "r")
     # a batch beyond the training users is counted at the training users
@@ -83,7 +88,7 @@ def test_training_that_does_not_fit_is_refused_before_it_starts(ds, tmp_path, mo
 def test_refusal_says_which_items_to_keep(ds, tmp_path, monkeypatch):
     mem = mem_of(ds, batch_size=1)
     free = int(footprint.RUNTIME_BYTES + mem.data + mem.per_item * ds.n_items / 2)  # half fit
-    monkeypatch.setattr(memory, "available_bytes", lambda device: free)
+    monkeypatch.setattr(memory, "free_memory", free_bytes(free))
     with pytest.raises(vaecf.RunError, match=r"prepare again with --min-item-users (\d+)") as e:
         vaecf.train(ds, cfg(batch_size=1), tmp_path / "r")
     cut = int(e.value.args[0].split("--min-item-users ")[1].split(")")[0])
@@ -97,7 +102,7 @@ def test_checkpoints_go_to_the_foreground_when_their_copies_do_not_fit(ds, tmp_p
     full = vaecf.train(ds, cfg(epochs=4), tmp_path / "full")  # background checkpoints
     mem = mem_of(ds)
     tight = (mem.need(False) + mem.need(True)) // 2
-    monkeypatch.setattr(memory, "available_bytes", lambda device: tight)
+    monkeypatch.setattr(memory, "free_memory", free_bytes(tight))
     written = []
     save = background.CheckpointWriter.write_now
     monkeypatch.setattr(
@@ -120,3 +125,94 @@ def test_the_plan_is_stated_before_training(ds, tmp_path, capsys):
     line = next(x for x in (out.out + out.err).splitlines() if "checkpoint copies" in x)
     mem = mem_of(ds)
     assert f"{mem.trained:,} parameters" in line and "written in the background)" in line
+
+
+def test_cgroup_limits_count_at_every_level_less_the_droppable_cache(tmp_path):
+    """The tightest level's limit minus its use (file cache the kernel can drop not counted),
+    for cgroup v2 and v1 trees laid out as the kernel lays them; no limit anywhere: None."""
+    v2 = tmp_path / "v2"
+    for level, limit, use, cache in (
+        ("", "max", 9 * 2**30, 0),
+        ("a", "4294967296", 3 * 2**30, 2**30),
+        ("a/b", "max", 2**30, 0),
+    ):
+        d = v2 / level
+        d.mkdir(parents=True, exist_ok=True)
+        (d / "memory.max").write_text(limit + "\n")
+        (d / "memory.current").write_text(f"{use}\n")
+        (d / "memory.stat").write_text(f"anon 5\nfile 9\ninactive_file {cache}\n")
+    (v2 / "cgroup.controllers").write_text("cpu memory\n")
+    proc = tmp_path / "cgroup"
+    proc.write_text("0::/a/b\n")
+    assert memory.cgroup_room(proc, v2) == 4 * 2**30 - (3 * 2**30 - 2**30)  # a's: 2 GiB
+    (v2 / "a" / "memory.max").write_text("max\n")
+    assert memory.cgroup_room(proc, v2) is None
+    v1 = tmp_path / "v1"
+    d = v1 / "memory" / "job"
+    d.mkdir(parents=True)
+    (v1 / "memory" / "memory.limit_in_bytes").write_text("9223372036854771712\n")
+    (d / "memory.limit_in_bytes").write_text(f"{6 * 2**30}\n")
+    (d / "memory.usage_in_bytes").write_text(f"{2 * 2**30}\n")
+    (d / "memory.stat").write_text(f"cache 7\ntotal_inactive_file {2**29}\n")
+    proc.write_text("5:cpu,cpuacct:/\n4:memory:/job\n0::/\n")
+    assert memory.cgroup_room(proc, v1) == 6 * 2**30 - (2 * 2**30 - 2**29)
+
+
+UNDER_ULIMIT = r"""
+import json, resource, sys
+import numpy as np, scipy.sparse as sp, torch
+import vaecf
+from vaecf import memory, models
+from vaecf.data import synthetic
+from vaecf.errors import RunError
+
+out, head = sys.argv[1], int(sys.argv[2])
+rng = np.random.default_rng(0)
+x = sp.csr_matrix((rng.random((4000, 200)) < 0.05).astype(np.float32))
+df = synthetic.generate(n_users=600, n_items=4000, n_groups=3, mean_items=40, seed=1)
+ds = vaecf.prepare_frame(df, out + "/d", vaecf.PrepareSettings(heldout_users=30, seed=1))
+vm = int(next(l for l in open("/proc/self/status") if l.startswith("VmSize:")).split()[1]) * 1024
+resource.setrlimit(resource.RLIMIT_AS, (vm + head, resource.RLIM_INFINITY))
+said = {"free": memory.free_memory(torch.device("cpu"))}
+try:
+    models.build("infae", 200, {"ridge": 1.0}).fit(x)
+except RunError as e:
+    said["infae"] = str(e)
+    users = int(said["infae"].split("--max-users ")[1].split()[0].replace(",", ""))
+    said["followed"] = models.build("infae", 200, {"ridge": 1.0, "max_users": users}).fit(x)
+for name, more in (("edlae", {}), ("recvae-edlae", {"epochs": 1})):
+    cfg = vaecf.TrainConfig(device="cpu", progress=False, **more)
+    try:
+        vaecf.train(ds, cfg, out + "/" + name, model=name)
+    except RunError as e:
+        said[name] = str(e)
+print(json.dumps(said))
+"""
+
+
+def test_an_address_space_limit_is_counted_and_refusals_leave_nothing(tmp_path):
+    """Under `ulimit -v` (RLIMIT_AS) the free figure is what the limit leaves, and every model
+    refuses in words before allocating: inf-AE with a --max-users that fits when followed,
+    EDLAE (its n^2 arrays) and RecVAE+EDLAE (its linear path's fit, before the model is built)
+    leaving no run directory behind."""
+    import json
+    import subprocess
+    import sys
+
+    head = 400 * 2**20
+    got = subprocess.run(
+        [sys.executable, "-c", UNDER_ULIMIT, str(tmp_path), str(head)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert got.returncode == 0, got.stderr[-3000:]
+    said = json.loads(got.stdout.strip().splitlines()[-1])
+    free, limit = said["free"]
+    threads = torch.get_num_threads() * memory.THREAD_ADDRESS_SPACE  # not yet started
+    assert limit == "ulimit -v" and 0.8 * (head - threads) < free <= head - threads
+    assert "(ulimit -v); give --max-users" in said["infae"]
+    assert said["followed"]["users"] < 4000
+    for name in ("edlae", "recvae-edlae"):
+        assert "(ulimit -v)" in said[name] and not (tmp_path / name).exists()
+    assert "the linear path's fit before training" in said["recvae-edlae"]

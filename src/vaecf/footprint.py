@@ -45,13 +45,20 @@ class TrainMemory:
     batch: int  # a step's item-sized activations
     data: int  # the training split in memory
     per_item: float  # bytes per item of all but the data (what dropping items saves)
+    prepare: int = 0  # what the model's prepare holds before the first epoch (a linear fit)
 
     def copies(self, background: bool) -> int:
         return 4 * self.trained * (BACKGROUND_COPIES if background else FOREGROUND_COPIES)
 
+    def transient(self, batch: float | None = None) -> float:
+        """A step's activations or, before the first epoch, prepare's arrays: never both."""
+        return max(self.batch if batch is None else batch, self.prepare)
+
     def need(self, background: bool = True) -> int:
         """On one CPU process: everything, the runtime included."""
-        return RUNTIME_BYTES + self.state + self.batch + self.data + self.copies(background)
+        return int(
+            RUNTIME_BYTES + self.state + self.transient() + self.data + self.copies(background)
+        )
 
 
 def train_memory(
@@ -77,9 +84,11 @@ def train_memory(
     state = (16 + SLACK_BYTES + (4 if ddp else 0)) * trained + cast + 4 * rest
     batch = ACTIVATION_BYTES * batch_size * n_items
     data = 12 * nnz  # a float value and an int64 index per interaction
-    # what each item costs (the rest, hidden layers, counted as if it grew with the items too)
-    per_item = (state + 4 * trained * FOREGROUND_COPIES + batch) / max(n_items, 1)
-    return TrainMemory(n_items, trained, state, batch, data, per_item)
+    prepare = net.prepare_bytes()
+    # what each item costs (the rest, hidden layers, counted as if it grew with the items too;
+    # a cost that grows with their square is over-counted for fewer items: advice errs safe)
+    per_item = (state + 4 * trained * FOREGROUND_COPIES + max(batch, prepare)) / max(n_items, 1)
+    return TrainMemory(n_items, trained, state, batch, data, per_item, prepare)
 
 
 def check_train_memory(
@@ -96,13 +105,14 @@ def check_train_memory(
     checkpoints do not fit. `batch_size`: a process's users per step; `item_users()`: each
     item's number of users (called only to advise a cut); `processes`: training processes
     sharing this machine's memory; `world`: all of them (--batch-size is split across them)."""
-    free = memory.available_bytes(device)
-    host = memory.available_bytes(torch.device("cpu")) if device.type != "cpu" else free
+    free_on = memory.free_memory(device)
+    host_on = memory.free_memory(torch.device("cpu")) if device.type != "cpu" else free_on
+    free, host = free_on.bytes, host_on.bytes
     share = f" a process, x {processes} processes on this machine" if processes > 1 else ""
     on_host = mem.data + RUNTIME_BYTES
 
     def fits(background: bool, batch: float = mem.batch) -> bool:  # rank 0 alone keeps copies
-        copies, on_device = mem.copies(background), mem.state + batch
+        copies, on_device = mem.copies(background), mem.state + mem.transient(batch)
         if device.type == "cpu":
             return processes * (on_device + on_host) + copies <= free
         return on_device <= free and processes * on_host + copies <= host
@@ -110,12 +120,13 @@ def check_train_memory(
     parts = (
         f"weights, gradients and Adam {gib(mem.state)}, a batch of {batch_size:,} "
         f"{gib(mem.batch)}, data {gib(mem.data)}, runtime {gib(RUNTIME_BYTES)}"
+        + (f", the linear path's fit before training {gib(mem.prepare)}" if mem.prepare else "")
     )
     for background in (True, False):
         if fits(background):
             how = "in the background" if background else "in the foreground: no room to copy"
-            where = f"{gib(free)} free on {device}" + (
-                f", {gib(host)} on the host" if device.type != "cpu" else ""
+            where = f"{gib(free)} free on {device} ({free_on.limit})" + (
+                f", {gib(host)} on the host ({host_on.limit})" if device.type != "cpu" else ""
             )
             return background, (
                 f"{title}, {mem.trained:,} parameters: training holds about "
@@ -140,8 +151,7 @@ def check_train_memory(
     if processes > 1:
         advice.append("fewer processes per machine")
     advice.append("a narrower first hidden layer, or a machine/device with more memory")
-    raise RunError(
-        f"{title}, {mem.trained:,} parameters: training needs about {gib(mem.need(False))}"
-        f"{share} ({parts}, a copy of the best model {gib(mem.copies(False))}) but "
-        f"{device} has {gib(limit)} free; " + "; or ".join(advice)
-    )
+    what = f"{title}, {mem.trained:,} parameters: training"
+    parts = f"{share} ({parts}, a copy of the best model {gib(mem.copies(False))})"
+    limited, on = (free_on, device) if device.type == "cpu" or free <= host else (host_on, "cpu")
+    raise RunError(memory.refusal(what, mem.need(False), limited, torch.device(on), advice, parts))

@@ -7,13 +7,15 @@ test. Closed-form models: `fit` with validation for their own model selection, t
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
+import shutil
 import signal
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -255,6 +257,7 @@ class _Run:
         device: str | None = None,
     ):
         self.t_start = time.perf_counter()  # what --budget counts from
+        self.new_dir = not Path(out).exists()  # a refused fit of a new run leaves nothing
         self.ds, self.cfg, self.model_name, self.model_cfg, self.out = (
             ds,
             cfg,
@@ -288,6 +291,19 @@ class _Run:
     def _check_memory(self) -> None:
         """Before the model is built: refuse what will not fit (closed-form models check
         inside their fit, where the solver is chosen)."""
+
+    @contextlib.contextmanager
+    def _discarded_if_it_fails(self) -> Iterator[None]:
+        """A new run that fails before its first model is saved (a memory refusal, an error,
+        an interruption) removes its directory: nothing half-made is left where the advised
+        settings are to be tried (closed forms have nothing to resume; a gradient model's
+        first checkpoint comes after its prepare)."""
+        try:
+            yield
+        except BaseException:
+            if self.new_dir and self.ctx.is_main:
+                shutil.rmtree(self.out, ignore_errors=True)
+            raise
 
     def _write_config(self) -> None:
         if not self.ctx.is_main:
@@ -377,6 +393,10 @@ class ClosedFormFit(_Run):
     def fit(self) -> RunResult:
         if (self.out / rundir.RESULTS).is_file():
             return self._result()
+        with self._discarded_if_it_fails():
+            return self._fit_once()
+
+    def _fit_once(self) -> RunResult:
         self._write_config()
         show = self.cfg.progress and self.ctx.is_main
         t0 = time.perf_counter()
@@ -700,7 +720,8 @@ class Trainer(_Run):
             return self._result()
         if self.epoch == 0:  # a new run: the model's data-dependent parts, if it has any
             val = (self.ds.split("validation_tr"), self.ds.split("validation_te"))
-            prepared = self.model.prepare(self._train_rows(), val)
+            with self._discarded_if_it_fails():
+                prepared = self.model.prepare(self._train_rows(), val)
             if prepared and cfg.progress and self.ctx.is_main:
                 tqdm.write(
                     f"{self.model.title}: " + ", ".join(f"{k} {v:g}" for k, v in prepared.items())

@@ -133,6 +133,11 @@ class Model(nn.Module):
         path); returns what to record. Resumed runs restore them from the checkpoint."""
         return {}
 
+    def prepare_bytes(self) -> int:
+        """Bytes `prepare` holds at its peak beyond the model's own tensors, for the memory
+        check before anything is allocated (vaecf.footprint); default none."""
+        return 0
+
     def param_groups(self) -> dict[str, list[nn.Parameter]]:
         """Parameters by optimizer (one Adam each); default one group."""
         return {"all": [p for p in self.parameters() if p.requires_grad]}

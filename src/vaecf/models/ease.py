@@ -18,10 +18,9 @@ import numpy as np
 import scipy.sparse as sp
 import torch
 
-from vaecf import specs
+from vaecf import memory, specs
 from vaecf.data.matrix import SparseBatch
 from vaecf.errors import ConfigError, RunError
-from vaecf.memory import available_bytes
 from vaecf.models.base import Model
 from vaecf.models.linear import (
     check_memory,
@@ -284,13 +283,13 @@ class EASE(Model):
         if device.type == "cuda":
             torch.cuda.empty_cache()
         solver = cfg.solver
-        dense, free = linear_bytes(n, dtype, not single), available_bytes(device)
+        dense, free = linear_bytes(n, dtype, not single), memory.free_memory(device)
         if solver == "auto":
-            solver = "dense" if dense <= free or self._emphasis() == "none" else "sparse"
+            solver = "dense" if dense <= free.bytes or self._emphasis() == "none" else "sparse"
         if solver == "dense":
             check_memory(n, dtype, device, not single, x.getnnz(axis=0))
-            gib = f"{dense / 2**30:.1f} GiB of {free / 2**30:.1f} GiB free on {device}"
-            return solver, f"dense solve, {n:,} x {n:,} arrays: about {gib}"
+            what = f"dense solve, {n:,} x {n:,} arrays"
+            return solver, memory.statement(what, dense, free, device)
         if self._emphasis() == "none":
             raise ConfigError("the sparse solver fits EASE and EDLAE, not --emphasis none")
         k = min(cfg.neighbours, n)
@@ -302,28 +301,26 @@ class EASE(Model):
         b_bytes, g_bytes = (n * k + extra) * 16, gram_bytes(x)  # gram_bytes: two copies
         plain = g_bytes + 2 * b_bytes + block_bytes(n, max(k, big if wide else k))
         need = plain + (g_bytes // 2 + b_bytes if cv else 0)
-        host = available_bytes(torch.device("cpu"))
-        if need > host:
-            other = (
-                f"; or choose with --selection validation (--linear-cv false under --model "
-                f"auto): no fold Gram and B, about {plain / 2**30:.1f} GiB"
-                if cv and plain <= host
-                else ""
-            )
-            raise RunError(
-                f"{self.title}'s sparse solver on {n:,} items needs about {need / 2**30:.1f} GiB "
-                f"(the sparse X^T X and B with {k} neighbours per item) but the host has "
-                f"{host / 2**30:.1f} GiB free; drop rare items when preparing "
-                f"(--min-item-users) or lower --neighbours{other}"
-            )
+        cpu = torch.device("cpu")
+        host = memory.free_memory(cpu)
+        if need > host.bytes:
+            advice = ["drop rare items when preparing (--min-item-users)", "lower --neighbours"]
+            if cv and plain <= host.bytes:
+                advice.append(
+                    "choose with --selection validation (--linear-cv false under --model "
+                    f"auto): no fold Gram and B, about {memory.gib(plain)}"
+                )
+            what = f"{self.title}'s sparse solver on {n:,} items"
+            parts = f" (the sparse X^T X and B with {k} neighbours per item)"
+            raise RunError(memory.refusal(what, need, host, cpu, advice, parts))
         why = (
             f" (the dense arrays would need {dense / 2**30:.1f} GiB)"
             if cfg.solver == "auto"
             else ""
         )
         more = f" ({big} for the {wide:,} most popular)" if wide else ""
-        plan = f"sparse solver, {k} neighbours per item{more}{why}: about {need / 2**30:.1f} GiB"
-        plan += f" of {host / 2**30:.1f} GiB free on the host"
+        what = f"sparse solver, {k} neighbours per item{more}{why}"
+        plan = memory.statement(what, need, host, cpu)
         if cv:
             plan += f"; cv: {cfg.cv_folds * cfg.cv_repeats + 1} sparse solves per point tried"
         return solver, plan

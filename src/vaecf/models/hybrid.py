@@ -25,7 +25,7 @@ from vaecf.data.matrix import CSR, SparseBatch
 from vaecf.models.base import Phase
 from vaecf.models.ease import EDLAE
 from vaecf.models.fused import linear_multinomial_nll
-from vaecf.models.linear import metrics_of, sparse_rows
+from vaecf.models.linear import linear_bytes, metrics_of, sparse_rows
 from vaecf.models.recvae import RecVAE
 from vaecf.specs import HybridConfig  # noqa: F401 (its home was here)
 
@@ -43,6 +43,12 @@ class RecVAEEDLAE(RecVAE):
         else:
             self.register_buffer("shallow", b)
         self.alpha = nn.Parameter(torch.tensor(float(self.config.alpha or 1.0)))
+
+    def prepare_bytes(self) -> int:
+        """The EDLAE fit's n_items^2 arrays (searching where a linear setting is not given)."""
+        c = self.config
+        search = c.linear_l2 is None or c.linear_dropout is None
+        return linear_bytes(self.n_items, getattr(torch, EDLAE.Config().solve_dtype), search)
 
     def prepare(self, train: sp.csr_matrix, validation) -> dict:
         """Fit the EDLAE path on the training users (before the first epoch)."""

@@ -27,22 +27,28 @@ import numpy as np
 import scipy.sparse as sp
 import torch
 
-from vaecf import specs
+from vaecf import memory, specs
 from vaecf.data.matrix import CSR, SparseBatch
 from vaecf.errors import ConfigError, RunError
 from vaecf.evaluate import evaluate_scores, metrics_with
-from vaecf.memory import available_bytes
 from vaecf.models.base import Model, sparse_rows_product
 from vaecf.specs import InfAEConfig
 
 
 def ntk(dot: torch.Tensor, norms_a: torch.Tensor, norms_b: torch.Tensor) -> torch.Tensor:
     """The one-hidden-layer ReLU network's neural tangent kernel from the inputs' dot products
-    (A, B) and norms (A,), (B,); a zero row gives zeros."""
-    scale = norms_a[:, None] * norms_b[None, :]
-    cos = (dot / scale.clamp_min(1e-12)).clamp(-1.0, 1.0)
-    t = torch.arccos(cos)
-    return scale * (torch.sin(t) + 2.0 * (math.pi - t) * cos) / (2.0 * math.pi)
+    (A, B) and norms (A,), (B,); a zero row gives zeros. `dot` is overwritten with the answer:
+    at its peak this holds three (A, B) arrays (`fit_bytes` counts on it), where the formula
+    written out holds six."""
+    scale = (norms_a[:, None] * norms_b[None, :]).clamp_min_(1e-12)
+    cos = dot.div_(scale).clamp_(-1.0, 1.0)
+    t = torch.arccos(cos).neg_().add_(math.pi)  # pi - theta
+    k = cos.mul_(t).mul_(2.0).add_(t.sin_())  # sin(theta) + 2 (pi - theta) cos(theta)
+    del t
+    k.mul_(scale).div_(2.0 * math.pi)
+    k[norms_a == 0] = 0.0
+    k[:, norms_b == 0] = 0.0
+    return k
 
 
 def fit_bytes(n_users: int, n_items: int, dtype: torch.dtype) -> int:
@@ -53,6 +59,14 @@ def fit_bytes(n_users: int, n_items: int, dtype: torch.dtype) -> int:
     transposed, the tried alpha and the best so far (float32)."""
     size = torch.tensor([], dtype=dtype).element_size()
     return 3 * n_users * n_users * size + n_users * n_items * (2 * size + 12)
+
+
+def users_that_fit(free: int, n_items: int, dtype: torch.dtype) -> int:
+    """The most users whose fit (`fit_bytes`) fits in `free` bytes, with 5% to spare for what
+    else the process allocates meanwhile: the positive root of 3 s U^2 + n (2 s + 12) U = free."""
+    size = torch.tensor([], dtype=dtype).element_size()
+    a, b, c = 3 * size, n_items * (2 * size + 12), 0.95 * free
+    return max(1, int((-b + math.sqrt(b * b + 4 * a * c)) / (2 * a)))
 
 
 class InfAE(Model):
@@ -147,18 +161,17 @@ class InfAE(Model):
         u = x.shape[0]
         if u == 0:
             raise RunError(f"{self.title} has no training user with an item to fit on")
-        need, free = fit_bytes(u, self.n_items, dtype), available_bytes(device)
-        plan = (
-            f"{self.title}: {u:,} users"
-            + (f" (a sample of {n_rows:,}; --max-users)" if u < n_rows else "")
-            + f", about {need / 2**30:.1f} GiB of {free / 2**30:.1f} GiB free on {device}"
+        need, free = fit_bytes(u, self.n_items, dtype), memory.free_memory(device)
+        what = f"{self.title} on {u:,} users" + (
+            f" (a sample of {n_rows:,}; --max-users)" if u < n_rows else ""
         )
-        if need > free:
-            fits = max(1, int(u * math.sqrt(free / need)))
-            raise RunError(
-                f"{plan}: does not fit; give --max-users {fits:,} or less (a sample of the "
-                "users)" + (", or --kernel-dtype float32" if dtype == torch.float64 else "")
-            )
+        if need > free.bytes:
+            fits = users_that_fit(free.bytes, self.n_items, dtype)
+            advice = [f"give --max-users {fits:,} or less"]
+            if dtype == torch.float64:
+                advice.append("--kernel-dtype float32")
+            raise RunError(memory.refusal(what, need, free, device, advice))
+        plan = memory.statement(what, need, free, device)
         if log:
             log(plan)
         self.users_t = torch.from_numpy(x.T.astype(np.float32).toarray()).to(device)  # (n, U)

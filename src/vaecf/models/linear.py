@@ -18,9 +18,10 @@ import scipy.sparse as sp
 import torch
 import torch.nn.functional as F
 
+from vaecf import memory
 from vaecf.data.matrix import CSR, SparseBatch
 from vaecf.errors import RunError
-from vaecf.memory import available_bytes, items_cut
+from vaecf.memory import items_cut
 
 
 def sparse_rows(table: torch.Tensor, batch: SparseBatch) -> torch.Tensor:
@@ -52,11 +53,11 @@ def check_memory(
     """Refuse, before anything large is allocated, with the figures and only the advice that
     would make the fit go through. `item_users`: each item's number of users (rows)."""
     need = linear_bytes(n_items, dtype, search)
-    free = available_bytes(device)
-    if need <= free:
+    free = memory.free_memory(device)
+    if need <= free.bytes:
         return need
     advice = []
-    fits = math.isqrt(free * n_items * n_items // need)  # items whose arrays would fit
+    fits = math.isqrt(free.bytes * n_items * n_items // need)  # items whose arrays would fit
     kept = 0
     if item_users is not None and 0 < fits < n_items:
         cut, kept = items_cut(item_users, fits)
@@ -71,17 +72,14 @@ def check_memory(
         advice.append("solve in float32 (--solve-dtype float32)")
     if search:
         one = linear_bytes(n_items, dtype, False)
-        if one <= free:
-            advice.append(f"give --l2 (one solve needs {one / 2**30:.1f} GiB, no search)")
+        if one <= free.bytes:
+            advice.append(f"give --l2 (one solve needs {memory.gib(one)}, no search)")
     advice.append(
         "use a device with more memory, or an autoencoder (its memory grows with "
         "the items, not their square)"
     )
-    raise RunError(
-        f"EASE on {n_items:,} items needs about {need / 2**30:.1f} GiB for its "
-        f"{n_items:,} x {n_items:,} arrays but {device} has {free / 2**30:.1f} GiB free; "
-        + "; or ".join(advice)
-    )
+    parts = f" for its {n_items:,} x {n_items:,} arrays"
+    raise RunError(memory.refusal(f"EASE on {n_items:,} items", need, free, device, advice, parts))
 
 
 def spd_inverse(a: torch.Tensor, l2: float) -> torch.Tensor:
