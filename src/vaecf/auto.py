@@ -31,9 +31,9 @@ from vaecf.specs import LINEAR_CV_BETAS
 from vaecf.trainer import RunResult, train
 
 BLEND_WEIGHTS = [0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9]
-SETTINGS = "auto_settings.json"
+SETTINGS = "auto_settings.json"  # the settings an auto run started with, for its resume
 # The share of --budget kept back from the candidates for the blend, the selection and the test
-BUDGET_RESERVE = 0.03  # the settings an auto run started with, for its resume
+BUDGET_RESERVE = 0.03
 
 
 def saved_settings(out: Path) -> tuple[TrainConfig | None, AutoConfig | None]:
