@@ -88,14 +88,15 @@ def main() -> None:
         "--ml1m", type=Path, default=Path.home() / ".cache/vaecf-data/ml-1m/ratings.dat"
     )
     a = ap.parse_args()
-    a.reference = a.reference or a.reference_only
     home = tempfile.mkdtemp(prefix="vaecf-fit-budget-")
     os.environ["VAECF_HOME"] = home  # the fits' working directories: not the user's cache
     print(
         f"`python benchmarks/fit_budget.py --datasets {a.datasets} --seeds {a.seeds}"
-        f"{' --reference' if a.reference else ''}`; {machine()}\n"
+        f"{' --reference-only' if a.reference_only else ' --reference' if a.reference else ''}`; "
+        f"{machine()}\n"
     )
     head = "| dataset | seed | rows | budget s | wall s | winner | stopped | test " + METRIC
+    a.reference = a.reference or a.reference_only
     head += " |" + (" reference wall s | its winner | its test | diff |" if a.reference else "")
     print(head + "\n|" + "---|" * (head.count("|") - 1), flush=True)
     for name in a.datasets.split(","):
