@@ -37,7 +37,7 @@ _EXPORTS = {
     "popularity_scores": "vaecf.evaluate",
     "Recommendation": "vaecf.recommender",
     "Recommender": "vaecf.recommender",
-    "RunResult": "vaecf.trainer",
+    "RunResult": "vaecf.run",
     "train": "vaecf.training",
 }
 _ALIASES = {"prepare": "prepare_dataset"}  # vaecf.prepare("ml-20m")

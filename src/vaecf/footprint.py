@@ -23,6 +23,9 @@ import numpy as np
 import torch
 
 from vaecf import memory, models
+from vaecf.config import TrainConfig
+from vaecf.data.prepare import PreparedDataset
+from vaecf.distributed import DistContext
 from vaecf.errors import RunError
 from vaecf.memory import gib, items_cut
 
@@ -91,6 +94,16 @@ def train_memory(
     return TrainMemory(n_items, trained, state, batch, data, per_item, prepare)
 
 
+def graph_step_bytes(model: torch.nn.Module, batch_size: int, n_items: int) -> int:
+    """What CUDA graphs of `model`'s steps still need once it is built: a step's activations
+    and gradients for each phase's graph and again for the eager steps (the epoch's last),
+    and Adam's moments (a fresh run's)."""
+    params = sum(p.numel() for p in model.parameters())
+    steps = 1 + len(model.phases())
+    batch = ACTIVATION_BYTES * batch_size * n_items
+    return steps * batch + 16 * params
+
+
 def check_train_memory(
     mem: TrainMemory,
     device: torch.device,
@@ -155,3 +168,53 @@ def check_train_memory(
     parts = f"{share} ({parts}, a copy of the best model {gib(mem.copies(False))})"
     limited, on = (free_on, device) if device.type == "cpu" or free <= host else (host_on, "cpu")
     raise RunError(memory.refusal(what, mem.need(False), limited, torch.device(on), advice, parts))
+
+
+def check_training(
+    model_name: str,
+    model_cfg,
+    cfg: TrainConfig,
+    ds: PreparedDataset,
+    device: torch.device,
+    ctx: DistContext,
+    item_users: Callable[[], np.ndarray],
+) -> tuple[bool, str]:
+    """What training `model_name` on `ds` under `cfg` will hold (weights, gradients, Adam, a
+    batch, the data, checkpoint copies): `check_train_memory`'s answer for a training process
+    (its share of the batch under torchrun), refused on every rank if one machine cannot hold
+    it (none waits). `item_users`: each item's number of training users."""
+    counts = ds.manifest["counts"]
+    fold_in = getattr(model_cfg, "fold_in_rows", False)
+    # a step's users: the batch (at most every training user), split across the processes
+    batch = min(cfg.batch_size, max(counts.get("n_train_users", 0), 1))
+    batch = -(-batch // ctx.world) if ctx.enabled else batch
+    mem = train_memory(
+        model_name,
+        ds.n_items,
+        model_cfg,
+        batch,
+        cfg.precision,
+        counts.get("nnz_train", 0)
+        + sum(counts.get(f"nnz_{k}_tr", 0) for k in ("validation", "test") if fold_in),
+        ddp=ctx.enabled,
+    )
+    title = models.get(model_name).title
+    refused = answer = None
+    try:
+        answer = check_train_memory(
+            mem,
+            device,
+            title,
+            batch,
+            item_users,
+            memory.local_processes() if ctx.enabled else 1,
+            ctx.world if ctx.enabled else 1,
+        )
+    except RunError as e:
+        refused = str(e)
+    if ctx.enabled:  # every rank stops if one machine cannot hold it (none waits)
+        said = ctx.gather(refused)
+        refused = refused or next((f"rank {i}: {m}" for i, m in enumerate(said) if m), None)
+    if refused:
+        raise RunError(refused)
+    return answer

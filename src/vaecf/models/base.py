@@ -61,7 +61,7 @@ class Model(nn.Module):
     # a `loss` free of host reads: each phase's step may be a CUDA graph (graphs.py)
     graph_step: ClassVar[bool] = False
     multinomial: ClassVar[bool] = False
-    # an unset `fold_in_rows` setting under --preset auto (gradient models: vaecf.trainer)
+    # an unset `fold_in_rows` setting under --preset auto (gradient models: vaecf.run)
     fold_in_default: ClassVar[bool] = False
 
     def __init_subclass__(cls, **kwargs) -> None:

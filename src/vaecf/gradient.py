@@ -1,0 +1,397 @@
+"""The gradient models' fit (`Trainer`, on vaecf.run's `Run`): epochs of phases (each phase steps
+its own optimizers), KL annealing, precision, CUDA graphs, data parallelism, checkpoints and
+bit-for-bit resume (what last.pt holds: vaecf.resume), early stopping and a time budget, model
+selection on validation, then the test.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+
+import scipy.sparse as sp
+import torch
+from tqdm.auto import tqdm
+
+from vaecf import footprint, graphs, memory, resume, rundir
+from vaecf import precision as prec
+from vaecf.background import CheckpointWriter, snapshot
+from vaecf.config import TrainConfig
+from vaecf.data.matrix import CSR, prefetch_batches
+from vaecf.models import Model, Phase
+from vaecf.run import Run, RunResult
+from vaecf.specs import FORECAST_MARGIN
+
+
+class TrainingDiverged(RuntimeError):
+    """The loss stopped being finite: the run cannot go on as configured."""
+
+
+def beta_at(step: int, cfg: TrainConfig) -> float:
+    """KL weight of update `step` (0-based): min(anneal_cap, step / total_anneal_steps)."""
+    if cfg.total_anneal_steps is None:  # a model without KL annealing
+        return 0.0
+    return min(cfg.anneal_cap, step / cfg.total_anneal_steps)
+
+
+def make_optimizer(params, lr: float, device: torch.device):
+    """Adam (the paper's); the fused single-kernel implementation on CPU and CUDA."""
+    if isinstance(params, torch.nn.Module):
+        params = params.parameters()
+    return torch.optim.Adam(params, lr=lr, fused=device.type in ("cpu", "cuda"))
+
+
+class Trainer(Run):
+    """Gradient models: epochs of phases, checkpoints, resume, model selection."""
+
+    def __init__(self, *args, **kwargs):
+        self.background_checkpoints = True
+        super().__init__(*args, **kwargs)
+        cfg = self.cfg
+        host = cfg.data_on == "host"
+        self.train_csr = CSR.from_scipy(self._train_rows(), "cpu" if host else self.device)
+        self.gen = torch.Generator().manual_seed(cfg.seed)
+        self.opts = {
+            name: make_optimizer(params, cfg.lr, self.device)
+            for name, params in self.model.param_groups().items()
+        }
+        self.scaler = prec.grad_scaler(self.device, cfg.precision)
+        self.step_module: torch.nn.Module = _LossModule(self.model)  # DDP-wrapped in fit()
+        self._best_state: dict | None = None  # a best model not yet written to best.pt
+        # each phase's graph by its name; False: no graphs; None: not yet decided
+        self._graph: dict[str, graphs.GraphedStep] | bool | None = None
+        self.graph_steps = 0  # steps of this process replayed as a CUDA graph
+        self._val_seconds = 0.0  # the last validation's time, for the budget's forecast
+
+    def _train_rows(self) -> sp.csr_matrix:
+        """What the model trains on: the training users' rows, and with the model's
+        `fold_in_rows` the held-out users' fold-in rows after them (never their targets)."""
+        train = self.ds.split("train")
+        if not getattr(self.model_cfg, "fold_in_rows", False):
+            return train
+        parts = [train, self.ds.split("validation_tr"), self.ds.split("test_tr")]
+        return sp.vstack(parts).tocsr()
+
+    def check_memory(self) -> None:
+        """What training will hold, stated, and refused with the figures before anything large
+        is allocated (vaecf.footprint.check_training); where the background checkpoints' copies
+        do not fit, last.pt is written in the foreground."""
+        self.background_checkpoints, plan = footprint.check_training(
+            self.model_name,
+            self.model_cfg,
+            self.cfg,
+            self.ds,
+            self.device,
+            self.ctx,
+            lambda: self._train_rows().getnnz(axis=0),
+        )
+        if self.cfg.progress and self.ctx.is_main:
+            tqdm.write(plan)
+
+    # -- run directory ------------------------------------------------------------------------
+    def _save_last(self) -> None:
+        """last.pt now (and best.pt before it if the best model changed): vaecf.resume."""
+        self._last_saved = time.perf_counter()
+        if not self.ctx.is_main:
+            return
+        resume.save_last(
+            self.writer,
+            self.out,
+            resume.last_state(self),
+            self._best_state,
+            self._metrics_file,
+            self.background_checkpoints,
+        )
+        self._best_state = None
+
+    # -- training -----------------------------------------------------------------------------
+    def _batches(self, perm: torch.Tensor):
+        cfg, ctx = self.cfg, self.ctx
+        if cfg.data_on == "device":
+            perm = perm.to(self.device)
+        global_rows = perm.split(cfg.batch_size)
+        shards = [ctx.shard(rows) for rows in global_rows]
+        if cfg.data_on == "host":
+            batches = prefetch_batches(self.train_csr, shards, self.device)
+        else:
+            batches = (self.train_csr.batch(rows) for rows in shards)
+        return zip(global_rows, batches)
+
+    def train_epoch(self) -> dict:
+        self.model.train()
+        cfg, ctx, n = self.cfg, self.ctx, self.train_csr.n_rows
+        totals = torch.zeros(4, dtype=torch.float64, device=self.device)  # NLL, KL, KL term, n
+        t0 = time.perf_counter()
+        with prec.matmul_scope(self.device, cfg.precision):
+            self._run_phases(totals)
+        ctx.all_reduce_sum(totals)
+        seconds = time.perf_counter() - t0
+        users = totals[3].item() or 1.0
+        nll, kl, term = (totals[:3] / users).tolist()
+        passes = sum(p.passes for p in self.model.phases())
+        return {
+            "loss": nll + term,
+            "nll": nll,
+            "kl": kl,
+            "beta": beta_at(self.step - 1, cfg),
+            "train_seconds": round(seconds, 4),
+            "users_per_s": round(n * passes / seconds, 1),
+        }
+
+    def _graphed(self, phase: Phase):
+        """The phase's full-batch step as a CUDA graph, captured at the phase's first use (after
+        a resume has loaded its state: the graph holds the parameters and Adam's state
+        tensors), or None where graphs do not apply (`graphs.graphs_apply`)."""
+        if self._graph is None:  # decided once for the run
+            cfg = self.cfg
+            why = graphs.graphs_apply(
+                self.model, self.device, cfg.precision, self.ctx.world, cfg.cuda_graphs, cfg.data_on
+            )
+            need = footprint.graph_step_bytes(self.model, cfg.batch_size, self.ds.n_items)
+            if why is None and memory.available_bytes(self.device) < need:
+                why = f"the GPU has less than {memory.gib(need)} free for a graph's step"
+                if cfg.progress and self.ctx.is_main:
+                    tqdm.write(f"CUDA graphs off: {why}; each step runs eagerly")
+            if why is not None:
+                self._graph = False
+            else:
+                self._graph = {}
+                self._row_nnz = self.train_csr.row_nnz().cpu()
+                self._capacity = graphs.graph_capacity(self._row_nnz.numpy(), cfg.batch_size)
+                if cfg.progress and self.ctx.is_main:
+                    tqdm.write(
+                        f"CUDA graphs: each full batch's step replayed as one graph (up to "
+                        f"{self._capacity:,} interactions a batch; --cuda-graphs false: eager "
+                        "steps)"
+                    )
+        if self._graph is False:
+            return None
+        if phase.name not in self._graph:
+            self._graph[phase.name] = graphs.GraphedStep(
+                self.model,
+                [self.opts[g] for g in phase.groups],
+                self.train_csr,
+                self.cfg.batch_size,
+                self.cfg.precision,
+                self._capacity,
+                phase,
+            )
+        return self._graph[phase.name]
+
+    def _run_phases(self, totals: torch.Tensor) -> None:
+        cfg, ctx, n = self.cfg, self.ctx, self.train_csr.n_rows
+        for phase in self.model.phases():
+            self.model.begin_phase(phase)
+            opts = [self.opts[g] for g in phase.groups]
+            graph = self._graphed(phase)
+            for _ in range(phase.passes):
+                perm = torch.randperm(n, generator=self.gen)  # the same on every rank
+                steps = self._graph_steps(graph, perm) if graph else self._batches(perm)
+                for rows, batch in steps:
+                    beta = beta_at(self.step, cfg)
+                    if batch is None:  # a full batch that fits: the graph's step
+                        parts = graph(rows, beta)
+                        self.graph_steps += 1
+                    else:
+                        parts = self._eager_step(batch, beta, rows.numel() / ctx.world, phase, opts)
+                    self.step += 1
+                    if phase.log:
+                        totals[0] += parts["nll_sum"]
+                        if "kl_sum" in parts:
+                            totals[1] += parts["kl_sum"]
+                            totals[2] += parts["kl_term_sum"]
+                if phase.log:
+                    totals[3] += n
+
+    def _eager_step(self, batch, beta: float, denom: float, phase: Phase, opts: list) -> dict:
+        with prec.autocast(self.device, self.cfg.precision):
+            loss, parts = self.step_module(batch, beta, denom, phase)
+        for o in self.opts.values():
+            o.zero_grad(set_to_none=True)
+        self.scaler.scale(loss).backward()
+        for o in opts:
+            self.scaler.step(o)
+        self.scaler.update()
+        return parts
+
+    def _graph_steps(self, graph: graphs.GraphedStep, perm: torch.Tensor):
+        """(rows on the device, None) for the full batches whose non-zeros fit the graph (their
+        totals read from a host copy of the row lengths: nothing waits on the GPU), (rows,
+        batch) for the others (the last, smaller batch), which run eagerly."""
+        size = self.cfg.batch_size
+        lens = self._row_nnz[perm].split(size)
+        for rows, ln in zip(perm.to(self.device).split(size), lens):
+            if rows.numel() == size and graph.fits(int(ln.sum())):
+                yield rows, None
+            else:
+                yield rows, self.train_csr.batch(rows)
+
+    def fit(self) -> RunResult:
+        cfg = self.cfg
+        t_setup = time.perf_counter()
+        ck = resume.read_last(self.out, self.ctx)
+        if ck is not None:
+            resume.restore(ck, self)
+        self.write_config()
+        if self._done() is not None and self.finished():
+            return self.result()
+        if self.epoch == 0:  # a new run: the model's data-dependent parts, if it has any
+            val = (self.ds.split("validation_tr"), self.ds.split("validation_te"))
+            with self.discarded_if_it_fails():
+                prepared = self.model.prepare(self._train_rows(), val)
+            if prepared and cfg.progress and self.ctx.is_main:
+                tqdm.write(
+                    f"{self.model.title}: " + ", ".join(f"{k} {v:g}" for k, v in prepared.items())
+                )
+            if self.model.config != self.model_cfg:  # what prepare chose: on the card
+                self.model_cfg = self.model.config
+                self.write_config()
+        if self._done() is None and self.ctx.is_main:  # extending a finished run: its
+            (self.out / rundir.RESULTS).unlink(missing_ok=True)  # results are no longer the run's
+        if self.ctx.enabled:
+            self._wrap_data_parallel()
+        self.writer = CheckpointWriter()
+        if self.ctx.is_main:  # closed below, when training ends
+            self._metrics_file = resume.open_metrics(self.out / rundir.METRICS, self.history)
+        show = cfg.progress and self.ctx.is_main
+        bar = tqdm(
+            total=cfg.epochs,
+            initial=self.epoch,
+            desc="train",
+            unit="epoch",
+            disable=None if show else True,  # None: no bar when stderr is not a terminal
+            dynamic_ncols=True,
+        )
+        timing = {"setup_s": time.perf_counter() - t_setup, "train_s": 0.0, "validation_s": 0.0}
+        self._last_saved = time.perf_counter()
+        deadline = None if cfg.budget is None else self.t_start + cfg.budget
+        stop = resume.StopRequests(enabled=not self.ctx.enabled)
+        try:
+            with stop:
+                while self.stopped is None and self._done() is None:
+                    self.stopped = self._run_epoch(timing, deadline, stop, show)
+                    bar.update(1)
+                    bar.set_postfix(
+                        loss=f"{self.history[-1]['loss']:.2f}",
+                        best=f"{self.best['value']:.4f}@{self.best['epoch']}",
+                    )
+            self.stopped = self.stopped or self._done()
+            if show and self.stopped in ("patience", "budget"):
+                tqdm.write(self._stop_line())
+            self.writer.flush()  # best.pt and last.pt are on disk before the test
+            timing["checkpoint_wait_s"] = self.writer.wait_seconds
+        finally:
+            bar.close()
+            if self.ctx.is_main:
+                self._metrics_file.close()
+            self.writer.close()
+        timing["checkpoint_bytes"] = self.writer.bytes_written
+        timing["checkpoint_writes"] = self.writer.writes
+        timing["graph_steps"] = self.graph_steps
+        return self.finish(timing, t_setup)
+
+    def _wrap_data_parallel(self) -> None:
+        from torch.nn.parallel import DistributedDataParallel
+
+        ids = [self.device.index] if self.device.type == "cuda" else None
+        self.step_module = DistributedDataParallel(
+            self.step_module,
+            device_ids=ids,
+            find_unused_parameters=len(self.opts) > 1,  # phases leave groups unused
+        )
+
+    def _done(self) -> str | None:
+        """Why no further epoch is due: "epochs" (all trained) or "patience" (the last
+        `patience` epochs found no better validation metric); None: train on."""
+        if self.epoch >= self.cfg.epochs:
+            return "epochs"
+        patience = self.cfg.patience
+        if patience and self.best["epoch"] and self.epoch - self.best["epoch"] >= patience:
+            return "patience"
+        return None
+
+    def _run_epoch(self, timing: dict, deadline: float | None, stop, show: bool) -> str | None:
+        """Train one epoch, validate it when due, record and checkpoint it. Returns "budget"
+        when the next epoch would end past the deadline (this one is then validated), else
+        None (the caller asks `_done`)."""
+        cfg = self.cfg
+        t0 = time.perf_counter()
+        row = {"epoch": self.epoch + 1, "step": None, **self.train_epoch()}
+        now = time.perf_counter()
+        timing["train_s"] += now - t0
+        self.epoch += 1
+        row["step"] = self.step
+        if not math.isfinite(row["loss"]):
+            raise TrainingDiverged(
+                f"the training loss became {row['loss']} at epoch {self.epoch}; "
+                "train a new run with a lower --lr, or with --precision fp32"
+            )
+        # the next epoch's end: this one's validation, then its training and validation
+        next_ends = now + FORECAST_MARGIN * ((now - t0) + 2 * self._val_seconds)
+        over = deadline is not None and next_ends > deadline
+        if deadline is not None and self.ctx.enabled:  # rank 0's clock decides for every rank
+            over = self.ctx.from_main(over)
+        last = over or self._done() == "epochs"
+        if self.epoch % cfg.eval_every == 0 or last:
+            t0 = time.perf_counter()
+            self._validate_epoch(row, show)
+            self._val_seconds = time.perf_counter() - t0
+            timing["validation_s"] += self._val_seconds
+        self.history.append(row)
+        if self.ctx.is_main:
+            self._metrics_file.write(json.dumps(row) + "\n")
+            self._metrics_file.flush()  # readable as it goes; fsync'd with last.pt
+        due = time.perf_counter() - self._last_saved >= cfg.checkpoint_every
+        if due or last or self._done() is not None or stop.requested:
+            self._save_last()
+        if self.on_epoch is not None:
+            self.on_epoch(row)
+        if stop.requested:
+            raise KeyboardInterrupt(
+                f"stopped after epoch {self.epoch}; its checkpoint is saved in {self.out}: "
+                "continue with --resume (resume=True)"
+            )
+        return "budget" if over and self._done() is None else None
+
+    def _stop_line(self) -> str:
+        best, metric = self.best["epoch"], self.cfg.select_metric
+        if self.stopped == "patience":
+            why = f"no better validation {metric} in {self.cfg.patience} epochs"
+        else:
+            why = f"another epoch would end past the {self.cfg.budget:g} s budget"
+        return f"stopped after epoch {self.epoch}: {why}; the best, epoch {best}, is kept"
+
+    def _validate_epoch(self, row: dict, show: bool) -> None:
+        cfg = self.cfg
+        val = self.validate()
+        row["validation"] = val
+        if val[cfg.select_metric] > self.best["value"]:
+            self.best = {"epoch": self.epoch, "value": val[cfg.select_metric], "metrics": val}
+            if self.ctx.is_main:  # written with the next last.pt (see _save_last)
+                state = {"model": self.model.state_dict(), "epoch": self.epoch, "metrics": val}
+                self._best_state = snapshot(state)
+        if show:
+            tqdm.write(_epoch_line(row, cfg.select_metric, self.best["epoch"] == self.epoch))
+
+
+class _LossModule(torch.nn.Module):
+    """The model's loss as a forward(), so DDP can wrap the training step."""
+
+    def __init__(self, model: Model):
+        super().__init__()
+        self.model = model
+
+    def forward(self, batch, beta: float, denom: float, phase: Phase):
+        return self.model.loss(batch, beta, denom, phase)
+
+
+def _epoch_line(row: dict, metric: str, is_best: bool) -> str:
+    val = row["validation"]
+    shown = "  ".join(
+        f"{k} {val[k]:.4f}" for k in ("recall@20", "recall@50", "ndcg@100") if k in val
+    )
+    return (
+        f"epoch {row['epoch']:4d}  loss {row['loss']:9.3f}  {shown}"
+        f"  {row['users_per_s']:8.0f} users/s{'  *' if is_best else ''}"
+    )
