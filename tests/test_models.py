@@ -738,6 +738,48 @@ def test_a_search_selects_on_any_select_metric(ds, tmp_path, name):
     assert row[key] == best[key] and "ndcg@10" in run.validation_metrics
 
 
+def _ntk64(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """The tangent kernel written out in numpy, float64 (the reference for the model's)."""
+    na, nb = np.linalg.norm(a, axis=1), np.linalg.norm(b, axis=1)
+    scale = np.outer(na, nb)
+    t = np.arccos(np.clip(a @ b.T / scale, -1.0, 1.0))
+    return scale * (np.sin(t) + 2 * (np.pi - t) * np.cos(t)) / (2 * np.pi)
+
+
+def test_infae_beyond_max_users_is_nystroms_subset_of_regressors():
+    """Above --max-users the seeded sample are landmarks and every user a target: alpha =
+    (K_UL^T K_UL + lambda m K_LL)^-1 K_UL^T X (m: K_LL's mean diagonal), against numpy
+    (rows in 4,096-user blocks: 5,000 rows here make two)."""
+    rng = np.random.default_rng(8)
+    x = (rng.random((5000, 30)) < 0.2).astype(np.float64)
+    x = x[x.sum(1) > 0]
+    model = models.build("infae", 30, {"ridge": 0.5, "max_users": 40})
+    rec = model.fit(sp.csr_matrix(x.astype(np.float32)))
+    assert rec["approximation"] == "nystrom" and rec["users"] == 40 and rec["rows"] == len(x)
+    land = x[np.sort(np.random.default_rng(0).choice(len(x), 40, replace=False))]
+    k_ul, k_ll = _ntk64(x, land), _ntk64(land, land)
+    shift = 0.5 * k_ll.diagonal().mean()
+    a = k_ul.T @ k_ul + shift * k_ll + 1e-7 * shift * k_ll.diagonal().mean() * np.eye(40)
+    ref = np.linalg.solve(a, k_ul.T @ x)
+    np.testing.assert_allclose(model.alpha.numpy(), ref, rtol=1e-3, atol=1e-4 * abs(ref).max())
+    np.testing.assert_array_equal(model.users_t.numpy().T, land)
+
+
+def test_infae_nystrom_keeps_what_the_sample_throws_away(ds):
+    """On planted tastes with 30 of 540 training users in the kernel: every user a target
+    (Nystrom) scores the test users above fitting the 30 alone."""
+    from vaecf.evaluate import evaluate_scores
+
+    val = (ds.split("validation_tr"), ds.split("validation_te"))
+    test = tuple(CSR.from_scipy(ds.split(s)) for s in ("test_tr", "test_te"))
+    got = {}
+    for how in ("nystrom", "sample"):
+        m = models.build("infae", ds.n_items, {"max_users": 30, "beyond_max_users": how})
+        m.fit(ds.split("train"), validation=val)
+        got[how] = evaluate_scores(m.scores, *test)["ndcg@100"]
+    assert got["nystrom"] > got["sample"] + 0.02, got
+
+
 def test_infae_samples_users_and_refuses_what_does_not_fit(monkeypatch):
     from vaecf.models import infae
 
@@ -756,11 +798,12 @@ def test_infae_samples_users_and_refuses_what_does_not_fit(monkeypatch):
         big.fit(x)
     assert "--kernel-dtype float32" in str(e.value) and "(MemAvailable)" in str(e.value)
     assert big.alpha.numel() == 0  # refused before anything was fitted
-    # the advice fits when followed (its users' rows count, not only the kernel), and asks
-    # for no fewer users than needed: one user in ten more would not fit
+    # the advice fits when followed (a Nystrom fit over every row through that many landmark
+    # users: its rows count, not only the kernel), and asks for no fewer users than needed:
+    # one user in ten more would not fit
     users = int(re.search(r"--max-users (\d+)", str(e.value)).group(1))
-    assert infae.fit_bytes(users, 40, torch.float64) <= need // 4
-    assert infae.fit_bytes(users * 11 // 10, 40, torch.float64) > need // 4
+    assert infae.fit_bytes(users, 40, torch.float64, 200) <= need // 4
+    assert infae.fit_bytes(users * 11 // 10, 40, torch.float64, 200) > need // 4
     models.build("infae", 40, {"ridge": 1.0, "max_users": users}).fit(x)
 
 

@@ -319,9 +319,15 @@ class InfAEConfig:
     )
     max_users: int = setting(
         10000,
-        "inf-AE: fit on at most this many users (a seeded random sample beyond it): the fit "
-        "holds a users x users kernel and its factor, and every score reads a users x items "
-        "matrix",
+        "inf-AE: the kernel's users: every user up to this many (the exact fit), a seeded "
+        "random sample beyond it (the fit holds a sample x sample kernel and its factor, and "
+        "every score reads a sample x items matrix)",
+    )
+    beyond_max_users: Literal["nystrom", "sample"] = setting(
+        "nystrom",
+        "inf-AE above --max-users: nystrom (the sample are the kernel's landmarks and every "
+        "user a target of the regression: Nystrom's subset of regressors) or sample (fit "
+        "the sample alone)",
     )
     kernel_dtype: Literal["float32", "float64"] = setting(
         "float64", "inf-AE: dtype of the kernel and its Cholesky solve"

@@ -11,9 +11,14 @@ hidden layer grows without bound, with the network's neural tangent kernel (Jaco
 alpha = (K(X, X) + lambda m I)^-1 X, m the mean of K's diagonal (so lambda is scale-free); a
 history x scores s(x) = K(x, X) alpha. One hyper-parameter, lambda, chosen on validation; one
 Cholesky solve per tried lambda. Non-linear in x where EASE is linear, and fitted over users
-where EASE is fitted over items: it costs U^2 memory and U^3 time, so it is for data with up to
-a few tens of thousands of users (`--max-users` fits on a seeded sample beyond that) and any
-number of items.
+where EASE is fitted over items: the exact fit costs U^2 memory and U^3 time.
+
+Beyond `--max-users` (10,000) users a seeded sample of that many are the kernel's landmarks L
+and every user is still a target (Nystrom's subset of regressors; Williams and Seeger, NIPS
+2000): alpha = (K_UL^T K_UL + lambda m K_LL)^-1 K_UL^T X, m the mean of K_LL's diagonal; the
+same (L x n) alpha and the same scores s(x) = K(x, L) alpha, at L^2 U time and L^2 memory, the
+rows formed in blocks. With L = U it is the exact fit. Fitting the sample alone (the other
+users dropped: `--beyond-max-users sample`) threw the model's advantage away at 45,000 users.
 """
 
 from __future__ import annotations
@@ -21,7 +26,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 import numpy as np
 import scipy.sparse as sp
@@ -51,22 +56,60 @@ def ntk(dot: torch.Tensor, norms_a: torch.Tensor, norms_b: torch.Tensor) -> torc
     return k
 
 
-def fit_bytes(n_users: int, n_items: int, dtype: torch.dtype) -> int:
+BLOCK_ROWS = 4096  # users whose kernel rows to the landmarks are formed at once (Nystrom)
+
+
+def fit_bytes(n_users: int, n_items: int, dtype: torch.dtype, rows: int | None = None) -> int:
     """What a fit holds at its peak (7.45 GiB against a measured 7.97 GiB peak RSS, the
     interpreter and data included, at 10,000 users x 20,000 items;
     `benchmarks/infae_scale.py`): the kernel, its shifted copy and their Cholesky factor
     (dtype); the users' rows as the right-hand side and its solution (dtype); the rows
-    transposed, the tried alpha and the best so far (float32)."""
+    transposed, the tried alpha and the best so far (float32). With `rows` beyond the
+    `n_users` landmarks (Nystrom): a fourth (landmarks x landmarks) array, K_UL^T K_UL; the
+    right-hand side's float32 copy; a block's kernel rows and its (items x landmarks) product."""
     size = torch.tensor([], dtype=dtype).element_size()
-    return 3 * n_users * n_users * size + n_users * n_items * (2 * size + 12)
+    if rows is None or rows <= n_users:
+        return 3 * n_users * n_users * size + n_users * n_items * (2 * size + 12)
+    per_user = n_items * (3 * size + 16) + 3 * min(rows, BLOCK_ROWS) * size
+    return 4 * n_users * n_users * size + n_users * per_user
 
 
-def users_that_fit(free: int, n_items: int, dtype: torch.dtype) -> int:
-    """The most users whose fit (`fit_bytes`) fits in `free` bytes, with 5% to spare for what
-    else the process allocates meanwhile: the positive root of 3 s U^2 + n (2 s + 12) U = free."""
+def users_that_fit(free: int, n_items: int, dtype: torch.dtype, rows: int | None = None) -> int:
+    """The most users whose fit (`fit_bytes`; landmarks of a Nystrom fit over `rows`) fits in
+    `free` bytes, with 5% to spare for what else the process allocates meanwhile: the positive
+    root of a U^2 + b U = free."""
     size = torch.tensor([], dtype=dtype).element_size()
-    a, b, c = 3 * size, n_items * (2 * size + 12), 0.95 * free
-    return max(1, int((-b + math.sqrt(b * b + 4 * a * c)) / (2 * a)))
+    a, b = 3 * size, n_items * (2 * size + 12)
+    if rows is not None:
+        a, b = 4 * size, n_items * (3 * size + 16) + 3 * min(rows, BLOCK_ROWS) * size
+    u = max(1, int((-b + math.sqrt(b * b + 4 * a * 0.95 * free)) / (2 * a)))
+    return u if rows is None else min(u, rows)
+
+
+@dataclass
+class System:
+    """The regression to solve for alpha at each lambda: (base + lambda m ridge) alpha = rhs,
+    `ridge` None for the identity; m the mean of the kernel's diagonal. Exact: base = K, rhs =
+    X. Nystrom over landmarks L: base = K_UL^T K_UL, ridge = K_LL, rhs = K_UL^T X (the subset
+    of regressors: every user's row a target, the landmarks' kernel the function space)."""
+
+    base: torch.Tensor
+    ridge: torch.Tensor | None
+    rhs: torch.Tensor  # (landmarks, n_items), dtype
+    rhs_t: torch.Tensor  # (n_items, landmarks), float32: for the validation users' scores
+    mean_diag: float
+
+    def factor(self, l2: float) -> torch.Tensor:
+        a = self.base.clone()
+        shift = l2 * self.mean_diag
+        if self.ridge is None:
+            a.diagonal().add_(shift)
+        else:  # a landmark twice (the same history) would leave it singular: a hair of I
+            a.add_(self.ridge, alpha=shift).diagonal().add_(1e-7 * shift * self.mean_diag)
+        chol, info = torch.linalg.cholesky_ex(a)
+        if int(info):
+            raise RunError(f"the kernel plus {l2} x its mean diagonal is singular: raise --ridge")
+        return chol
 
 
 class InfAE(Model):
@@ -120,14 +163,14 @@ class InfAE(Model):
         users hold them."""
         return self.users_t
 
-    def _solved(self, chol: torch.Tensor):
-        """Scores k (K + lambda I)^-1 X from the Cholesky factor of K + lambda I, without
-        alpha: a solve for the batch's kernel rows, then their product with the users' rows."""
+    def _solved(self, chol: torch.Tensor, rhs_t: torch.Tensor):
+        """Scores k (base + lambda ridge)^-1 rhs from the Cholesky factor, without alpha: a
+        solve for the batch's kernel rows, then their product with the right-hand side."""
 
         def fn(batch: SparseBatch) -> torch.Tensor:
             k = self._kernel_rows(batch, chol.dtype)
             y = torch.cholesky_solve(k.T.contiguous(), chol)  # (U, B)
-            return (self.users_t @ y.float()).T
+            return (rhs_t @ y.float()).T
 
         return fn
 
@@ -153,61 +196,100 @@ class InfAE(Model):
             x = sp.vstack([x, fold_in.tocsr()]).tocsr()
         x = x[np.diff(x.indptr) > 0]  # an empty row adds nothing but a zero kernel row
         n_rows = x.shape[0]
-        if n_rows > cfg.max_users:
-            keep = np.random.default_rng(cfg.sample_seed).choice(
-                n_rows, cfg.max_users, replace=False
-            )
-            x = x[np.sort(keep)]
-        u = x.shape[0]
-        if u == 0:
+        if n_rows == 0:
             raise RunError(f"{self.title} has no training user with an item to fit on")
-        need, free = fit_bytes(u, self.n_items, dtype), memory.free_memory(device)
+        sample = None
+        if n_rows > cfg.max_users:
+            rng = np.random.default_rng(cfg.sample_seed)
+            sample = np.sort(rng.choice(n_rows, cfg.max_users, replace=False))
+        how = "exact" if sample is None else cfg.beyond_max_users
+        plan = self._check_memory(x, sample, how, dtype, device)
+        if log:
+            log(plan)
+        system = self._system(x, sample, how, dtype, device)
+        l2, alpha, tried = self._choose(system, l2s, validate, validation, select_metric, log)
+        self.alpha = alpha
+        self.l2 = torch.tensor(l2, dtype=torch.float64)
+        self.config = replace(cfg, ridge=float(l2))  # the choice, as the run records it
+        return {
+            "ridge": l2,
+            "grid": tried if len(l2s) > 1 else None,
+            "users": self.users_t.shape[1],
+            "rows": n_rows,
+            "approximation": how,
+            "kernel_mean_diagonal": system.mean_diag,
+            "seconds": round(time.perf_counter() - t0, 3),
+            "kernel_dtype": cfg.kernel_dtype,
+            "device": str(device),
+        }
+
+    def _check_memory(self, x, sample, how: str, dtype, device) -> str:
+        """The plan's line; refused (RunError) with advice that fits when it does not."""
+        n_rows = x.shape[0]
+        u = n_rows if sample is None else len(sample)
+        rows = n_rows if how == "nystrom" else u
+        need, free = fit_bytes(u, self.n_items, dtype, rows), memory.free_memory(device)
         what = f"{self.title} on {u:,} users" + (
-            f" (a sample of {n_rows:,}; --max-users)" if u < n_rows else ""
+            f" (a sample of {n_rows:,}; --max-users)" if how == "sample" else ""
         )
+        if how == "nystrom":
+            what = (
+                f"{self.title} on {n_rows:,} users through {u:,} landmark users (Nystrom; "
+                "--max-users)"
+            )
         if need > free.bytes:
-            fits = users_that_fit(free.bytes, self.n_items, dtype)
+            # the fit that a smaller --max-users makes: a Nystrom one over every row, or a sample's
+            nystrom = self.config.beyond_max_users == "nystrom"
+            fits = users_that_fit(free.bytes, self.n_items, dtype, n_rows if nystrom else None)
             advice = [f"give --max-users {fits:,} or less"]
             if dtype == torch.float64:
                 advice.append("--kernel-dtype float32")
             raise RunError(memory.refusal(what, need, free, device, advice))
-        plan = memory.statement(what, need, free, device)
-        if log:
-            log(plan)
-        self.users_t = torch.from_numpy(x.T.astype(np.float32).toarray()).to(device)  # (n, U)
+        return memory.statement(what, need, free, device)
+
+    def _system(self, x: sp.csr_matrix, sample, how: str, dtype, device) -> System:
+        """The fitted users' rows kept (the landmarks, for Nystrom) and the system to solve."""
+        kept = x if sample is None else x[sample]
+        self.users_t = torch.from_numpy(kept.T.astype(np.float32).toarray()).to(device)  # (n, U)
         xd = self.users_t.T.to(dtype, memory_format=torch.contiguous_format)  # (U, n_items)
         norms = xd.square().sum(1).sqrt()
         self.user_norms = norms.float()
         kernel = ntk(xd @ xd.T, norms, norms)  # (U, U)
         mean_diag = float(kernel.diagonal().mean())
+        if how != "nystrom":
+            return System(kernel, None, xd, self.users_t, mean_diag)
+        del xd
+        u, rows = kernel.shape[0], CSR.from_scipy(x.astype(np.float32), device)
+        gram = torch.zeros(u, u, dtype=dtype, device=device)
+        rhs_t = torch.zeros(self.n_items, u, dtype=dtype, device=device)  # K_UL^T X, transposed
+        for start in range(0, x.shape[0], BLOCK_ROWS):
+            stop = min(start + BLOCK_ROWS, x.shape[0])
+            k = self._kernel_rows(rows.batch(torch.arange(start, stop, device=device)), dtype)
+            gram.addmm_(k.T, k)
+            block = x[start:stop].T.astype(k.cpu().numpy().dtype)  # (n_items, B) sparse
+            rhs_t += torch.from_numpy(np.asarray(block @ k.cpu().numpy())).to(device)
+        return System(gram, kernel, rhs_t.T.contiguous(), rhs_t.float(), mean_diag)
 
-        def factor(l2: float) -> torch.Tensor:
-            a = kernel.clone()
-            a.diagonal().add_(l2 * mean_diag)
-            chol, info = torch.linalg.cholesky_ex(a)
-            if int(info):
-                raise RunError(
-                    f"the kernel plus {l2} x its mean diagonal is singular: raise --ridge"
-                )
-            return chol
-
-        # with the validation split at hand a tried lambda costs its factor and a solve for
-        # the validation users' kernel rows, not one for every item (alpha): solved once,
-        # for the winner (at 10,000 users x 20,000 items the solve is ~90% of a lambda)
+    def _choose(self, system: System, l2s, validate, validation, select_metric, log):
+        """(lambda, alpha, the tried lambdas' records): the best lambda on validation. With
+        the validation split at hand a tried lambda costs its factor and a solve for the
+        validation users' kernel rows, not one for every item (alpha): solved once, for the
+        winner (at 10,000 users x 20,000 items the solve is ~90% of a lambda)."""
         own = len(l2s) > 1 and validation is not None
         if own:
+            device = self.users_t.device
             val = tuple(CSR.from_scipy(m.astype(np.float32), device) for m in validation)
         tried, best = [], None
         for l2 in l2s:
             t1 = time.perf_counter()
-            chol = factor(l2)
+            chol = system.factor(l2)
             row = {"ridge": l2}
             if own:
                 row["validation"] = evaluate_scores(
-                    self._solved(chol), *val, metrics_with(select_metric)
+                    self._solved(chol, system.rhs_t), *val, metrics_with(select_metric)
                 )
             else:
-                self.alpha = torch.cholesky_solve(xd, chol).float()
+                self.alpha = torch.cholesky_solve(system.rhs, chol).float()
                 if len(l2s) > 1:
                     row["validation"] = validate(self)
             del chol
@@ -219,17 +301,5 @@ class InfAE(Model):
                 best = (value, l2, None if own else self.alpha)
         _, l2, alpha = best
         if alpha is None:
-            alpha = torch.cholesky_solve(xd, factor(l2)).float()
-        self.alpha = alpha
-        self.l2 = torch.tensor(l2, dtype=torch.float64)
-        self.config = replace(cfg, ridge=float(l2))  # the choice, as the run records it
-        return {
-            "ridge": l2,
-            "grid": tried if len(l2s) > 1 else None,
-            "users": u,
-            "rows": n_rows,
-            "kernel_mean_diagonal": mean_diag,
-            "seconds": round(time.perf_counter() - t0, 3),
-            "kernel_dtype": cfg.kernel_dtype,
-            "device": str(device),
-        }
+            alpha = torch.cholesky_solve(system.rhs, system.factor(l2)).float()
+        return l2, alpha, tried
