@@ -22,7 +22,8 @@ import pytest
 from test_prepare import assert_matches_reference, make_ratings, paper_reference
 
 from vaecf.data import splits
-from vaecf.data.prepare import SPLIT_FILES, _first_pairs, dataset_settings, prepare_dataset
+from vaecf.data.prepare import SPLIT_FILES, dataset_settings, prepare_dataset
+from vaecf.data.preprocess import first_pairs
 from vaecf.errors import DataError
 
 HELD = 30
@@ -319,8 +320,8 @@ def test_first_pairs_equals_unique_keep_first(kind):
     if kind == "strings":
         df = df.with_columns(pl.col("item_id").cast(pl.String))
     want = df.unique(keep="first", maintain_order=True)
-    assert _first_pairs(df).equals(want)
-    assert _first_pairs(want).equals(want)
+    assert first_pairs(df).equals(want)
+    assert first_pairs(want).equals(want)
 
 
 # -- the CLI -------------------------------------------------------------------------------------

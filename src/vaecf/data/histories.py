@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import scipy.sparse as sp
 
-from vaecf.data.prepare import PreparedDataset
+from vaecf.data.prepared import PreparedDataset
 from vaecf.data.sources import USER
 from vaecf.data.vocab import Vocabulary
 from vaecf.errors import DataError, UnknownUserError
