@@ -1,5 +1,6 @@
-"""inf-AE beyond --max-users: test NDCG@100, seconds and peak memory of its Nystrom fit, its
-sample-alone fit and EDLAE, on planted tastes at a real set's size.
+"""inf-AE beyond --max-users (Nystrom, the sample alone) against EDLAE at a real set's size.
+
+Test NDCG@100, seconds and peak memory of each, on planted tastes.
 
 Synthetic data with planted taste groups (vaecf.data.synthetic), prepared as the paper's
 protocol does (--heldout users each for validation and test, their histories split 80/20);

@@ -59,6 +59,13 @@ SMOKE: dict[str, list[tuple[str, str]]] = {
     ],
     "fit_budget.py": [("| demo | 1 |", "--datasets demo --seeds 1 --budget 4")],
     "ease_scale.py": [("total s", "--items 200 --users 300 --nnz 3000 --model edlae")],
+    "infae_nystrom.py": [
+        (
+            "| infae-sample |",
+            "--out {tmp}/out --users 300 --items 60 --mean-items 8 --heldout 30 --max-users 50 "
+            "--models infae,infae-sample",
+        )
+    ],
     "infae_scale.py": [("| 200 |", "--users 200 --items 100")],
     "linear_search.py": [
         ("| EDLAE fast |", "--items 300 --users 400 --heldout 40 --coarse-items 50"),
