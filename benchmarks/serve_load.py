@@ -2,10 +2,8 @@
 
 At several concurrencies, with and without micro-batching, and one run during which the model
 is reloaded (`--modes` picks among the three). `--overload` offers a multiple of the measured
-capacity, open loop; `--hostile` runs recommendation clients beside a flood of similar-items
-requests (k=1000, no back-off on 503) and connections dripping request heads, probes /healthz
-throughout, then SIGKILLs the server during that load and checks that nothing was lost (the
-run directory unchanged, a restarted server answering as before).
+capacity, open loop. (Hostile load and the SIGKILL drill: serve_hostile.py, which imports the
+server and the client from here.)
 
 The server is a real `vaecf serve` subprocess on 127.0.0.1 serving an untrained Mult-VAE of
 ML-20M's size (20,108 items, the paper's [600] hidden layer and 200-d latent; scores of random
@@ -19,17 +17,12 @@ machine's cores, so on a small machine the client's own CPU use is part of what 
     python benchmarks/serve_load.py --duration 10 --concurrency 1 8 --json
     python benchmarks/serve_load.py --overload 4 --concurrency 16 64   # 4x capacity, open loop
     python benchmarks/serve_load.py --items 100 --duration 0.5 --concurrency 2 --modes batched
-    python benchmarks/serve_load.py --hostile --items 40000 --duration 10   # issue 39's goals
-    python benchmarks/serve_load.py --hostile --items 200 --duration 1 --flood 4 --slow-heads 2 \
-        --recommenders 2 --drip 0.2 --head-timeout 0.5                       # a smoke run
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-import collections
-import hashlib
 import json
 import os
 import random
@@ -347,193 +340,6 @@ def main_overload(a) -> int:
     return 0
 
 
-# -- --hostile: recommendations beside a similar-items flood and slow heads, then a kill -------
-class Tally:
-    """Statuses (0: no answer) and the seconds of 200 answers, of one kind of request."""
-
-    def __init__(self) -> None:
-        self.statuses: collections.Counter = collections.Counter()
-        self.ok: list[float] = []
-        self.all: list[float] = []
-
-    def add(self, status: int, seconds: float) -> None:
-        self.statuses[status] += 1
-        self.all.append(seconds)
-        if status == 200:
-            self.ok.append(seconds)
-
-    def row(self, what: str, times: list[float]) -> str:
-        n, st = sum(self.statuses.values()), self.statuses
-        other = n - st[200] - st[503]
-        return (f"| {what} | {n} | {st[200]} | {st[503]} | {other} | {pct(times, 50)} | "
-                f"{pct(times, 99)} |")  # fmt: skip
-
-
-def pct(xs: list[float], p: int) -> float | None:
-    """The p-th percentile of `xs` in ms (None for fewer than 2)."""
-    if len(xs) < 2:
-        return None
-    return round(statistics.quantiles(xs, n=100, method="inclusive")[p - 1] * 1e3, 1)
-
-
-class Hostile:
-    """The clients of one --hostile run against 127.0.0.1:`port`; what each saw while the
-    clock ran (`until`), and nothing after the kill."""
-
-    def __init__(self, port: int, a, until: float):
-        self.host, self.port, self.a, self.until = "127.0.0.1", port, a, until
-        self.killed = False
-        self.tallies = {k: Tally() for k in ("recommend", "similar", "healthz")}
-        self.cuts: list[float] = []  # seconds from a dripping connection's opening to its cut
-        self.cut_408 = 0
-
-    def measuring(self, t0: float) -> bool:
-        return not self.killed and t0 < self.until
-
-    async def loop(self, kind: str, request, pause: float = 0.0) -> None:
-        """One keep-alive connection sending `request(i)` -> (path, body), one at a time."""
-        conn, i = Connection(self.host, self.port), 0
-        while not self.killed:
-            path, body = request(i)
-            t0 = time.perf_counter()
-            try:
-                status, _ = await conn.post(path, body)
-            except (OSError, asyncio.IncompleteReadError, ValueError):
-                conn.close()
-                status = 0
-            if self.measuring(t0):
-                self.tallies[kind].add(status, time.perf_counter() - t0)
-            i += 1
-            await asyncio.sleep(pause)
-        conn.close()
-
-    async def drip(self) -> None:
-        """A connection that sends its request head a header line every --drip seconds;
-        opened again at once when the server cuts it."""
-        while not self.killed:
-            t0 = time.perf_counter()
-            try:
-                reader, writer = await asyncio.open_connection(self.host, self.port)
-            except OSError:
-                await asyncio.sleep(0.05)
-                continue
-            try:
-                reply = await self.dripping(reader, writer)
-            except OSError:
-                reply = b""
-            finally:
-                writer.close()
-            if reply is not None and self.measuring(t0):
-                self.cuts.append(time.perf_counter() - t0)
-                self.cut_408 += reply.startswith(b"HTTP/1.1 408")
-
-    async def dripping(self, reader, writer) -> bytes | None:
-        """What the server sent before it closed (None: the run ended first)."""
-        writer.write(f"GET /healthz HTTP/1.1\r\nHost: {self.host}\r\n".encode())
-        i = 0
-        while not self.killed:
-            try:
-                return await asyncio.wait_for(reader.read(4096), self.a.drip)
-            except asyncio.TimeoutError:
-                writer.write(b"X-Drip-%d: 1\r\n" % i)
-                i += 1
-        return None
-
-
-async def hostile(port: int, a, kill) -> dict:
-    """The load of one --hostile run: `a.duration` seconds measured, then `kill()` at a random
-    moment of the next half second while the load goes on."""
-    rng = random.Random(0)
-    bodies = [json.dumps({"items": rng.sample(range(a.items), 50), "k": 100}).encode()
-              for _ in range(1000)]  # fmt: skip
-    h = Hostile(port, a, time.perf_counter() + a.duration)
-    tasks = [asyncio.ensure_future(h.loop("healthz", lambda i: ("/healthz", None), 0.02))]
-    tasks += [asyncio.ensure_future(h.loop(
-        "similar", lambda i, j=j: (f"/v1/items/{(i * 7919 + j) % a.items}/similar?k=1000", None)))
-        for j in range(a.flood)]  # fmt: skip
-    tasks += [asyncio.ensure_future(h.drip()) for _ in range(a.slow_heads)]
-    tasks += [asyncio.ensure_future(h.loop(
-        "recommend", lambda i, j=j: ("/v1/recommend", bodies[(i * 31 + j) % len(bodies)])))
-        for j in range(a.recommenders)]  # fmt: skip
-    await asyncio.sleep(a.duration + rng.uniform(0.0, 0.5))
-    kill()
-    h.killed = True
-    await asyncio.wait(tasks, timeout=30)
-    t = h.tallies
-    return {
-        "recommend": t["recommend"].row(f"POST /v1/recommend ({a.recommenders} clients, "
-                                        "history 50, k=100)", t["recommend"].ok),
-        "similar": t["similar"].row(f"similar-items flood ({a.flood} connections, k=1000)",
-                                    t["similar"].ok),
-        "healthz": t["healthz"].row("/healthz every 20 ms (every answer)", t["healthz"].all),
-        "recommend_p99_ms": pct(t["recommend"].ok, 99),
-        "healthz_p99_ms": pct(t["healthz"].all, 99),
-        "healthz_not_200": sum(n for s, n in t["healthz"].statuses.items() if s != 200),
-        "cuts": len(h.cuts),
-        "cuts_408": h.cut_408,
-        "cut_after_s": (round(statistics.median(h.cuts), 2), round(max(h.cuts), 2))
-        if h.cuts else None,
-    }  # fmt: skip
-
-
-def digest(root: Path) -> dict:
-    """Every entry under `root`: a file's sha256, or 'dir'."""
-    return {str(p): "dir" if p.is_dir() else hashlib.sha256(p.read_bytes()).hexdigest()
-            for p in sorted(root.rglob("*"))}  # fmt: skip
-
-
-def answers(base: str) -> tuple:
-    """What a restarted server must answer as before: /readyz and one recommendation, without
-    the moment the model was loaded."""
-    ready = httpx.get(f"{base}/readyz", timeout=10).json()
-    rec = httpx.post(f"{base}/v1/recommend", json={"items": [1, 2, 3], "k": 10}, timeout=10)
-    body = rec.json()
-    for d in (ready, body):
-        d.get("model", {}).pop("loaded_at", None)
-    return ready, rec.status_code, body
-
-
-def main_hostile(a) -> int:
-    """--hostile: the load and the kill drill, on one server; a second server checks what the
-    kill left behind."""
-    extra = [] if a.head_timeout is None else ["--head-timeout", str(a.head_timeout)]
-    with tempfile.TemporaryDirectory() as tmp:
-        run = fresh_run(Path(tmp) / "a", a.items, "multvae", seed=0)
-        before = digest(run)
-        with Server(run, a.batch_wait_ms, precision=a.precision, extra=extra) as server:
-            expected = answers(server.base)
-            res = asyncio.run(hostile(server.port, a, server.kill))
-        unchanged = digest(run) == before
-        with Server(run, a.batch_wait_ms, precision=a.precision, extra=extra) as server:
-            same = answers(server.base) == expected
-    if a.json:
-        print(json.dumps({**res, "run_unchanged": unchanged, "restart_same": same}))
-        return 0 if unchanged and same else 1
-    print(
-        f"n_items {a.items}, --precision {a.precision}, {a.duration:g} s measured, "
-        f"{os.cpu_count()} CPUs (client and server together); the server's defaults"
-        f"{'' if a.head_timeout is None else f' but --head-timeout {a.head_timeout:g}'}; "
-        f"{a.slow_heads} connections dripping a request head "
-        f"(a header line every {a.drip:g} s, reopened when cut) throughout\n"
-    )
-    print("| requests | sent | 200 | 503 | other | p50 ms | p99 ms |")
-    print("|---|---:|---:|---:|---:|---:|---:|")
-    for key in ("recommend", "similar", "healthz"):
-        print(res[key])
-    cut = res["cut_after_s"]
-    print(f"\ndripping heads cut: {res['cuts']} ({res['cuts_408']} with a 408), after "
-          f"{cut[0] if cut else '-'} s (median), {cut[1] if cut else '-'} s (max)")  # fmt: skip
-    hp, rp = res["healthz_p99_ms"], res["recommend_p99_ms"]
-    print(f"goals: /healthz p99 < 100 ms: {hp is not None and hp < 100} ({hp} ms, "
-          f"{res['healthz_not_200']} not 200); recommend p99 < 1 s: "
-          f"{rp is not None and rp < 1000} ({rp} ms)")  # fmt: skip
-    print(
-        f"kill drill (SIGKILL during the load): run directory unchanged: {unchanged}; "
-        f"a restarted server answers as before: {same}"
-    )
-    return 0 if unchanged and same else 1
-
-
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--duration", type=float, default=5.0, help="seconds per cell (5)")
@@ -555,22 +361,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument("--max-queue", type=int, default=64, help="the overloaded server's (64)")
     p.add_argument("--request-timeout", type=float, default=2.0, help="its deadline (2 s)")
-    p.add_argument(
-        "--hostile",
-        action="store_true",
-        help="instead: recommendations beside a similar-items flood and dripping heads, then a "
-        "SIGKILL during that load (--duration measured)",
-    )
-    p.add_argument("--flood", type=int, default=150, help="similar-items connections (150)")
-    p.add_argument("--recommenders", type=int, default=6, help="recommend clients (6)")
-    p.add_argument("--slow-heads", type=int, default=16, help="dripping connections (16)")
-    p.add_argument("--drip", type=float, default=1.0, help="seconds between header lines (1)")
-    p.add_argument("--head-timeout", type=float, help="the server's (unset: its default)")
     a = p.parse_args(argv)
     if a.overload:
         return main_overload(a)
-    if a.hostile:
-        return main_hostile(a)
 
     modes = set(a.modes.split(","))
     if modes - {"batched", "unbatched", "reload"}:

@@ -93,6 +93,13 @@ SMOKE: dict[str, list[tuple[str, str]]] = {
     "score_scale.py": [
         ("users/s", "--users 100 --items 200 --precision fp32 --workdir {tmp}/work")
     ],
+    "serve_hostile.py": [
+        (
+            "run directory unchanged: True",
+            "--items 200 --duration 0.3 --flood 1 --slow-heads 1 --recommenders 1 --drip 0.1 "
+            "--head-timeout 0.2",
+        )
+    ],
     "serve_latency.py": [("added by serving", "--items 100 --requests 5 --rounds 1 --warmup 5")],
     "serve_load.py": [
         (
