@@ -68,9 +68,9 @@ def create_app(holder: ModelHolder, settings: ServeSettings) -> FastAPI:
     app = FastAPI(
         title="vaecf",
         version=__version__,
-        description="Recommendations from a vaecf run: Mult-VAE, Mult-DAE, RecVAE, EASE or "
-        'popularity. Item ids are the data\'s own; 42 and "42" name the same item. A web page '
-        "for people is at /.",
+        description="Recommendations from a vaecf run, whichever model it holds (Mult-VAE, "
+        "Mult-DAE, RecVAE, EASE, EDLAE, inf-AE, a blend, popularity). Item ids are the data's "
+        'own; 42 and "42" name the same item. A web page for people is at /.',
         lifespan=lifespan,
         # FastAPI's /docs and /redoc load scripts, styles and fonts from CDNs: page.py serves
         # /docs from the package instead, under the pages' CSP; /redoc is not served
