@@ -16,6 +16,7 @@ from fastapi.responses import Response
 FILES = {
     "/": ("index.html", "text/html; charset=utf-8"),
     "/docs": ("docs.html", "text/html; charset=utf-8"),
+    "/ui/dom.js": ("dom.js", "text/javascript; charset=utf-8"),
     "/ui/app.js": ("app.js", "text/javascript; charset=utf-8"),
     "/ui/docs.js": ("docs.js", "text/javascript; charset=utf-8"),
     "/ui/style.css": ("style.css", "text/css; charset=utf-8"),

@@ -8,23 +8,6 @@
 const state = {
   history: [], key: sessionStorage.getItem("vaecf-key") || "", k: 10, query: "", similar: null,
 };
-const $ = (id) => document.getElementById(id);
-
-function el(tag, props = {}, ...children) {
-  const node = document.createElement(tag);
-  for (const [name, value] of Object.entries(props)) {
-    if (name.startsWith("on")) node.addEventListener(name.slice(2), value);
-    else if (name === "text") node.textContent = value;
-    else node.setAttribute(name, value);
-  }
-  for (const child of children) node.append(child);
-  return node;
-}
-
-function say(text) {
-  $("message").textContent = text;
-  $("message").hidden = !text;
-}
 
 class Unauthorized extends Error {}
 

@@ -4,23 +4,7 @@
 
 "use strict";
 
-const $ = (id) => document.getElementById(id);
 let key = sessionStorage.getItem("vaecf-key") || "";
-
-function el(tag, props = {}, ...children) {
-  const node = document.createElement(tag);
-  for (const [name, value] of Object.entries(props)) {
-    if (name === "text") node.textContent = value;
-    else node.setAttribute(name, value);
-  }
-  for (const child of children) node.append(child);
-  return node;
-}
-
-function say(text) {
-  $("message").textContent = text;
-  $("message").hidden = !text;
-}
 
 // a schema with its $refs replaced by what they name (a ref met again inside itself stays a ref)
 function resolved(schema, spec, seen = []) {
