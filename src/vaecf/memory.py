@@ -54,26 +54,27 @@ def available_bytes(device: torch.device) -> int:
 
 
 def mem_available() -> int:
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
+    kib = _proc_kib("/proc/meminfo", "MemAvailable")
+    if kib is not None:
+        return kib * 1024
     return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_AVPHYS_PAGES")
 
 
 def _vm_size() -> int:
     """This process's address space now (what RLIMIT_AS counts)."""
+    return (_proc_kib("/proc/self/status", "VmSize") or 0) * 1024
+
+
+def _proc_kib(path: str, key: str) -> int | None:
+    """The "key:  N kB" line's N in a /proc file, or None where there is none."""
     try:
-        with open("/proc/self/status") as f:
+        with open(path) as f:
             for line in f:
-                if line.startswith("VmSize:"):
-                    return int(line.split()[1]) * 1024
+                if line.startswith(key + ":"):
+                    return int(line.split()[1])
     except OSError:
         pass
-    return 0
+    return None
 
 
 def cgroup_room(proc: Path = Path("/proc/self/cgroup"), root: Path = Path("/sys/fs/cgroup")):
