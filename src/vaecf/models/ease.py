@@ -191,7 +191,7 @@ class EASE(Model):
             deadline,
         )
         t_gram = time.perf_counter() - t0
-        full = [(l2, p) for p in dropouts for l2 in l2s]
+        full = search.order(l2s, dropouts)
         fast = cfg.search == "fast" and validation is not None and self.n_items > cfg.coarse_items
         if not single and fast:
             full = search.coarse(l2s, dropouts, cfg.coarse_items, refine=cfg.l2 is None)

@@ -129,6 +129,22 @@ class Search:
                 f"{metric} {row['validation'][metric]:.4f}{cvm}"
             )
 
+    def order(self, l2s: list[float], dropouts: list[float]) -> list[tuple[float, float]]:
+        """The (lambda, p) points in the order they are tried: every lambda for each p in turn;
+        under a deadline, which may cut the search after its first points, the grids' middles
+        first and outward (the grids are spaced around where the best usually lies: a search
+        walked from lambda 1 up, cut after one point, kept its worst region)."""
+        pairs = [(l2, p) for p in dropouts for l2 in l2s]
+        if self.deadline is None:
+            return pairs
+
+        def off(grid: list[float], v: float) -> float:  # steps from the grid's middle
+            return abs(grid.index(v) - (len(grid) - 1) / 2)
+
+        return sorted(
+            pairs, key=lambda lp: (off(l2s, lp[0]) + off(dropouts, lp[1]), off(l2s, lp[0]))
+        )
+
     def coarse(self, l2s: list[float], dropouts: list[float], n_coarse: int, refine: bool):
         """The whole grid on the `n_coarse` most popular items (their own sub-problem); the
         (lambda, p) points the full catalogue then solves: the coarse best and, with `refine`,
@@ -141,7 +157,7 @@ class Search:
         last = 0.0
         # the full catalogue's first solve must follow: a coarse point's time scaled as n^3
         full = (self.diag.numel() / len(cols)) ** 3
-        for l2, p in [(l2, p) for p in dropouts for l2 in l2s]:
+        for l2, p in self.order(l2s, dropouts):
             if curve and self.late(last, FORECAST_MARGIN * full * last):
                 break
             t1 = time.perf_counter()
