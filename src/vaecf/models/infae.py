@@ -266,8 +266,9 @@ class InfAE(Model):
             stop = min(start + BLOCK_ROWS, x.shape[0])
             k = self._kernel_rows(rows.batch(torch.arange(start, stop, device=device)), dtype)
             gram.addmm_(k.T, k)
-            block = x[start:stop].T.astype(k.cpu().numpy().dtype)  # (n_items, B) sparse
-            rhs_t += torch.from_numpy(np.asarray(block @ k.cpu().numpy())).to(device)
+            k_host = k.cpu().numpy()
+            block = x[start:stop].T.astype(k_host.dtype)  # (n_items, B) sparse
+            rhs_t += torch.from_numpy(np.asarray(block @ k_host)).to(device)
         return System(gram, kernel, rhs_t.T.contiguous(), rhs_t.float(), mean_diag)
 
     def _choose(self, system: System, l2s, validate, validation, select_metric, log):
