@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # What a CUDA GPU is checked and timed with, in one go (for a machine lent for a short while).
 #
-#     benchmarks/gpu.sh OUTDIR [tests] [bench] [graphs] [recvae] [items] [run] [suite]
-#                                                                      (default: tests bench)
+#     benchmarks/gpu.sh OUTDIR [tests] [bench] [first] [speed] [profile] [large] [graphs] [recvae]
+#                              [items] [run] [suite]                  (default: tests bench)
 #
 # tests: tests/test_cuda.py and the trainer's CUDA test (every model and precision on the GPU
 #        against the CPU, the linear solvers, serving precisions, resume, torchrun with NCCL);
@@ -13,9 +13,15 @@
 # recvae: 5 ML-20M epochs of RecVAE with and without graphs;
 # run:   the paper's whole ML-20M run (synthetic ML-20M shape, 200 epochs) at bf16;
 # suite: core test files with the GPU visible (`auto` devices pick it); give it a call of its own.
+# first: the first layer's kernels timed alone at batches 500 and 24,576 (first_layer.py);
+# speed: train_speed.py at batches 500 and 24,576, Mult-VAE, Mult-DAE and RecVAE, tf32 and bf16,
+#        beside the dense reference (issue 41's table);
+# profile: one batch-24,576 bf16 step under torch.profiler;
+# large: the whole ML-20M-shaped run at NVIDIA's batch (24,576, 200 epochs, bf16) with the
+#        auto learning rate (sqrt rule) and a lower one;
 # Logs and tables go to OUTDIR; run from the repository root.
 set -u
-out=${1:?usage: benchmarks/gpu.sh OUTDIR [tests] [bench] [graphs] [recvae] [items] [run] [suite]}
+out=${1:?usage: benchmarks/gpu.sh OUTDIR PART... (see the comment above)}
 shift
 mkdir -p "$out"
 export PYTHONPATH=${PYTHONPATH:+$PYTHONPATH:}$PWD/src PYTHONUNBUFFERED=1
@@ -27,7 +33,7 @@ all=(--precision fp32 --precision tf32 --precision bf16 --precision fp16)
 for part in $parts; do
     case $part in
     tests)
-        timeout 420 $py -m pytest tests/test_cuda.py tests/test_graphs.py \
+        timeout ${TESTS_TIMEOUT:-420} $py -m pytest tests/test_cuda.py tests/test_graphs.py \
             tests/test_trainer.py::test_cuda_matches_cpu_closely -q -s -rA 2>&1 |
             tee "$out/tests.log" | grep -E "passed|failed|error|overlap|cpu fp32|full |ease|edlae"
         ;;
@@ -42,6 +48,27 @@ for part in $parts; do
             timeout 60 $py -m vaecf bench infer --device cuda --precision $p --seconds 3 2>&1
         done | tee "$out/bench_infer.txt"
         ;;
+    first)
+        timeout 120 $py benchmarks/first_layer.py --device cuda --precision fp32 --precision tf32 \
+            --precision bf16 2>&1 | tee "$out/first_layer.txt"
+        ;;
+    speed)
+        timeout 240 $py benchmarks/train_speed.py --device cuda --precision tf32 --precision bf16 \
+            --batch-size 500 --batch-size 24576 --model multvae --model multdae --model recvae \
+            --steps 10 --rounds 2 2>&1 | tee "$out/train_speed.txt"
+        ;;
+    profile)
+        timeout 90 $py benchmarks/profile_step.py --device cuda --precision bf16 \
+            --batch-size 24576 --steps 5 --rows 30 2>&1 | tee "$out/profile.txt"
+        ;;
+    large)
+        # 116,677 training users: 5 updates an epoch; auto: lr 1e-3 x sqrt(24576 / 500), the
+        # KL cap reached after 85% of the 1,000 updates (4,274 annealing steps)
+        big="--batch-size 24576 --total-anneal-steps 4274"
+        timeout 280 $py benchmarks/run_time.py --datasets ml-20m --device cuda --precision bf16 \
+            --only-variants --variant "b24576-lr7e-3=$big --lr 7.011e-3" \
+            --variant "b24576-lr4e-3=$big --lr 4e-3" 2>&1 | tee "$out/run_large.txt"
+        ;;
     graphs)
         timeout 200 $py benchmarks/run_time.py --datasets ml-20m --device cuda --precision bf16 \
             --epochs 20 --variant "eager=--cuda-graphs false" 2>&1 | tee "$out/run_graphs.txt"
@@ -55,7 +82,7 @@ for part in $parts; do
         timeout 300 $py benchmarks/train_items.py --device cuda 2>&1 | tee "$out/train_items.txt"
         ;;
     run)
-        timeout 590 $py benchmarks/run_time.py --datasets ml-20m --device cuda --precision bf16 \
+        timeout ${RUN_TIMEOUT:-590} $py benchmarks/run_time.py --datasets ml-20m --device cuda --precision bf16 \
             2>&1 | tee "$out/run_ml20m.txt"
         ;;
     suite)

@@ -15,7 +15,8 @@ a worktree of an older commit) first, for a before/after table measured side by 
 Columns: the process's wall time; the time in training steps (the sum of metrics.jsonl's
 `train_seconds`); wall / steps; the other phases from results.json's `timing` where the code
 records it (setup, validation, checkpoint waits, test; start-up = wall - total: imports, reading
-the data, exit); and the bytes the process wrote (`wchar` of /proc/self/io).
+the data, exit); and the bytes the process wrote (`wchar` of /proc/self/io); the first layer's
+kernel and the test NDCG@100 from results.json.
 
 `--datasets ml-20m` adds a synthetic set of ML-20M's shape (136,677 users, 20,108 items, 10M
 interactions; 10,000 + 10,000 held-out users as in the paper): the paper's whole ML-20M run.
@@ -108,12 +109,14 @@ def run(
         raise SystemExit(f"vaecf train failed:\n{p.stderr[-3000:]}")
     wchar = int(p.stderr.rsplit("__wchar__", 1)[1].split()[0])
     rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
-    timing = json.loads((out / "results.json").read_text()).get("timing", {})
+    results = json.loads((out / "results.json").read_text())
     return {
         "wall": wall,
         "steps": sum(r["train_seconds"] for r in rows),
-        "timing": timing,
+        "timing": results.get("timing", {}),
         "bytes": wchar,
+        "ndcg": (results.get("test") or {}).get("ndcg@100", float("nan")),
+        "first_layer": results.get("first_layer", {}).get("kernel", "-"),
     }
 
 
@@ -138,12 +141,14 @@ def main() -> int:
         metavar="LABEL=ARGS",
         help="also this code with these train arguments, e.g. 'eager=--cuda-graphs false'",
     )
+    ap.add_argument("--only-variants", action="store_true", help="not this code's plain run")
     a = ap.parse_args()
     versions = ([("before", a.before, ())] if a.before else []) + [
         (label, ROOT / "src", tuple(args.split()))
         for label, args in (v.split("=", 1) for v in a.variant)
     ]
-    versions.append(("after", ROOT / "src", ()))
+    if not a.only_variants:
+        versions.append(("after", ROOT / "src", ()))
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         for name, data in datasets(Path(tmp), a.datasets.split(","), a.synthetic).items():
@@ -159,7 +164,7 @@ def main() -> int:
     print(
         f"{head[0]:>17s} {head[1]:>7s}"
         + "".join(f"{h:>11s}" for h in head[2:])
-        + "   written  graph steps"
+        + "   written  graph steps  first layer  test NDCG@100"
     )
     for name, label, r in rows:
 
@@ -170,7 +175,7 @@ def main() -> int:
             f"{name:>17s} {label:>7s}{r['wall']:11.1f}{r['steps']:11.1f}"
             f"{r['wall'] / r['steps']:11.2f}{fmt('setup_s')}{fmt('validation_s')}"
             f"{fmt('checkpoint_wait_s')}{r['bytes'] / 2**20:9.0f} MiB"
-            f"{r['timing'].get('graph_steps', '-'):>13}"
+            f"{r['timing'].get('graph_steps', '-'):>13}{r['first_layer']:>13s}{r['ndcg']:15.4f}"
         )
     return 0
 

@@ -6,10 +6,12 @@ ML-20M-shaped data, in one run.
 
     python benchmarks/train_speed.py [--users 136677 --items 20108 --nnz 10000000] [--steps 10]
                                      [--rounds 3] [--device cuda] [--precision P ...]
+                                     [--batch-size 500 --batch-size 24576 ...] [--model M ...]
 
 On a GPU the dense reference densifies each batch on the host and copies it over, as such
 implementations do, and vaecf's step is timed as training runs it (one CUDA graph, where
-`vaecf train` would replay one); every step is synchronised before its clock is read.
+`vaecf train` would replay one, with the first-layer kernel training would choose: its name is
+shown); every step is synchronised before its clock is read.
 """
 
 from __future__ import annotations
@@ -72,44 +74,57 @@ def main() -> int:
     ap.add_argument("--users", type=int, default=bench.ML20M["users"])
     ap.add_argument("--items", type=int, default=bench.ML20M["items"])
     ap.add_argument("--nnz", type=int, default=bench.ML20M["nnz"])
-    ap.add_argument("--batch-size", type=int, default=500)
+    ap.add_argument("--batch-size", type=int, action="append", help="default 500; repeatable")
     ap.add_argument("--steps", type=int, default=10, help="timed steps per round")
     ap.add_argument("--rounds", type=int, default=3, help="rounds of A, B, ... (median shown)")
     ap.add_argument("--device", default="cpu", help="cpu (default), cuda, cuda:N")
     ap.add_argument(
         "--precision", action="append", help="vaecf's precisions (default fp32 [+ native bf16])"
     )
+    ap.add_argument(
+        "--model", action="append", help="vaecf's models (default multvae; also multdae, recvae)"
+    )
     a = ap.parse_args()
     dev = prec.resolve_device(a.device)
     tune_cpu_allocator()
     m = bench.synthetic_csr(a.users, a.items, a.nnz)
-    # the machine is shared and its speed drifts: run the contenders in turn, several rounds
-    precisions = a.precision or bench.default_precisions(a.device)
-    dense = "dense PyTorch (fp32)"
-    runs: dict[str, list[float]] = {dense: [], **{f"vaecf ({p})": [] for p in precisions}}
-    graphed = False
-    for _ in range(a.rounds):
-        runs[dense].append(dense_users_per_s(m, a.batch_size, a.steps, dev))
-        for p in precisions:
-            r = bench.bench_train(
-                p, a.batch_size, steps=a.steps, device=a.device, progress=False, data=m
-            )
-            runs[f"vaecf ({p})"].append(r.users_per_s)
-            graphed = graphed or "graph" in r.breakdown_ms
-    rows = [(n, statistics.median(v)) for n, v in runs.items()]
-    base = rows[0][1]
     print(
-        f"{a.users} users x {a.items} items, {m.nnz} interactions, batch {a.batch_size}, "
-        f"{torch.get_num_threads()} threads, "
-        f"{bench.device_name(dev)}"
+        f"{a.users} users x {a.items} items, {m.nnz} interactions, "
+        f"{torch.get_num_threads()} threads, {bench.device_name(dev)}, torch {torch.__version__}"
     )
-    print(f"{'implementation':24s} {'users/s':>9s} {'vs dense':>9s}  per round")
-    for name, ups in rows:
-        each = " ".join(f"{v:.0f}" for v in runs[name])
-        print(f"{name:24s} {ups:9.0f} {ups / base:8.1f}x  {each}")
-    if graphed:
-        print("(vaecf's steps replayed as one CUDA graph each, as training runs them)")
+    print(
+        f"{'batch':>6s} {'implementation':28s} {'users/s':>9s} {'vs dense':>9s} "
+        f"{'first layer':>11s}  per round"
+    )
+    for batch in a.batch_size or [500]:
+        table(a, m, dev, batch)
+    if dev.type == "cuda":
+        print("(vaecf's steps replayed as CUDA graphs, one per phase, as training runs them)")
     return 0
+
+
+def table(a, m, dev: torch.device, batch: int) -> None:
+    """One batch size's rows: the dense reference, then every model and precision, in turn
+    (the machine is shared and its speed drifts: several rounds, median shown)."""
+    precisions = a.precision or bench.default_precisions(a.device)
+    dense = "dense PyTorch Mult-VAE (fp32)"
+    names = [(model, p) for model in a.model or ["multvae"] for p in precisions]
+    runs: dict[str, list[float]] = {dense: [], **{f"{n} ({p})": [] for n, p in names}}
+    kernels: dict[str, set] = {dense: {"dense"}}
+    for _ in range(a.rounds):
+        runs[dense].append(dense_users_per_s(m, batch, a.steps, dev))
+        for model, p in names:
+            r = bench.bench_train(
+                p, batch, steps=a.steps, device=a.device, progress=False, data=m, model=model
+            )
+            runs[f"{model} ({p})"].append(r.users_per_s)
+            kernels.setdefault(f"{model} ({p})", set()).add(r.first_layer)
+    base = statistics.median(runs[dense])
+    for name, ups in runs.items():
+        each = " ".join(f"{v:.0f}" for v in ups)
+        kernel = "/".join(sorted(kernels[name]))
+        mid = statistics.median(ups)
+        print(f"{batch:6d} {name:28s} {mid:9.0f} {mid / base:8.1f}x {kernel:>11s}  {each}")
 
 
 if __name__ == "__main__":

@@ -14,7 +14,9 @@ import pytest
 import torch
 
 import vaecf
+from vaecf import precision as prec
 from vaecf.data.matrix import CSR
+from vaecf.models import first_layer
 
 DEVICE = os.environ.get("VAECF_TEST_DEVICE", "cuda")
 pytestmark = pytest.mark.skipif(
@@ -77,12 +79,21 @@ def test_trains_like_the_cpu(ds, root, cpu_runs, name, precision):
     ck = torch.load(run.run_dir / "last.pt", weights_only=True, map_location="cpu")
     assert all(torch.isfinite(v).all() for v in ck["model"].values() if v.is_floating_point())
     graphed = DEVICE.startswith("cuda") and precision != "fp16"
-    steps = json.loads((run.run_dir / "results.json").read_text())["timing"]["graph_steps"]
+    results = json.loads((run.run_dir / "results.json").read_text())
+    steps = results["timing"]["graph_steps"]
     assert (steps > 0) == graphed, f"{steps} steps replayed as a CUDA graph"
+    chosen = results["first_layer"]
+    print(f"{name} {precision}: first layer {chosen}")
+    assert chosen["kernel"] in first_layer.KERNELS
+    assert (chosen["ms"] == {}) == (not DEVICE.startswith("cuda"))
 
 
-@pytest.mark.parametrize("name", ["multdae", "recvae", "recvae-edlae"])
-def test_a_graphed_step_replays_the_eager_step(name):
+@pytest.mark.parametrize(
+    "name,kernel",
+    [("multdae", k) for k in ("bag", "gather", "csr", "dense")]
+    + [("recvae", "dense"), ("recvae-edlae", "gather")],
+)
+def test_a_graphed_step_replays_the_eager_step(name, kernel):
     """Capturing leaves the parameters, Adam's state and the RNG as they were; the replays'
     losses follow the eager padded steps' (nothing random: Mult-DAE without dropout, RecVAE in
     eval mode), RecVAE's with one graph per phase (3 encoder steps, 1 decoder step a batch)."""
@@ -104,6 +115,7 @@ def test_a_graphed_step_replays_the_eager_step(name):
             net = models.build(name, 800, {"model": "multdae", "dropout": 0.0}).to(DEVICE).train()
         else:
             net = models.build(name, 800).to(DEVICE).eval()
+        net.use_first_layer(kernel)
         opts = {
             k: make_optimizer(p, 1e-3, torch.device(DEVICE)) for k, p in net.param_groups().items()
         }
@@ -137,8 +149,40 @@ def test_a_graphed_step_replays_the_eager_step(name):
                         o.step()
                     out.append(parts["nll_sum"].item())
         losses.append(out)
-    print(name, "eager", losses[0][-4:], "graph", losses[1][-4:])
+    print(name, kernel, "eager", losses[0][-4:], "graph", losses[1][-4:])
     np.testing.assert_allclose(losses[1], losses[0], rtol=1e-4)
+
+
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_first_layer_kernels_and_the_fused_loss_equal_the_cpus(precision):
+    """On the device, each first-layer kernel and the fused output layer (its GPU softmax)
+    against the CPU's embedding_bag and chunked softmax: fp32 to 1e-5, bf16 within its
+    rounding; forward and gradients."""
+    from vaecf.bench import synthetic_csr
+    from vaecf.models.fused import linear_multinomial_nll
+
+    m = synthetic_csr(2000, 3000, 80_000, seed=5)
+    rows = torch.arange(0, 2000, 3)
+    tol = dict(rtol=1e-5, atol=1e-5) if precision == "fp32" else dict(rtol=2e-2, atol=2e-2)
+    torch.manual_seed(0)
+    w, wo = torch.randn(3000, 64) * 0.05, torch.randn(3000, 64) * 0.05
+    bo = torch.randn(3000) * 0.05
+    results = {}
+    for device, kernels in (("cpu", ["bag"]), (DEVICE, list(first_layer.KERNELS))):
+        batch = CSR.from_scipy(m, device).batch(rows.to(device))
+        for kernel in kernels:
+            params = [t.clone().to(device).requires_grad_() for t in (w, wo, bo)]
+            with prec.autocast(torch.device(device), precision if device != "cpu" else "fp32"):
+                h = torch.tanh(first_layer.product(batch, params[0], batch.values, kernel))
+                loss = linear_multinomial_nll(h, params[1], params[2], batch)
+            loss.backward()
+            results[(device, kernel)] = [loss.detach().cpu()] + [p.grad.cpu() for p in params]
+    want = results[("cpu", "bag")]
+    for kernel in first_layer.KERNELS:
+        got = results[(DEVICE, kernel)]
+        for a, b, what in zip(got, want, ("loss", "first", "output", "bias")):
+            scale = b.abs().max()
+            torch.testing.assert_close(a / scale, b / scale, **tol, msg=f"{kernel} {what}")
 
 
 def test_host_data_with_pinned_prefetch_equals_device_data(ds, root):

@@ -10,7 +10,7 @@ import vaecf
 from vaecf import graphs, models, rundir
 from vaecf.bench import synthetic_csr
 from vaecf.data.matrix import CSR
-from vaecf.models.base import sparse_rows_product
+from vaecf.models import first_layer
 
 
 @pytest.fixture(scope="module")
@@ -59,23 +59,36 @@ def test_a_padded_step_equals_the_eager_step(csr, name, phase):
         torch.testing.assert_close(g1[k], g0[k], rtol=1e-5, atol=1e-7, msg=k)
 
 
-def test_the_gpu_first_layer_product_equals_embedding_bag(csr):
+@pytest.mark.parametrize("padded", [False, True])
+def test_every_first_layer_kernel_equals_the_dense_product(csr, padded):
+    """Each kernel (models/first_layer.py) against a dense brute-force product, forward and the
+    weight's gradient, in float32 to 1e-5; a padded batch (a CUDA graph's) changes nothing."""
     rows = torch.arange(50)
-    batch = csr.batch(rows)
+    batch = (
+        csr.padded_batch(rows, csr.batch(rows).indices.numel() + 37) if padded else csr.batch(rows)
+    )
     w = torch.randn(csr.shape[1], 16, requires_grad=True)
-    v = torch.rand(batch.values.numel())
-    grads = []
-    for gather in (False, True):
-        w.grad = None
-        out = sparse_rows_product(batch, w, v, gather=gather)
-        (out * torch.linspace(-1, 1, 16)).sum().backward()
-        grads.append((out.detach(), w.grad.clone()))
+    v = torch.rand(batch.values.numel()) * (batch.values != 0)  # padding slots stay zero
     dense = torch.zeros(50, csr.shape[1]).index_put_(
         (batch.row_ids, batch.indices), v, accumulate=True
     )
-    torch.testing.assert_close(grads[0][0], dense @ w.detach(), rtol=1e-5, atol=1e-5)
-    torch.testing.assert_close(grads[1][0], grads[0][0], rtol=1e-5, atol=1e-6)
-    torch.testing.assert_close(grads[1][1], grads[0][1], rtol=1e-5, atol=1e-6)
+    probe = torch.linspace(-1, 1, 16)
+    (dense @ w * probe).sum().backward()
+    want_out, want_grad = (dense @ w).detach(), w.grad.clone()
+    for kernel in first_layer.KERNELS:
+        w.grad = None
+        out = first_layer.product(batch, w, v, kernel)
+        (out * probe).sum().backward()
+        torch.testing.assert_close(out.detach(), want_out, rtol=1e-5, atol=1e-5, msg=kernel)
+        torch.testing.assert_close(w.grad, want_grad, rtol=1e-5, atol=1e-5, msg=kernel)
+    with pytest.raises(ValueError, match="unknown first-layer kernel"):
+        first_layer.product(batch, w, v, "spmv")
+
+
+def test_a_cpu_keeps_embedding_bag_without_measuring(csr):
+    batch = csr.batch(torch.arange(20))
+    w = torch.randn(csr.shape[1], 8)
+    assert first_layer.choose(batch, w, batch.values) == ("bag", {})
 
 
 def test_the_capacity_covers_random_batches():

@@ -234,3 +234,20 @@ def test_an_explicit_hidden_layer_is_honoured_for_either_model():
     assert models.config_from_dict("multdae").hidden_dims == []
     assert models.config_from_dict("multdae", {"hidden_dims": [600]}).hidden_dims == [600]
     assert models.config_from_dict("multvae", {"hidden_dims": []}).hidden_dims == []
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_the_gpus_whole_row_softmax_equals_the_chunked_one(dtype):
+    """The GPU's softmax (whole rows, the log-sum-exp read off the largest probability) against
+    the CPU's chunked in-place sweep: equal in float32; in bf16 within bf16's rounding."""
+    from vaecf.models.fused import softmax_chunked, softmax_whole
+
+    torch.manual_seed(4)
+    logits = (torch.randn(300, 5000) * 3).to(dtype)
+    probs, lse = softmax_whole(logits.clone(), torch.float32)
+    buffer = logits.clone()
+    want = softmax_chunked(buffer, torch.float32)
+    tol = 1e-6 if dtype == torch.float32 else 2**-8
+    torch.testing.assert_close(lse, want, rtol=tol, atol=tol)
+    torch.testing.assert_close(probs.float(), buffer.float(), rtol=tol, atol=1e-7)
+    assert lse.dtype == torch.float32 and probs.dtype == dtype

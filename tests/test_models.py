@@ -885,8 +885,13 @@ def test_auto_defaults_fit_the_data():
     cap_step = small.anneal_cap * small.total_anneal_steps
     assert cap_step / updates == pytest.approx(40_000 / 46_800, rel=0.01)
     assert scaled_anneal_steps(10, 10, 0.5) == round(40_000 / 46_800 * 100 / 0.5)
+    assert (ml20m.lr, small.lr) == (1e-3, 1e-3)  # the paper's up to its batch
+    big = resolve_config(vaecf.TrainConfig(batch_size=24_576), vae, 116_677)  # NVIDIA's batch
+    assert big.lr == pytest.approx(1e-3 * math.sqrt(24_576 / 500))
+    assert big.total_anneal_steps == scaled_anneal_steps(200, 5, 0.2)
+    assert resolve_config(vaecf.TrainConfig(batch_size=24_576, lr=2e-3), vae, 116_677).lr == 2e-3
     paper = resolve_config(vaecf.TrainConfig(preset="paper"), vae, 510)
-    assert (paper.batch_size, paper.total_anneal_steps) == (500, 200_000)
+    assert (paper.batch_size, paper.total_anneal_steps, paper.lr) == (500, 200_000, 1e-3)
     rec = resolve_config(vaecf.TrainConfig(preset="paper"), models.get("recvae"), 510)
     assert (rec.epochs, rec.batch_size, rec.lr, rec.total_anneal_steps) == (50, 500, 5e-4, None)
 

@@ -8,10 +8,10 @@ fold-in with the seen-item mask and top-100, for batch 1 and large batches.
 
 from __future__ import annotations
 
+import dataclasses
 import platform
 import statistics
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -23,6 +23,7 @@ from vaecf import graphs, models
 from vaecf import precision as prec
 from vaecf.data.matrix import CSR
 from vaecf.errors import ConfigError
+from vaecf.models import first_layer
 from vaecf.models.multvae import MultAE
 from vaecf.models.serving import serving_copy
 from vaecf.runtime import tune_cpu_allocator
@@ -101,7 +102,7 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-@dataclass
+@dataclasses.dataclass
 class TrainBench:
     precision: str
     batch_size: int
@@ -109,6 +110,7 @@ class TrainBench:
     step_ms: float
     gflops: float
     breakdown_ms: dict
+    first_layer: str = "bag"  # the first layer's kernel (models/first_layer.py)
 
     def to_dict(self) -> dict:
         return dict(self.__dict__)
@@ -128,6 +130,7 @@ def bench_train(
     seed: int = 0,
     data: sp.csr_matrix | None = None,
     cuda_graphs: bool = True,
+    kernel: str = "auto",
 ) -> TrainBench:
     """Time whole training steps on `data` (default: `synthetic_csr(users, items, nnz)`).
     A step is one update of every phase of the model's epoch (RecVAE: 3 encoder updates and 1
@@ -148,14 +151,17 @@ def bench_train(
     net = models.build(model, items).to(dev).train()
     if net.closed_form:
         raise ConfigError(f"{model} is fitted in closed form: time `vaecf train --model {model}`")
+    graphed = graphs.graphs_apply(net, dev, precision, enabled=cuda_graphs) is None
+    kernel = first_layer.choose_for(net, csr, batch_size, precision, kernel, graphed)[0] or "bag"
     opts = {k: make_optimizer(p, 1e-3, dev) for k, p in net.param_groups().items()}
     phase_steps = [
         (ph, [opts[g] for g in ph.groups]) for ph in net.phases() for _ in range(ph.passes)
     ]
     scaler = prec.grad_scaler(dev, precision)
     gen = torch.Generator().manual_seed(seed)
-    if graphs.graphs_apply(net, dev, precision, enabled=cuda_graphs) is None:
-        return _bench_graph(net, phase_steps, csr, data, precision, batch_size, steps, warmup, gen)
+    if graphed:
+        r = _bench_graph(net, phase_steps, csr, data, precision, batch_size, steps, warmup, gen)
+        return dataclasses.replace(r, first_layer=kernel)
     parts = {"batch": [], "forward": [], "backward": [], "optimizer": []}
     flops = []
     for i in tqdm(
@@ -192,7 +198,9 @@ def bench_train(
             flops.append(step_flops(net, batch_size, batch.indices.numel()))
     step = sum(statistics.median(v) for v in parts.values())
     medians = {k: statistics.median(v) * 1e3 for k, v in parts.items()}
-    return _bench_result(precision, batch_size, step, flops, medians)
+    return dataclasses.replace(
+        _bench_result(precision, batch_size, step, flops, medians), first_layer=kernel
+    )
 
 
 def _bench_result(precision, batch_size, step_s: float, flops: list, breakdown_ms) -> TrainBench:
@@ -364,7 +372,7 @@ def bench_eval(
 def format_train(results: list[TrainBench]) -> str:
     head = (
         f"{'precision':>9s} {'batch':>6s} {'users/s':>9s} {'step ms':>8s} {'GFLOP/s':>8s}  "
-        "breakdown ms (batch / forward / backward / optimizer)"
+        "first layer  breakdown ms (batch / forward / backward / optimizer)"
     )
     lines = [head]
     for r in results:
@@ -377,7 +385,7 @@ def format_train(results: list[TrainBench]) -> str:
         )
         lines.append(
             f"{r.precision:>9s} {r.batch_size:6d} {r.users_per_s:9.0f} {r.step_ms:8.1f} "
-            f"{r.gflops:8.1f}  {parts}"
+            f"{r.gflops:8.1f}  {r.first_layer:>11s}  {parts}"
         )
     return "\n".join(lines)
 

@@ -40,7 +40,11 @@ class TrainConfig(Compute):
         "users per update, the global batch (paper 500; auto: 500 from 50,000 training users, "
         "n/100 below, at least 100)",
     )
-    lr: float | None = setting(None, "Adam learning rate (Mult-VAE 1e-3, RecVAE 5e-4)")
+    lr: float | None = setting(
+        None,
+        "Adam learning rate (Mult-VAE 1e-3, RecVAE 5e-4; auto: x sqrt(batch / 500) for batches "
+        "above 500)",
+    )
     total_anneal_steps: int | None = setting(
         None,
         "Mult-VAE: updates for the KL weight to reach 1, beta = step / this (paper 200000; "
@@ -57,6 +61,11 @@ class TrainConfig(Compute):
         True,
         "on a GPU, replay each full batch's training step (gather, forward, backward, Adam) as "
         "a CUDA graph (one per phase): in one process at fp32, tf32 or bf16",
+    )
+    first_layer: Literal["auto", "bag", "gather", "csr", "dense"] = setting(
+        "auto",
+        "the sparse first layer's training kernel: auto times each on a batch of the run on a "
+        "GPU and keeps the fastest (recorded in results.json), embedding_bag (bag) on a CPU",
     )
     eval_every: int = setting(1, "validate every N epochs (and after the last)")
     patience: int | None = setting(

@@ -19,7 +19,7 @@ from vaecf import precision as prec
 from vaecf.background import CheckpointWriter, snapshot
 from vaecf.config import TrainConfig
 from vaecf.data.matrix import CSR, prefetch_batches
-from vaecf.models import Model, Phase
+from vaecf.models import Model, Phase, first_layer
 from vaecf.run import Run, RunResult
 from vaecf.specs import FORECAST_MARGIN
 
@@ -145,9 +145,7 @@ class Trainer(Run):
         tensors), or None where graphs do not apply (`graphs.graphs_apply`)."""
         if self._graph is None:  # decided once for the run
             cfg = self.cfg
-            why = graphs.graphs_apply(
-                self.model, self.device, cfg.precision, self.ctx.world, cfg.cuda_graphs, cfg.data_on
-            )
+            why = self._why_no_graph
             need = footprint.graph_step_bytes(self.model, cfg.batch_size, self.ds.n_items)
             if why is None and memory.available_bytes(self.device) < need:
                 why = f"the GPU has less than {memory.gib(need)} free for a graph's step"
@@ -249,6 +247,7 @@ class Trainer(Run):
                 self.write_config()
         if self._done() is None and self.ctx.is_main:  # extending a finished run: its
             (self.out / rundir.RESULTS).unlink(missing_ok=True)  # results are no longer the run's
+        self._choose_first_layer()
         if self.ctx.enabled:
             self._wrap_data_parallel()
         self.writer = CheckpointWriter()
@@ -290,6 +289,23 @@ class Trainer(Run):
         timing["checkpoint_writes"] = self.writer.writes
         timing["graph_steps"] = self.graph_steps
         return self.finish(timing, t_setup)
+
+    def _choose_first_layer(self) -> None:
+        """Whether steps can be CUDA graphs, and the sparse first layer's training kernel
+        (models/first_layer.choose_for; recorded in results.json)."""
+        cfg = self.cfg
+        self._why_no_graph = graphs.graphs_apply(  # decided once for the run
+            self.model, self.device, cfg.precision, self.ctx.world, cfg.cuda_graphs, cfg.data_on
+        )
+        kernel, times = first_layer.choose_for(
+            self.model, self.train_csr, cfg.batch_size, cfg.precision, cfg.first_layer,
+            graphed=self._why_no_graph is None,
+        )  # fmt: skip
+        if times and cfg.progress and self.ctx.is_main:
+            shown = ", ".join(f"{k} {t} ms" for k, t in times.items())
+            tqdm.write(f"first layer: {kernel} (forward + backward: {shown})")
+        if kernel is not None:
+            self.facts["first_layer"] = {"kernel": kernel, "ms": times}
 
     def _wrap_data_parallel(self) -> None:
         from torch.nn.parallel import DistributedDataParallel

@@ -84,6 +84,7 @@ class Run:
         self.on_epoch: Callable[[dict], None] | None = None
         self.score_test = True
         self.stopped: str | None = None  # why training ended: epochs, patience or budget
+        self.facts: dict = {}  # what the fit chose for itself, recorded in results.json
 
     def check_memory(self) -> None:
         """Before the model is built: refuse what will not fit (closed-form models check
@@ -156,6 +157,7 @@ class Run:
         }
         if self.stopped is not None:
             results["stopped"] = self.stopped
+        results.update(self.facts)
         if hasattr(self, "train_csr"):  # gradient models: the rows trained on
             results["train_rows"] = self.train_csr.n_rows
         if timing is not None:

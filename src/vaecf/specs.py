@@ -22,6 +22,7 @@ GRADIENT_SETTINGS = (
     "lr",
     "data_on",
     "cuda_graphs",
+    "first_layer",
     "eval_every",
     "checkpoint_every",
     "patience",

@@ -44,6 +44,7 @@ RESUME_MAY_CHANGE = (
     "device",
     "data_on",
     "cuda_graphs",
+    "first_layer",
     "eval_batch_size",
     "checkpoint_every",
     "patience",

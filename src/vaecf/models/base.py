@@ -25,7 +25,6 @@ from dataclasses import dataclass, fields
 from typing import Any, ClassVar
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from vaecf import precision as prec
@@ -138,6 +137,17 @@ class Model(nn.Module):
         check before anything is allocated (vaecf.footprint); default none."""
         return 0
 
+    def first_layer_input(self) -> tuple[torch.Tensor, Callable] | None:
+        """(the sparse first layer's weight, batch -> its training input values) for choosing
+        that layer's kernel (vaecf.models.first_layer.choose); None: no sparse first layer."""
+        return None
+
+    def use_first_layer(self, kernel: str) -> None:
+        """Train with this first-layer kernel (scoring keeps "bag")."""
+        for m in self.modules():
+            if hasattr(m, "first_layer"):
+                m.first_layer = kernel
+
     def param_groups(self) -> dict[str, list[nn.Parameter]]:
         """Parameters by optimizer (one Adam each); default one group."""
         return {"all": [p for p in self.parameters() if p.requires_grad]}
@@ -171,26 +181,6 @@ class Model(nn.Module):
         raise ConfigError(
             f"model {cls.name} has no hyper-parameters to tune; train it with `vaecf train`"
         )
-
-
-def sparse_rows_product(
-    batch: SparseBatch, weight: torch.Tensor, v: torch.Tensor, gather: bool = False
-) -> torch.Tensor:
-    """(B, d): row u is the sum over u's non-zeros i of v_i * weight[item_i], the sparse input
-    times a (n_items, d) first layer: `embedding_bag`, or with `gather` a gather and an
-    index_add (a (nnz, d) temporary). On a GPU the gather is faster inside a CUDA graph of
-    Mult-VAE's step (H200, batch 500: +13-16% a step; eagerly fp32 the same, bf16 +10%) and of
-    RecVAE's (fp32 26,115 -> 38,626 users/s, bf16 27,627 -> 41,588; benchmarks/
-    cuda_graph_probe.py), but slower in RecVAE's eager step (bf16 22,022 -> 19,778 users/s, one
-    run each), which keeps embedding_bag outside a graph."""
-    v = v.to(weight.dtype)
-    if not gather:
-        return F.embedding_bag(
-            batch.indices, weight, batch.offsets, mode="sum", per_sample_weights=v
-        )
-    parts = weight.index_select(0, batch.indices) * v[:, None]
-    out = torch.zeros(batch.batch_size, weight.shape[1], dtype=parts.dtype, device=parts.device)
-    return out.index_add_(0, batch.row_ids, parts)
 
 
 def l2_rows(x: torch.Tensor) -> torch.Tensor:

@@ -43,24 +43,13 @@ class LinearMultinomialNLL(torch.autograd.Function):
             if offset is not None:  # logits of another path, added before the softmax
                 logits.add_(offset.to(dtype))
             b, n = logits.shape
-            picked = logits[row_ids, indices].to(acc) * values.to(acc)  # before the overwrite
+            flat = row_ids * n + indices  # each non-zero's place in the flattened logits
+            picked = logits.view(-1)[flat].to(acc) * values.to(acc)  # before the overwrite
             s = torch.zeros(b, dtype=acc, device=h.device).index_add_(0, row_ids, picked)
-            # logsumexp per row, and the buffer overwritten with softmax(logits) in one sweep of
-            # cache-sized chunks (backward needs only the softmax: one exp per logit per step)
-            chunk = b if h.device.type != "cpu" else max(1, _CHUNK_BYTES // (4 * n))
-            lse = torch.empty(b, dtype=acc, device=h.device)
-            same = logits.dtype == acc
-            for lo in range(0, b, chunk):
-                rows = logits[lo : lo + chunk]
-                t = rows if same else rows.to(acc)
-                top = t.amax(dim=1, keepdim=True)
-                top = torch.where(torch.isfinite(top), top, torch.zeros_like(top))
-                t.sub_(top).exp_()
-                total = t.sum(dim=1, keepdim=True)
-                lse[lo : lo + chunk] = (top + total.log()).squeeze(1)
-                t.div_(total)
-                if not same:
-                    rows.copy_(t)
+            if h.device.type == "cpu":
+                lse = softmax_chunked(logits, acc)
+            else:
+                logits, lse = softmax_whole(logits, acc)
             nll = (n_u.to(acc) * lse - s).sum()
         ctx.save_for_backward(hc, wc, logits, n_u, indices, row_ids, values)
         ctx.dtypes = (h.dtype, weight.dtype, bias.dtype)
@@ -74,7 +63,11 @@ class LinearMultinomialNLL(torch.autograd.Function):
         scale = grad.to(acc)
         with torch.autocast(probs.device.type, enabled=False):
             g = probs.mul_((n_u.to(acc) * scale)[:, None].to(probs.dtype))  # n_u * softmax
-            g.index_put_((row_ids, indices), (-scale * values.to(acc)).to(g.dtype), accumulate=True)
+            picked = (-scale * values.to(acc)).to(g.dtype)
+            if g.device.type == "cpu":
+                g.index_put_((row_ids, indices), picked, accumulate=True)
+            else:  # atomics on distinct places: no sort (index_put_'s accumulate sorts on a GPU)
+                g.view(-1).index_add_(0, row_ids * g.shape[1] + indices, picked)
             h_dt, w_dt, b_dt = ctx.dtypes  # g is now d loss / d logits (B, n_items)
             grad_h = (g @ wc).to(h_dt) if ctx.needs_input_grad[0] else None
             grad_w = (g.t() @ hc).to(w_dt) if ctx.needs_input_grad[1] else None
@@ -83,6 +76,37 @@ class LinearMultinomialNLL(torch.autograd.Function):
                 g.to(ctx.offset_dtype) if ctx.needs_input_grad[7] else None
             )  # d loss / d offset = d / d logits
         return grad_h, grad_w, grad_b, None, None, None, None, grad_o
+
+
+def softmax_chunked(logits: torch.Tensor, acc: torch.dtype) -> torch.Tensor:
+    """(B,) each row's log-sum-exp, the buffer overwritten with softmax(logits), in one sweep of
+    cache-sized row chunks (one exp per logit; a chunk's `acc` copy fits in L2)."""
+    b, n = logits.shape
+    chunk = max(1, _CHUNK_BYTES // (4 * n))
+    lse = torch.empty(b, dtype=acc, device=logits.device)
+    same = logits.dtype == acc
+    for lo in range(0, b, chunk):
+        rows = logits[lo : lo + chunk]
+        t = rows if same else rows.to(acc)
+        top = t.amax(dim=1, keepdim=True)
+        top = torch.where(torch.isfinite(top), top, torch.zeros_like(top))
+        t.sub_(top).exp_()
+        total = t.sum(dim=1, keepdim=True)
+        lse[lo : lo + chunk] = (top + total.log()).squeeze(1)
+        t.div_(total)
+        if not same:
+            rows.copy_(t)
+    return lse
+
+
+def softmax_whole(logits: torch.Tensor, acc: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """(softmax(logits) in the logits' dtype, (B,) log-sum-exp in `acc`) in three passes, none
+    materialising the logits in float32 (softmax accumulates in float32 internally). The
+    log-sum-exp comes from the largest probability, p_max = exp(max - lse): exact in float32,
+    within 2^-8 (bf16) of the row's log-sum-exp otherwise, which only the reported loss uses."""
+    top = logits.amax(dim=1).to(acc)
+    probs = torch.softmax(logits, dim=1)
+    return probs, top - probs.amax(dim=1).to(acc).log()
 
 
 def linear_multinomial_nll(h, weight, bias, batch, offset=None) -> torch.Tensor:

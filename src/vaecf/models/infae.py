@@ -36,7 +36,8 @@ from vaecf import memory, specs
 from vaecf.data.matrix import CSR, SparseBatch
 from vaecf.errors import ConfigError, RunError
 from vaecf.evaluate import evaluate_scores, metrics_with
-from vaecf.models.base import Model, sparse_rows_product
+from vaecf.models import first_layer
+from vaecf.models.base import Model
 from vaecf.specs import InfAEConfig
 
 
@@ -142,7 +143,7 @@ class InfAE(Model):
     # -- scoring ------------------------------------------------------------------------------
     def _kernel_rows(self, batch: SparseBatch, dtype: torch.dtype) -> torch.Tensor:
         """(B, U) the kernel between the batch's histories and the fitted users, in dtype."""
-        dot = sparse_rows_product(batch, self.users_t, batch.values.float()).to(dtype)
+        dot = first_layer.product(batch, self.users_t, batch.values.float()).to(dtype)
         v = batch.values.to(dtype)
         return ntk(dot, batch.row_sums(v * v).sqrt(), self.user_norms.to(dtype))
 

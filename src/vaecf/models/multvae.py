@@ -21,13 +21,8 @@ from torch import nn
 from vaecf import precision as prec
 from vaecf import specs
 from vaecf.data.matrix import SparseBatch
-from vaecf.models.base import (
-    Model,
-    Phase,
-    ScoreFn,
-    l2_rows,
-    sparse_rows_product,
-)
+from vaecf.models import first_layer
+from vaecf.models.base import Model, Phase, ScoreFn, l2_rows
 from vaecf.models.fused import linear_multinomial_nll
 from vaecf.specs import ModelConfig
 
@@ -61,14 +56,25 @@ def scaled_anneal_steps(epochs: int, updates_per_epoch: int, cap: float) -> int:
     return max(1, round(CAP_AT * epochs * updates_per_epoch / max(cap, 1e-12)))
 
 
+def large_batch_lr(lr: float, batch_size: int, paper_batch: int) -> float:
+    """The paper's learning rate, scaled by sqrt(batch / the paper's batch) above that batch
+    (Adam's square-root rule: the gradient's noise falls as 1 / sqrt(batch)), so that a large
+    batch's few updates cover the same ground (benchmarks/README.md, "Large batches")."""
+    return lr * math.sqrt(max(1.0, batch_size / paper_batch))
+
+
 def resolve_vae_train(given: dict, n_train_users: int, preset: str, paper: dict) -> dict:
     """Fill the unset annealed-VAE training settings: the paper's (`preset` "paper"), or with
-    the batch size and annealing length fitted to the data ("auto")."""
+    the batch size, learning rate and annealing length fitted to the data and the batch
+    ("auto")."""
     out = {k: paper[k] for k in paper if given.get(k) is None}
     if preset == "paper":
         return out
     if given.get("batch_size") is None:
         out["batch_size"] = auto_batch_size(n_train_users)
+    if given.get("lr") is None:
+        batch = given.get("batch_size") or out["batch_size"]
+        out["lr"] = large_batch_lr(paper["lr"], batch, paper["batch_size"])
     if "total_anneal_steps" in paper and given.get("total_anneal_steps") is None:
         epochs = given.get("epochs") or out["epochs"]
         batch = given.get("batch_size") or out["batch_size"]
@@ -85,6 +91,7 @@ class MultAE(Model):
     Config = ModelConfig
     multinomial = True
     graph_step = True
+    first_layer = "bag"  # the training kernel of the sparse first layer (use_first_layer)
 
     def __init__(self, n_items: int, config: ModelConfig | None = None):
         super().__init__(n_items, config or ModelConfig(self.name))
@@ -111,18 +118,25 @@ class MultAE(Model):
 
     def encode(self, batch: SparseBatch) -> tuple[torch.Tensor, torch.Tensor | None]:
         """(mu, logvar) for Mult-VAE, (h, None) for Mult-DAE; each (B, latent_dim)."""
-        v = batch.values
-        inv_norm = torch.rsqrt(batch.row_sums(v * v).clamp_min(1e-12))  # tf.nn.l2_normalize
-        v = F.dropout(v * inv_norm[batch.row_ids], self.config.dropout, self.training)
-        # training on a GPU: gather + index_add (see sparse_rows_product); scoring keeps
-        # embedding_bag, without the (non-zeros, d) temporary of large scoring batches
-        gather = self.in_weight.is_cuda and self.training
-        h = sparse_rows_product(batch, self.in_weight, v, gather) + self.in_bias  # (B, d1)
+        v = self._input_values(batch)
+        # training: the kernel chosen for the run (models/first_layer.py); scoring keeps
+        # embedding_bag, without the temporaries of large scoring batches
+        kernel = self.first_layer if self.training else "bag"
+        h = first_layer.product(batch, self.in_weight, v, kernel) + self.in_bias  # (B, d1)
         h = self._encode_rest(h)
         if not self.variational:
             return h, None
         d = self.config.latent_dim
         return h[:, :d], h[:, d:]
+
+    def _input_values(self, batch: SparseBatch) -> torch.Tensor:
+        """(nnz,) the first layer's input: each history L2-normalised, then dropout."""
+        v = batch.values
+        inv_norm = torch.rsqrt(batch.row_sums(v * v).clamp_min(1e-12))  # tf.nn.l2_normalize
+        return F.dropout(v * inv_norm[batch.row_ids], self.config.dropout, self.training)
+
+    def first_layer_input(self):
+        return self.in_weight, self._input_values
 
     def _encode_rest(self, h: torch.Tensor) -> torch.Tensor:
         """The encoder after its first layer's pre-activation h."""

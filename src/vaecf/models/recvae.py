@@ -24,7 +24,8 @@ from torch import nn
 
 from vaecf import specs
 from vaecf.data.matrix import SparseBatch
-from vaecf.models.base import Model, Phase, l2_rows, sparse_rows_product
+from vaecf.models import first_layer
+from vaecf.models.base import Model, Phase, l2_rows
 from vaecf.models.fused import linear_multinomial_nll
 from vaecf.models.multvae import resolve_vae_train, wide
 from vaecf.specs import RecVAEConfig
@@ -43,6 +44,8 @@ def log_normal(z: torch.Tensor, mu, logvar) -> torch.Tensor:
 
 
 class Encoder(nn.Module):
+    first_layer = "bag"  # the training kernel of the sparse first layer (Model.use_first_layer)
+
     def __init__(self, n_items: int, cfg: RecVAEConfig):
         super().__init__()
         h = cfg.hidden_dim
@@ -58,14 +61,15 @@ class Encoder(nn.Module):
         nn.init.uniform_(self.in_weight, -bound, bound)
         nn.init.uniform_(self.in_bias, -bound, bound)
 
-    def forward(self, batch: SparseBatch, dropout: float) -> tuple[torch.Tensor, torch.Tensor]:
+    def input_values(self, batch: SparseBatch, dropout: float) -> torch.Tensor:
         v = batch.values
         inv_norm = torch.rsqrt(batch.row_sums(v * v).clamp_min(1e-12))
-        v = F.dropout(v * inv_norm[batch.row_ids], dropout, self.training and dropout > 0)
-        # inside a CUDA graph's capture gather + index_add (faster there), else embedding_bag
-        # (faster eagerly); see sparse_rows_product
-        gather = v.is_cuda and torch.cuda.is_current_stream_capturing()
-        h = sparse_rows_product(batch, self.in_weight, v, gather)
+        return F.dropout(v * inv_norm[batch.row_ids], dropout, self.training and dropout > 0)
+
+    def forward(self, batch: SparseBatch, dropout: float) -> tuple[torch.Tensor, torch.Tensor]:
+        v = self.input_values(batch, dropout)
+        kernel = self.first_layer if self.training else "bag"  # models/first_layer.py
+        h = first_layer.product(batch, self.in_weight, v, kernel)
         h = self.norms[0](swish(h + self.in_bias))  # (B, hidden)
         skip = h
         for layer, norm in zip(self.layers, self.norms[1:]):
@@ -122,6 +126,10 @@ class RecVAE(Model):
                 "latent_dim": trial.suggest_categorical("latent_dim", [100, 200, 400]),
             },
         }
+
+    def first_layer_input(self):
+        enc = self.encoder
+        return enc.in_weight, lambda batch: enc.input_values(batch, self.config.dropout)
 
     def param_groups(self) -> dict[str, list[nn.Parameter]]:
         return {

@@ -1,0 +1,189 @@
+"""The autoencoders' first layer, a sparse batch of histories times a (n_items, d) weight, and the
+choice of its kernel by measurement.
+
+Four kernels compute the same (B, d) product, row u = sum over u's non-zeros i of v_i W[i]:
+
+- "bag": `embedding_bag` with per-sample weights (the CPU's kernel, and scoring's everywhere);
+- "gather": `index_select` of the non-zeros' rows, then `index_add_` into the batch's rows (a
+  (nnz, d) temporary; its atomics serialise on popular items at large batches);
+- "csr": the batch as a CSR matrix, `torch.sparse.mm` (cuSPARSE on a GPU), computed in the
+  weight's dtype;
+- "dense": the batch scattered into a dense (B, n_items) array in the compute dtype, then one
+  dense product (tensor cores under autocast; its backward, X^T @ grad, likewise).
+
+Which is fastest depends on the device, the batch and the catalogue (one NVIDIA H200 at batch
+24,576 x 20,108 items, forward + backward: gather 20.7 ms, embedding_bag 5.6, CSR 1.6-1.9;
+benchmarks/README.md), so on a GPU `choose` times each on a real batch of the run and keeps the
+fastest whose answer agrees with embedding_bag's; the trainer records the choice and the times
+in results.json. A CPU keeps "bag" without measuring (the others are slower there and a
+measured choice would make runs depend on the machine's load).
+"""
+
+from __future__ import annotations
+
+import time
+import warnings
+
+import torch
+import torch.nn.functional as F
+
+from vaecf import precision as prec
+from vaecf.data.matrix import SparseBatch
+
+KERNELS = ("bag", "gather", "csr", "dense")
+DENSE_LIMIT_BYTES = 4 << 30  # "dense" is not tried where its (B, n_items) array is larger
+warnings.filterwarnings("ignore", "Sparse CSR tensor support is in beta")
+
+
+def compute_dtype(weight: torch.Tensor) -> torch.dtype:
+    """The dtype products run in here: autocast's where it is on, else the weight's."""
+    kind = weight.device.type
+    if torch.is_autocast_enabled(kind):
+        return torch.get_autocast_dtype(kind)
+    return weight.dtype
+
+
+def product(batch: SparseBatch, weight: torch.Tensor, v: torch.Tensor, kernel: str = "bag"):
+    """(B, d): the sparse batch (values `v`, (nnz,)) times `weight` (n_items, d), by `kernel`."""
+    if kernel == "bag":
+        v = v.to(weight.dtype)
+        return F.embedding_bag(
+            batch.indices, weight, batch.offsets, mode="sum", per_sample_weights=v
+        )
+    if kernel == "gather":
+        parts = weight.index_select(0, batch.indices) * v.to(weight.dtype)[:, None]
+        out = torch.zeros(batch.batch_size, weight.shape[1], dtype=parts.dtype, device=parts.device)
+        return out.index_add_(0, batch.row_ids, parts)
+    n = weight.shape[0]
+    if kernel == "csr":
+        total = batch.offsets.new_full((1,), batch.indices.numel())
+        crow = torch.cat([batch.offsets, total])
+        with torch.autocast(weight.device.type, enabled=False):
+            x = torch.sparse_csr_tensor(
+                crow,
+                batch.indices,
+                v.to(weight.dtype),
+                (batch.batch_size, n),
+                check_invariants=False,
+            )
+            return torch.sparse.mm(x, weight)
+    if kernel == "dense":
+        dt = compute_dtype(weight)
+        x = torch.zeros(batch.batch_size * n, dtype=dt, device=weight.device)
+        x.index_add_(0, batch.row_ids * n + batch.indices, v.to(dt))  # positions are unique
+        return x.view(batch.batch_size, n) @ weight.to(dt)
+    raise ValueError(f"unknown first-layer kernel {kernel!r}; one of {', '.join(KERNELS)}")
+
+
+def candidates(batch: SparseBatch, weight: torch.Tensor) -> list[str]:
+    """The kernels worth timing for this batch and weight."""
+    if weight.device.type == "cpu":
+        return ["bag"]
+    dense_bytes = batch.batch_size * weight.shape[0] * torch.finfo(compute_dtype(weight)).bits // 8
+    return [k for k in KERNELS if k != "dense" or dense_bytes <= DENSE_LIMIT_BYTES]
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def time_kernel(batch, weight, v, kernel: str, graphed: bool = False, reps: int = 5):
+    """(median ms of forward + backward to the weight, the forward's output), after 2 warm-ups;
+    `graphed`: both captured as one CUDA graph and replayed (as a graphed training step runs
+    them; a kernel that cannot be captured raises)."""
+    w = weight.detach().requires_grad_()
+    probe = torch.linspace(-1, 1, w.shape[1], device=w.device)
+
+    def run() -> torch.Tensor:
+        out = product(batch, w, v, kernel)
+        (out.float() @ probe).sum().backward()
+        return out
+
+    call = run
+    if graphed:
+        side = torch.cuda.Stream(w.device)
+        side.wait_stream(torch.cuda.current_stream(w.device))
+        with torch.cuda.stream(side):
+            for _ in range(2):
+                run()
+                w.grad = None
+        torch.cuda.current_stream(w.device).wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            out = run()
+
+        def call() -> torch.Tensor:
+            graph.replay()
+            return out
+
+    times = []
+    for i in range(2 + reps):
+        _sync(w.device)
+        t0 = time.perf_counter()
+        out = call()
+        _sync(w.device)
+        if i >= 2:
+            times.append((time.perf_counter() - t0) * 1e3)
+        if not graphed:
+            w.grad = None
+    times.sort()
+    return times[len(times) // 2], out.detach().to(torch.float32, copy=True)
+
+
+def choose(batch, weight, v, kernels=None, graphed: bool = False) -> tuple[str, dict]:
+    """(the fastest of `kernels` (default: `candidates`) whose output agrees with the first's,
+    {kernel: ms or why not}), timed on this batch in the caller's autocast and matmul settings
+    (`graphed`: as CUDA graphs). A CPU by default: ("bag", {})."""
+    found = kernels or candidates(batch, weight)
+    if found == ["bag"]:
+        return "bag", {}
+    times: dict[str, float | str] = {}
+    reference = None
+    for kernel in found:
+        try:
+            ms, out = time_kernel(batch, weight, v, kernel, graphed)
+        except (RuntimeError, NotImplementedError) as e:  # a kernel this build lacks
+            times[kernel] = f"failed: {type(e).__name__}: {str(e)[:80]}"
+            continue
+        if reference is None:
+            reference = out
+        scale = reference.abs().max().clamp_min(1e-6)
+        if (out - reference).abs().max() > 2e-2 * scale:  # bf16's error is ~1e-3 of the scale
+            times[kernel] = "failed: disagrees with embedding_bag"
+            continue
+        times[kernel] = round(ms, 3)
+    timed = {k: t for k, t in times.items() if isinstance(t, float)}
+    return min(timed, key=timed.get), times
+
+
+def choose_for(model, csr, batch_size: int, precision: str, setting="auto", graphed=False):
+    """Set `model`'s training kernel (`Model.use_first_layer`) from `setting` ("auto": the
+    fastest measured by `choose` on the first `batch_size` rows of `csr`, the training matrix,
+    on the model's device in `precision` (`graphed`: as CUDA graphs, for a training step that
+    is one), with the RNG put back, so a run is the same whether or
+    not it measured; a CPU keeps "bag"). Returns (kernel, {kernel: ms}), (None, {}) for a model
+    without a sparse first layer."""
+    found = model.first_layer_input()
+    if found is None:
+        return None, {}
+    kernel, times = setting, {}
+    device = model.device
+    if kernel == "auto":
+        kernel = "bag"
+        if device.type != "cpu":
+            weight, values = found
+            rows = torch.arange(min(batch_size, csr.n_rows), device=csr.device)
+            batch = csr.batch(rows).to(device)
+            cuda = [device] if device.type == "cuda" else []
+            was_training = model.training
+            model.train()
+            with (
+                torch.random.fork_rng(devices=cuda),
+                prec.matmul_scope(device, precision),
+                prec.autocast(device, precision),
+            ):
+                kernel, times = choose(batch, weight, values(batch).detach(), graphed=graphed)
+            model.train(was_training)
+    model.use_first_layer(kernel)
+    return kernel, times
