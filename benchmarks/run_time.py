@@ -6,7 +6,8 @@
 Runs `vaecf train` as a separate process on two datasets: ml-latest-small (the accuracy
 protocol, split seed 98765; skipped when ../shared is absent) and a synthetic dataset of
 citeulike-a's size (5,551 users, 16,980 items, ~205k interactions), with the paper's settings
-given explicitly (200 epochs, batch 500, lr 1e-3, 200,000 annealing steps, cap 0.2) so that every
+given explicitly (200 epochs and no early stopping, batch 500, lr 1e-3, 200,000 annealing steps,
+cap 0.2) so that every
 version of the code trains the same model. `--before SRC_DIR` runs another checkout's `src` (e.g.
 a worktree of an older commit) first, for a before/after table measured side by side;
 `--variant LABEL=ARGS` (repeatable) runs this code with extra train arguments as well (with
@@ -96,7 +97,8 @@ def run(
     args = [
         "train", "--data", str(data), "--out", str(out), "--epochs", str(epochs),
         "--batch-size", "500", "--lr", "1e-3", *(anneal if model == "multvae" else ()),
-        "--seed", "98765", "--precision", precision, "--device", device, "--quiet", *extra,
+        "--seed", "98765", "--precision", precision, "--device", device, "--quiet",
+        "--patience", "0", *extra,
     ]  # fmt: skip
     path = os.pathsep.join(filter(None, [str(src), os.environ.get("PYTHONPATH")]))
     env = {**os.environ, "PYTHONPATH": path}
