@@ -78,19 +78,20 @@ def test_trains_like_the_cpu(ds, root, cpu_runs, name, precision):
     assert abs(ndcg(run) - ref) < 0.03
     ck = torch.load(run.run_dir / "last.pt", weights_only=True, map_location="cpu")
     assert all(torch.isfinite(v).all() for v in ck["model"].values() if v.is_floating_point())
-    graphed = DEVICE.startswith("cuda") and precision != "fp16"
+    graphed = DEVICE.startswith("cuda") and precision != "fp16"  # at this batch: graphs win
     results = json.loads((run.run_dir / "results.json").read_text())
     steps = results["timing"]["graph_steps"]
     assert (steps > 0) == graphed, f"{steps} steps replayed as a CUDA graph"
     chosen = results["first_layer"]
     print(f"{name} {precision}: first layer {chosen}")
     assert chosen["kernel"] in first_layer.KERNELS
+    assert chosen["cuda_graphs"] == graphed
     assert (chosen["ms"] == {}) == (not DEVICE.startswith("cuda"))
 
 
 @pytest.mark.parametrize(
     "name,kernel",
-    [("multdae", k) for k in ("bag", "gather", "csr", "dense")]
+    [("multdae", k) for k in ("bag", "gather", "dense")]  # "csr" cannot be captured
     + [("recvae", "dense"), ("recvae-edlae", "gather")],
 )
 def test_a_graphed_step_replays_the_eager_step(name, kernel):

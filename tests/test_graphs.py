@@ -89,6 +89,14 @@ def test_a_cpu_keeps_embedding_bag_without_measuring(csr):
     batch = csr.batch(torch.arange(20))
     w = torch.randn(csr.shape[1], 8)
     assert first_layer.choose(batch, w, batch.values) == ("bag", {})
+    net = models.build("multdae", csr.shape[1])
+    rng = torch.get_rng_state()
+    assert first_layer.choose_for(net, csr, 100, "fp32", graphed=True) == ("bag", {}, True)
+    assert torch.equal(torch.get_rng_state(), rng)
+    # an explicit kernel is used as it is; CSR cannot be captured in a CUDA graph
+    assert first_layer.choose_for(net, csr, 100, "fp32", "csr") == ("csr", {}, False)
+    assert net.first_layer == "csr" and net.training
+    assert first_layer.choose_for(models.build("ease", 10), csr, 100, "fp32").kernel is None
 
 
 def test_the_capacity_covers_random_batches():

@@ -152,7 +152,8 @@ def bench_train(
     if net.closed_form:
         raise ConfigError(f"{model} is fitted in closed form: time `vaecf train --model {model}`")
     graphed = graphs.graphs_apply(net, dev, precision, enabled=cuda_graphs) is None
-    kernel = first_layer.choose_for(net, csr, batch_size, precision, kernel, graphed)[0] or "bag"
+    choice = first_layer.choose_for(net, csr, batch_size, precision, kernel, graphed)
+    kernel, graphed = choice.kernel or "bag", graphed and choice.graphs
     opts = {k: make_optimizer(p, 1e-3, dev) for k, p in net.param_groups().items()}
     phase_steps = [
         (ph, [opts[g] for g in ph.groups]) for ph in net.phases() for _ in range(ph.passes)

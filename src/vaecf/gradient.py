@@ -297,15 +297,21 @@ class Trainer(Run):
         self._why_no_graph = graphs.graphs_apply(  # decided once for the run
             self.model, self.device, cfg.precision, self.ctx.world, cfg.cuda_graphs, cfg.data_on
         )
-        kernel, times = first_layer.choose_for(
+        choice = first_layer.choose_for(
             self.model, self.train_csr, cfg.batch_size, cfg.precision, cfg.first_layer,
             graphed=self._why_no_graph is None,
         )  # fmt: skip
-        if times and cfg.progress and self.ctx.is_main:
-            shown = ", ".join(f"{k} {t} ms" for k, t in times.items())
-            tqdm.write(f"first layer: {kernel} (forward + backward: {shown})")
-        if kernel is not None:
-            self.facts["first_layer"] = {"kernel": kernel, "ms": times}
+        if not choice.graphs and self._why_no_graph is None:
+            self._why_no_graph = "the CSR first layer, faster eagerly than any graphed step"
+        if choice.ms and cfg.progress and self.ctx.is_main:
+            shown = ", ".join(f"{k} {t} ms" for k, t in choice.ms.items())
+            tqdm.write(f"first layer: {choice.kernel} (forward + backward: {shown})")
+        if choice.kernel is not None:
+            self.facts["first_layer"] = {
+                "kernel": choice.kernel,
+                "ms": choice.ms,
+                "cuda_graphs": self._why_no_graph is None,
+            }
 
     def _wrap_data_parallel(self) -> None:
         from torch.nn.parallel import DistributedDataParallel

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import time
 import warnings
+from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -32,6 +33,9 @@ from vaecf.data.matrix import SparseBatch
 
 KERNELS = ("bag", "gather", "csr", "dense")
 DENSE_LIMIT_BYTES = 4 << 30  # "dense" is not tried where its (B, n_items) array is larger
+# What an eager step costs over its CUDA graph (launching ~150 kernels from Python): H200, batch
+# 500, ML-20M shape, 4,600 steps in 21.7 s eagerly against 13.2 s as graphs (benchmarks/README.md)
+EAGER_STEP_MS = 2.0
 warnings.filterwarnings("ignore", "Sparse CSR tensor support is in beta")
 
 
@@ -157,33 +161,51 @@ def choose(batch, weight, v, kernels=None, graphed: bool = False) -> tuple[str, 
     return min(timed, key=timed.get), times
 
 
+class Choice(NamedTuple):
+    kernel: str | None  # None: the model has no sparse first layer
+    ms: dict  # {kernel: forward + backward ms, or why it was not used}
+    graphs: bool = True  # False: this kernel runs only eagerly ("csr")
+
+
 def choose_for(model, csr, batch_size: int, precision: str, setting="auto", graphed=False):
-    """Set `model`'s training kernel (`Model.use_first_layer`) from `setting` ("auto": the
-    fastest measured by `choose` on the first `batch_size` rows of `csr`, the training matrix,
-    on the model's device in `precision` (`graphed`: as CUDA graphs, for a training step that
-    is one), with the RNG put back, so a run is the same whether or
-    not it measured; a CPU keeps "bag"). Returns (kernel, {kernel: ms}), (None, {}) for a model
-    without a sparse first layer."""
+    """Set `model`'s training kernel (`Model.use_first_layer`) from `setting` and return the
+    Choice. "auto": the fastest measured by `choose` on the first `batch_size` rows of `csr`
+    (the training matrix) on the model's device in `precision`, with the RNG put back (a run is
+    the same whether or not it measured); a CPU keeps "bag". Where the step would be a CUDA
+    graph (`graphed`), the graph-capturable kernels are timed as graphs, and "csr" (which
+    cannot be captured) eagerly: it is kept, with graphs off, where it beats the best graphed
+    kernel by more than an eager step's launch cost (EAGER_STEP_MS)."""
     found = model.first_layer_input()
     if found is None:
-        return None, {}
-    kernel, times = setting, {}
+        return Choice(None, {})
     device = model.device
-    if kernel == "auto":
-        kernel = "bag"
-        if device.type != "cpu":
-            weight, values = found
-            rows = torch.arange(min(batch_size, csr.n_rows), device=csr.device)
-            batch = csr.batch(rows).to(device)
-            cuda = [device] if device.type == "cuda" else []
-            was_training = model.training
-            model.train()
-            with (
-                torch.random.fork_rng(devices=cuda),
-                prec.matmul_scope(device, precision),
-                prec.autocast(device, precision),
-            ):
-                kernel, times = choose(batch, weight, values(batch).detach(), graphed=graphed)
-            model.train(was_training)
-    model.use_first_layer(kernel)
-    return kernel, times
+    if setting != "auto" or device.type == "cpu":
+        kernel = "bag" if setting == "auto" else setting
+        model.use_first_layer(kernel)
+        return Choice(kernel, {}, kernel != "csr")
+    weight, values = found
+    rows = torch.arange(min(batch_size, csr.n_rows), device=csr.device)
+    batch = csr.batch(rows).to(device)
+    kernels = candidates(batch, weight)
+    was_training = model.training
+    model.train()
+    with (
+        torch.random.fork_rng(devices=[device] if device.type == "cuda" else []),
+        prec.matmul_scope(device, precision),
+        prec.autocast(device, precision),
+    ):
+        v = values(batch).detach()
+        if not graphed:
+            kernel, times = choose(batch, weight, v, kernels)
+            choice = Choice(kernel, times, kernel != "csr")
+        else:
+            kernel, times = choose(batch, weight, v, [k for k in kernels if k != "csr"], True)
+            choice = Choice(kernel, times)
+            if "csr" in kernels:
+                eager = choose(batch, weight, v, ["bag", "csr"])[1].get("csr")
+                times["csr (eager)"] = eager
+                if isinstance(eager, float) and eager + EAGER_STEP_MS < times[kernel]:
+                    choice = Choice("csr", times, False)
+    model.train(was_training)
+    model.use_first_layer(choice.kernel)
+    return choice
