@@ -1,5 +1,6 @@
-"""The sparse first layer's kernels side by side: forward + backward to the weight, per batch
-size and precision, on a batch of a synthetic ML-20M-shaped matrix (models/first_layer.py).
+"""The sparse first layer's kernels side by side: forward + backward, per batch and precision.
+
+On a batch of a synthetic ML-20M-shaped matrix (models/first_layer.py).
 
     python benchmarks/first_layer.py [--device cuda] [--batch-size 500 --batch-size 24576]
                                      [--precision fp32 --precision bf16] [--hidden 600]

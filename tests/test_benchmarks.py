@@ -100,6 +100,9 @@ SMOKE: dict[str, list[tuple[str, str]]] = {
             "--head-timeout 0.2",
         )
     ],
+    "first_layer.py": [
+        ("bag", "--users 300 --items 200 --nnz 3000 --batch-size 50 --precision fp32 --hidden 8")
+    ],
     "serve_latency.py": [("added by serving", "--items 100 --requests 5 --rounds 1 --warmup 5")],
     "serve_load.py": [
         (
@@ -121,7 +124,7 @@ SMOKE: dict[str, list[tuple[str, str]]] = {
     ],
     "train_speed.py": [
         (
-            "vaecf (fp32)",
+            "multvae (fp32)",
             "--users 300 --items 200 --nnz 3000 --batch-size 50 --steps 2 --rounds 1 "
             "--precision fp32",
         )

@@ -890,6 +890,8 @@ def test_auto_defaults_fit_the_data():
     assert big.lr == pytest.approx(1e-3 * math.sqrt(24_576 / 500))
     assert big.total_anneal_steps == scaled_anneal_steps(200, 5, 0.2)
     assert resolve_config(vaecf.TrainConfig(batch_size=24_576, lr=2e-3), vae, 116_677).lr == 2e-3
+    small_big = resolve_config(vaecf.TrainConfig(batch_size=1_000), vae, 510)  # auto batch 100
+    assert small_big.lr == pytest.approx(1e-3 * math.sqrt(10))
     paper = resolve_config(vaecf.TrainConfig(preset="paper"), vae, 510)
     assert (paper.batch_size, paper.total_anneal_steps, paper.lr) == (500, 200_000, 1e-3)
     rec = resolve_config(vaecf.TrainConfig(preset="paper"), models.get("recvae"), 510)

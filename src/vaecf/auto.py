@@ -32,8 +32,11 @@ from vaecf.trainer import RunResult, train
 
 BLEND_WEIGHTS = [0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9]
 SETTINGS = "auto_settings.json"  # the settings an auto run started with, for its resume
-# The share of --budget kept back from the candidates for the blend, the selection and the test
-BUDGET_RESERVE = 0.03
+# The share of --budget kept back from the candidates for the blend, the selection, the test and
+# (in vaecf.fit) loading the Recommender: with 3% those took 7.4-7.7% of the budget (Zen 3,
+# 2026-11-27: ml-latest-small's fits returned in 62.1-62.8 s of 60, ML-1M's in 118.8-119.0 of 114;
+# benchmarks/README.md, "vaecf.fit's default budget")
+BUDGET_RESERVE = 0.10
 
 
 def saved_settings(out: Path) -> tuple[TrainConfig | None, AutoConfig | None]:

@@ -19,7 +19,7 @@ import scipy.sparse as sp
 import torch
 from tqdm.auto import tqdm
 
-from vaecf import graphs, models
+from vaecf import graphs, models, roofline
 from vaecf import precision as prec
 from vaecf.data.matrix import CSR
 from vaecf.errors import ConfigError
@@ -286,6 +286,8 @@ def bench_infer(
         net = models.build("multvae", int(run_or_items)).to(dev)
     net, scorer = serving_copy(net, precision)
     items = net.n_items
+    decoder = getattr(net, "decoder", None)  # the layer a batch-1 answer reads whole
+    out_bytes = roofline.layer_bytes(decoder[-1]) if decoder is not None else None
     csr = CSR.from_scipy(
         synthetic_csr(max(batch_sizes) * 4, items, max(batch_sizes) * 4 * history, seed=1), dev
     )
@@ -317,6 +319,7 @@ def bench_infer(
                 "precision": precision,
                 "users_per_s": bs / statistics.mean(times),
                 "n": len(times),
+                "output_layer_bytes": out_bytes,
                 **stats,
             }
         )
@@ -368,38 +371,3 @@ def bench_eval(
         "users_per_s": users / seconds,
         "n_users": metrics["n_users"],
     }
-
-
-def format_train(results: list[TrainBench]) -> str:
-    head = (
-        f"{'precision':>9s} {'batch':>6s} {'users/s':>9s} {'step ms':>8s} {'GFLOP/s':>8s}  "
-        "first layer  breakdown ms (batch / forward / backward / optimizer)"
-    )
-    lines = [head]
-    for r in results:
-        b = r.breakdown_ms
-        parts = (
-            f"CUDA graphs (gather, forward, backward, optimizer) {b['graph']:.1f}"
-            if "graph" in b
-            else f"{b['batch']:.1f} / {b['forward']:.1f} / {b['backward']:.1f} / "
-            f"{b['optimizer']:.1f}"
-        )
-        lines.append(
-            f"{r.precision:>9s} {r.batch_size:6d} {r.users_per_s:9.0f} {r.step_ms:8.1f} "
-            f"{r.gflops:8.1f}  {r.first_layer:>11s}  {parts}"
-        )
-    return "\n".join(lines)
-
-
-def format_infer(rows: list[dict]) -> str:
-    lines = [
-        f"{'batch':>6s} {'precision':>9s} {'users/s':>10s} {'mean ms':>8s} {'p50':>7s} "
-        f"{'p90':>7s} {'p95':>7s} {'p99':>7s}"
-    ]
-    for r in rows:
-        lines.append(
-            f"{r['batch_size']:6d} {r['precision']:>9s} {r['users_per_s']:10.0f} "
-            f"{r['mean_ms']:8.3f} {r['p50_ms']:7.3f} {r['p90_ms']:7.3f} "
-            f"{r['p95_ms']:7.3f} {r['p99_ms']:7.3f}"
-        )
-    return "\n".join(lines)

@@ -42,8 +42,8 @@ class TrainConfig(Compute):
     )
     lr: float | None = setting(
         None,
-        "Adam learning rate (Mult-VAE 1e-3, RecVAE 5e-4; auto: x sqrt(batch / 500) for batches "
-        "above 500)",
+        "Adam learning rate (Mult-VAE 1e-3, RecVAE 5e-4; auto: x sqrt(batch / the auto batch) "
+        "for batches above the auto batch)",
     )
     total_anneal_steps: int | None = setting(
         None,

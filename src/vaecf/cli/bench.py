@@ -109,7 +109,8 @@ def cmd_bench(a) -> int:
         if a.json:
             print_json([r.to_dict() for r in res])
         else:
-            print(bench.format_train(res))
+            print(format_train(res))
+            print_rooflines(s, res)
         return 0
     if a.what == "eval":
         r = bench.bench_eval(s.items, s.users, s.history, s.batch_size, s.precision, s.device)
@@ -129,8 +130,28 @@ def cmd_bench(a) -> int:
     if a.json:
         print_json(rows)
     else:
-        print(bench.format_infer(rows))
+        from vaecf import precision as prec
+        from vaecf import roofline
+
+        cpu = prec.resolve_device(s.device).type == "cpu"
+        print(format_infer(rows, roofline.read_bandwidth() if cpu else None, roofline.INT8_GOAL))
+        if cpu:
+            print(bench.machine())
     return 0
+
+
+def print_rooflines(s, results) -> None:
+    """On a CPU, each Mult-VAE/DAE step against its dense products at this CPU's best rate."""
+    from vaecf import bench, models, roofline
+    from vaecf import precision as prec
+
+    if prec.resolve_device(s.device).type != "cpu" or s.model not in ("multvae", "multdae"):
+        return
+    net = models.build(s.model, s.items)
+    for r in results:
+        rows = roofline.products(net, r.batch_size, r.precision)
+        print(roofline.format_step(r.step_ms, r.precision, r.batch_size, rows))
+    print(bench.machine())
 
 
 def register(sub) -> None:
@@ -163,3 +184,50 @@ def register(sub) -> None:
     for p in (bt, bi, be):
         p.add_argument("--json", action="store_true", help="print JSON instead of a table")
         p.set_defaults(fn=cmd_bench)
+
+
+def format_train(results) -> str:
+    head = (
+        f"{'precision':>9s} {'batch':>6s} {'users/s':>9s} {'step ms':>8s} {'GFLOP/s':>8s}  "
+        "first layer  breakdown ms (batch / forward / backward / optimizer)"
+    )
+    lines = [head]
+    for r in results:
+        b = r.breakdown_ms
+        parts = (
+            f"CUDA graphs (gather, forward, backward, optimizer) {b['graph']:.1f}"
+            if "graph" in b
+            else f"{b['batch']:.1f} / {b['forward']:.1f} / {b['backward']:.1f} / "
+            f"{b['optimizer']:.1f}"
+        )
+        lines.append(
+            f"{r.precision:>9s} {r.batch_size:6d} {r.users_per_s:9.0f} {r.step_ms:8.1f} "
+            f"{r.gflops:8.1f}  {r.first_layer:>11s}  {parts}"
+        )
+    return "\n".join(lines)
+
+
+def format_infer(rows: list[dict], bandwidth: float | None = None, goal: float = 2.0) -> str:
+    """The latency table; with `bandwidth` (bytes/s read from memory) also each p99 over the
+    time to read the output layer once at that rate (int8's goal: <= `goal`)."""
+    lines = [
+        f"{'batch':>6s} {'precision':>9s} {'users/s':>10s} {'mean ms':>8s} {'p50':>7s} "
+        f"{'p90':>7s} {'p95':>7s} {'p99':>7s}" + ("  p99 / read output layer" if bandwidth else "")
+    ]
+    for r in rows:
+        line = (
+            f"{r['batch_size']:6d} {r['precision']:>9s} {r['users_per_s']:10.0f} "
+            f"{r['mean_ms']:8.3f} {r['p50_ms']:7.3f} {r['p90_ms']:7.3f} "
+            f"{r['p95_ms']:7.3f} {r['p99_ms']:7.3f}"
+        )
+        if bandwidth and r.get("output_layer_bytes") and r["batch_size"] == 1:
+            mib = r["output_layer_bytes"] / 2**20
+            read_ms = r["output_layer_bytes"] / bandwidth * 1e3
+            line += f"  {r['p99_ms'] / read_ms:.2f} ({mib:.1f} MiB in {read_ms:.3f} ms)"
+        lines.append(line)
+    if bandwidth:
+        lines.append(
+            f"memory read at {bandwidth / 1e9:.1f} GB/s; int8 goal at batch 1: p99 <= "
+            f"{goal:g} x the output layer's read"
+        )
+    return "\n".join(lines)

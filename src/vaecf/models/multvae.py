@@ -56,11 +56,12 @@ def scaled_anneal_steps(epochs: int, updates_per_epoch: int, cap: float) -> int:
     return max(1, round(CAP_AT * epochs * updates_per_epoch / max(cap, 1e-12)))
 
 
-def large_batch_lr(lr: float, batch_size: int, paper_batch: int) -> float:
-    """The paper's learning rate, scaled by sqrt(batch / the paper's batch) above that batch
-    (Adam's square-root rule: the gradient's noise falls as 1 / sqrt(batch)), so that a large
-    batch's few updates cover the same ground (benchmarks/README.md, "Large batches")."""
-    return lr * math.sqrt(max(1.0, batch_size / paper_batch))
+def large_batch_lr(lr: float, batch_size: int, auto_batch: int) -> float:
+    """The paper's learning rate, scaled by sqrt(batch / the data's auto batch) above that
+    batch (Adam's square-root rule: the gradient's noise falls as 1 / sqrt(batch)), so that a
+    large batch's few updates cover the same ground (on ML-20M, whose auto batch is the
+    paper's 500, NVIDIA's 24,576 gets 7.0e-3; benchmarks/README.md, "Training speed: GPU")."""
+    return lr * math.sqrt(max(1.0, batch_size / auto_batch))
 
 
 def resolve_vae_train(given: dict, n_train_users: int, preset: str, paper: dict) -> dict:
@@ -74,7 +75,7 @@ def resolve_vae_train(given: dict, n_train_users: int, preset: str, paper: dict)
         out["batch_size"] = auto_batch_size(n_train_users)
     if given.get("lr") is None:
         batch = given.get("batch_size") or out["batch_size"]
-        out["lr"] = large_batch_lr(paper["lr"], batch, paper["batch_size"])
+        out["lr"] = large_batch_lr(paper["lr"], batch, auto_batch_size(n_train_users))
     if "total_anneal_steps" in paper and given.get("total_anneal_steps") is None:
         epochs = given.get("epochs") or out["epochs"]
         batch = given.get("batch_size") or out["batch_size"]
