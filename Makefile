@@ -17,7 +17,7 @@ demo: $(BIN)/vaecf
 	$(BIN)/vaecf demo
 
 test: $(BIN)/vaecf
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q --durations=15
 
 bench: $(BIN)/vaecf
 	$(BIN)/python benchmarks/accuracy.py
