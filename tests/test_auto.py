@@ -3,6 +3,8 @@ kept (a blend of the best linear and best autoencoder included) and its run dire
 under the model contract; a blend scores as its formula says."""
 
 import json
+import time
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -143,6 +145,35 @@ def test_a_blend_is_judged_on_users_its_weight_was_not_chosen_on():
 def test_auto_budget_skips_candidates_not_started(ds, tmp_path):
     with pytest.raises(RunError, match="budget"):
         vaecf.train(ds, quiet(budget=1e-9), tmp_path / "c", models.AutoConfig(["ease"]))
+
+
+def test_a_later_candidate_needs_a_tenth_of_the_budget(ds, tmp_path, monkeypatch):
+    """After the first candidate, one starts only with at least MIN_CANDIDATE_SHARE of the
+    budget beyond the reserve: here the first takes 85% (a clock moved on), and the second,
+    which 15% would have let start, is skipped."""
+    from vaecf import auto as auto_module
+
+    clock, real_train, real_time = [0.0], auto_module.train, time.perf_counter
+    monkeypatch.setattr(
+        auto_module, "time", SimpleNamespace(perf_counter=lambda: real_time() + clock[0])
+    )
+
+    def slow_train(*args, **kwargs):
+        res = real_train(*args, **kwargs)
+        clock[0] += 85.0
+        return res
+
+    monkeypatch.setattr(auto_module, "train", slow_train)
+    auto = models.AutoConfig(candidates=["popular", "ease"], blend=False, linear_cv=False)
+    res = vaecf.train(ds, quiet(budget=100.0), tmp_path / "b", auto)
+    record = json.loads((res.run_dir / "results.json").read_text())["auto"]["candidates"]
+    assert [c["model"] for c in record] == ["popular", "ease"]
+    assert "seconds" in record[0] and "budget" in record[1]["skipped"]
+    assert (
+        auto_module.BUDGET_RESERVE + auto_module.MIN_CANDIDATE_SHARE
+        > 0.15
+        > (auto_module.BUDGET_RESERVE)
+    )
 
 
 def test_blend_scores_its_formula(ds):

@@ -37,6 +37,10 @@ SETTINGS = "auto_settings.json"  # the settings an auto run started with, for it
 # 2026-11-27: ml-latest-small's fits returned in 62.1-62.8 s of 60, ML-1M's in 118.8-119.0 of 114;
 # benchmarks/README.md, "vaecf.fit's default budget")
 BUDGET_RESERVE = 0.10
+# A candidate after the first starts only with at least this share of --budget of its own: with
+# less it trains an epoch or two, returns late (its setup, validation and writes) and does not win
+# (ml-latest-small: Mult-VAE given 1.4 s of 60 took 3.7; 2026-11-27)
+MIN_CANDIDATE_SHARE = 0.10
 
 
 def saved_settings(out: Path) -> tuple[TrainConfig | None, AutoConfig | None]:
@@ -130,7 +134,8 @@ def fit_candidates(ds, cfg: TrainConfig, out: Path, auto: AutoConfig, t_start: f
     for name in auto.candidates:
         row = {"model": name, "family": models.get(name).family}
         left = None if cfg.budget is None else cfg.budget - (time.perf_counter() - t_start)
-        if left is not None and left <= BUDGET_RESERVE * cfg.budget:
+        need = BUDGET_RESERVE + (MIN_CANDIDATE_SHARE if fitted else 0.0)
+        if left is not None and left <= need * cfg.budget:
             record.append({**row, "skipped": f"the budget ({cfg.budget:g} s) was spent"})
             log(f"auto: {name} skipped, the budget is spent")
             continue
