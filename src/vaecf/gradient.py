@@ -19,7 +19,8 @@ from vaecf import precision as prec
 from vaecf.background import CheckpointWriter, snapshot
 from vaecf.config import TrainConfig
 from vaecf.data.matrix import CSR, prefetch_batches
-from vaecf.models import Model, Phase, first_layer
+from vaecf.models import Phase, first_layer
+from vaecf.models.base import LossModule
 from vaecf.run import Run, RunResult
 from vaecf.specs import FORECAST_MARGIN
 
@@ -57,7 +58,7 @@ class Trainer(Run):
             for name, params in self.model.param_groups().items()
         }
         self.scaler = prec.grad_scaler(self.device, cfg.precision)
-        self.step_module: torch.nn.Module = _LossModule(self.model)  # DDP-wrapped in fit()
+        self.step_module: torch.nn.Module = LossModule(self.model)  # DDP-wrapped in fit()
         self._best_state: dict | None = None  # a best model not yet written to best.pt
         # each phase's graph by its name; False: no graphs; None: not yet decided
         self._graph: dict[str, graphs.GraphedStep] | bool | None = None
@@ -158,22 +159,14 @@ class Trainer(Run):
                 self._row_nnz = self.train_csr.row_nnz().cpu()
                 self._capacity = graphs.graph_capacity(self._row_nnz.numpy(), cfg.batch_size)
                 if cfg.progress and self.ctx.is_main:
-                    tqdm.write(
-                        f"CUDA graphs: each full batch's step replayed as one graph (up to "
-                        f"{self._capacity:,} interactions a batch; --cuda-graphs false: eager "
-                        "steps)"
-                    )
+                    n = f"{self._capacity:,}"
+                    tqdm.write(f"CUDA graphs: full batches (up to {n} interactions) as one graph")
         if self._graph is False:
             return None
         if phase.name not in self._graph:
+            c, opts = self.cfg, [self.opts[g] for g in phase.groups]
             self._graph[phase.name] = graphs.GraphedStep(
-                self.model,
-                [self.opts[g] for g in phase.groups],
-                self.train_csr,
-                self.cfg.batch_size,
-                self.cfg.precision,
-                self._capacity,
-                phase,
+                self.model, opts, self.train_csr, c.batch_size, c.precision, self._capacity, phase
             )
         return self._graph[phase.name]
 
@@ -303,15 +296,13 @@ class Trainer(Run):
         )  # fmt: skip
         if not choice.graphs and self._why_no_graph is None:
             self._why_no_graph = "the CSR first layer, faster eagerly than any graphed step"
-        if choice.ms and cfg.progress and self.ctx.is_main:
-            shown = ", ".join(f"{k} {t} ms" for k, t in choice.ms.items())
-            tqdm.write(f"first layer: {choice.kernel} (forward + backward: {shown})")
         if choice.kernel is not None:
-            self.facts["first_layer"] = {
-                "kernel": choice.kernel,
-                "ms": choice.ms,
-                "cuda_graphs": self._why_no_graph is None,
-            }
+            graphed = self._why_no_graph is None
+            self.facts["first_layer"] = dict(
+                kernel=choice.kernel, ms=choice.ms, cuda_graphs=graphed
+            )
+            if choice.ms and cfg.progress and self.ctx.is_main:
+                tqdm.write(f"first layer: {choice.kernel} (forward + backward ms: {choice.ms})")
 
     def _wrap_data_parallel(self) -> None:
         from torch.nn.parallel import DistributedDataParallel
@@ -395,17 +386,6 @@ class Trainer(Run):
                 self._best_state = snapshot(state)
         if show:
             tqdm.write(_epoch_line(row, cfg.select_metric, self.best["epoch"] == self.epoch))
-
-
-class _LossModule(torch.nn.Module):
-    """The model's loss as a forward(), so DDP can wrap the training step."""
-
-    def __init__(self, model: Model):
-        super().__init__()
-        self.model = model
-
-    def forward(self, batch, beta: float, denom: float, phase: Phase):
-        return self.model.loss(batch, beta, denom, phase)
 
 
 def _epoch_line(row: dict, metric: str, is_best: bool) -> str:

@@ -183,6 +183,17 @@ class Model(nn.Module):
         )
 
 
+class LossModule(nn.Module):
+    """A model's loss as a forward(), so that DDP can wrap the training step."""
+
+    def __init__(self, model: Model):
+        super().__init__()
+        self.model = model
+
+    def forward(self, batch, beta: float, denom: float, phase: Phase):
+        return self.model.loss(batch, beta, denom, phase)
+
+
 def l2_rows(x: torch.Tensor) -> torch.Tensor:
     """Each row scaled to unit L2 norm (zero rows stay zero), in traceable operations."""
     return x * torch.rsqrt((x * x).sum(1, keepdim=True).clamp_min(1e-12))
