@@ -141,14 +141,18 @@ def cmd_bench(a) -> int:
 
 
 def print_rooflines(s, results) -> None:
-    """On a CPU, each Mult-VAE/DAE step against its dense products at this CPU's best rate."""
+    """On a CPU, each Mult-VAE/DAE step (fp32, and bf16 where native) against its dense
+    products at this CPU's best rate."""
     from vaecf import bench, models, roofline
     from vaecf import precision as prec
 
-    if prec.resolve_device(s.device).type != "cpu" or s.model not in ("multvae", "multdae"):
+    dev = prec.resolve_device(s.device)
+    if dev.type != "cpu" or s.model not in ("multvae", "multdae"):
         return
     net = models.build(s.model, s.items)
     for r in results:
+        if r.precision != "fp32" and not (r.precision == "bf16" and prec.native_bf16(dev)):
+            continue  # no goal where bf16 is emulated (its products alone take minutes)
         rows = roofline.products(net, r.batch_size, r.precision)
         print(roofline.format_step(r.step_ms, r.precision, r.batch_size, rows))
     print(bench.machine())
