@@ -97,11 +97,6 @@ def default_precisions(device: str = "auto") -> list[str]:
     return ["fp32", "bf16"] if prec.native_bf16(dev) else ["fp32"]
 
 
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
 @dataclasses.dataclass
 class TrainBench:
     precision: str
@@ -169,28 +164,28 @@ def bench_train(
         range(warmup + steps), desc=f"train {precision}", disable=None if progress else True
     ):
         rows = torch.randint(0, users, (batch_size,), generator=gen).to(dev)
-        _sync(dev)
+        prec.synchronize(dev)
         t0 = time.perf_counter()
         batch = csr.batch(rows)
-        _sync(dev)
+        prec.synchronize(dev)
         t1 = time.perf_counter()
         t2 = t3 = t4 = 0.0
         for phase, phase_opts in phase_steps:
             s0 = time.perf_counter()
             with prec.matmul_scope(dev, precision), prec.autocast(dev, precision):
                 loss, _ = net.loss(batch, 0.2, batch_size, phase)
-            _sync(dev)
+            prec.synchronize(dev)
             s1 = time.perf_counter()
             for o in opts.values():
                 o.zero_grad(set_to_none=True)
             with prec.matmul_scope(dev, precision):
                 scaler.scale(loss).backward()
-            _sync(dev)
+            prec.synchronize(dev)
             s2 = time.perf_counter()
             for o in phase_opts:
                 scaler.step(o)
             scaler.update()
-            _sync(dev)
+            prec.synchronize(dev)
             t2, t3, t4 = t2 + s1 - s0, t3 + s2 - s1, t4 + time.perf_counter() - s2
         t2, t3, t4 = t1 + t2, t1 + t2 + t3, t1 + t2 + t3 + t4
         if i >= warmup:
@@ -237,11 +232,11 @@ def _bench_graph(
         if not sequence[0].fits(nnz):
             continue
         rows = rows.to(dev)
-        _sync(dev)
+        prec.synchronize(dev)
         t0 = time.perf_counter()
         for step in sequence:
             step(rows, 0.2)
-        _sync(dev)
+        prec.synchronize(dev)
         if warmup > 0:
             warmup -= 1
             continue
@@ -356,10 +351,10 @@ def bench_eval(
     net = models.build("multvae", items).to(dev)
     times = []
     for _ in range(repeats + 1):
-        _sync(dev)
+        prec.synchronize(dev)
         t0 = time.perf_counter()
         metrics = evaluate_model(net, fold_in, target, batch_size=batch_size, precision=precision)
-        _sync(dev)
+        prec.synchronize(dev)
         times.append(time.perf_counter() - t0)
     seconds = statistics.median(times[1:])  # the first is a warm-up
     return {

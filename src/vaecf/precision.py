@@ -29,6 +29,12 @@ def resolve_device(device: str | None) -> torch.device:
     return dev
 
 
+def synchronize(device: torch.device) -> None:
+    """Wait for the device's queued work (a GPU's), before a clock is read."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
 def native_bf16(device: torch.device) -> bool:
     """Whether `device` does bfloat16 arithmetic in hardware (Ampere+ GPUs; CPUs with
     AVX512-BF16 or AMX), so that bf16 is a speed-up rather than an emulation."""

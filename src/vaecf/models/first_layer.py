@@ -87,11 +87,6 @@ def candidates(batch: SparseBatch, weight: torch.Tensor) -> list[str]:
     return [k for k in KERNELS if k != "dense" or dense_bytes <= DENSE_LIMIT_BYTES]
 
 
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
 def time_kernel(batch, weight, v, kernel: str, graphed: bool = False, reps: int = 5):
     """(median ms of forward + backward to the weight, the forward's output), after 2 warm-ups;
     `graphed`: both captured as one CUDA graph and replayed (as a graphed training step runs
@@ -123,10 +118,10 @@ def time_kernel(batch, weight, v, kernel: str, graphed: bool = False, reps: int 
 
     times = []
     for i in range(2 + reps):
-        _sync(w.device)
+        prec.synchronize(w.device)
         t0 = time.perf_counter()
         out = call()
-        _sync(w.device)
+        prec.synchronize(w.device)
         if i >= 2:
             times.append((time.perf_counter() - t0) * 1e3)
         if not graphed:
