@@ -43,3 +43,7 @@ def test_products_report_the_fastest_layout_and_the_ratio(monkeypatch):
 def test_read_bandwidth_and_layer_bytes():
     assert roofline.read_bandwidth(8 << 20, reps=2) > 1e8  # any machine reads 100 MB/s
     assert roofline.layer_bytes(torch.nn.Linear(10, 20)) == (200 + 20) * 4
+    # the output layer of each autoencoder (a list of decoder layers, or one), none for EASE
+    assert roofline.output_layer_bytes(models.build("multvae", 50)) == (600 * 50 + 50) * 4
+    assert roofline.output_layer_bytes(models.build("recvae", 50)) == (200 * 50 + 50) * 4
+    assert roofline.output_layer_bytes(models.build("ease", 50)) is None

@@ -281,8 +281,7 @@ def bench_infer(
         net = models.build("multvae", int(run_or_items)).to(dev)
     net, scorer = serving_copy(net, precision)
     items = net.n_items
-    decoder = getattr(net, "decoder", None)  # the layer a batch-1 answer reads whole
-    out_bytes = roofline.layer_bytes(decoder[-1]) if decoder is not None else None
+    out_bytes = roofline.output_layer_bytes(net)
     csr = CSR.from_scipy(
         synthetic_csr(max(batch_sizes) * 4, items, max(batch_sizes) * 4 * history, seed=1), dev
     )

@@ -129,6 +129,15 @@ def format_step(step_ms: float, precision: str, batch: int, rows: list[Product])
     return "\n".join(lines)
 
 
+def output_layer_bytes(model: torch.nn.Module) -> int | None:
+    """Bytes of an autoencoder's output layer (what a batch-1 answer reads whole): its decoder's
+    last layer (Mult-VAE/DAE), or its one-layer decoder (RecVAE); None without a decoder."""
+    decoder = getattr(model, "decoder", None)
+    if decoder is None:
+        return None
+    return layer_bytes(decoder[-1] if isinstance(decoder, torch.nn.ModuleList) else decoder)
+
+
 def layer_bytes(module: torch.nn.Module) -> int:
     """Bytes of a module's parameters and buffers (what a call reads at least once)."""
     return sum(t.numel() * t.element_size() for t in module.state_dict().values())
