@@ -34,7 +34,7 @@ SEED = int(os.environ.get("VAECF_DRILL_SEED") or random.SystemRandom().randrange
 # 1-2 kill points each; each run draws its own points (SEED), so the suite's runs add up to more
 # than one run's trials (fewer trials a run keep the whole suite within its 10 minutes)
 KILL_TRIALS = {
-    "prepare": 10, "train": 7, "score": 6, "tune": 3, "compare": 3, "serve": 5, "export": 6,
+    "prepare": 10, "train": 7, "score": 6, "tune": 2, "compare": 2, "serve": 5, "export": 6,
 }  # fmt: skip
 DISK_TRIALS = 3
 
@@ -271,7 +271,7 @@ def test_tune_on_a_full_disk_fails_cleanly_and_resumes(runner, tmp_path, tmpfs):
     d.setup(tmp_path, runner, out_parent=tmpfs.path)
     d.fs = tmpfs
     need = int(1.5 * _bytes(d.ref_new))
-    t = disk_full_drill(d, runner, 3, SEED + 33, need)
+    t = disk_full_drill(d, runner, 2, SEED + 33, need)
     _assert_clean(t, SEED + 33)
 
 

@@ -727,6 +727,27 @@ def test_infae_search_on_the_validation_split_equals_scoring_each_fitted_model(d
     torch.testing.assert_close(fast.alpha, slow.alpha)
 
 
+def test_infae_search_beyond_search_users_scores_a_seeded_sample_of_them(ds, monkeypatch):
+    """More validation users than SEARCH_USERS: lambda is chosen on a seeded sample of that
+    many, the values those users alone give."""
+    from vaecf.evaluate import evaluate_scores
+    from vaecf.models import infae
+
+    monkeypatch.setattr(infae, "SEARCH_USERS", 25)
+    val = (ds.split("validation_tr"), ds.split("validation_te"))
+    keep = np.sort(np.random.default_rng(0).choice(val[0].shape[0], 25, replace=False))
+    part = tuple(CSR.from_scipy(m[keep]) for m in val)
+    grid = {"ridge_grid": [0.03, 3.0, 300.0]}
+    fast, slow = (models.build("infae", ds.n_items, grid) for _ in range(2))
+    a = fast.fit(ds.split("train"), validate=lambda m: 1 / 0, validation=val)
+    b = slow.fit(ds.split("train"), validate=lambda m: evaluate_scores(m.scores, *part))
+    assert a["search_users"] == 25 and val[0].shape[0] > 25
+    assert a["ridge"] == b["ridge"]
+    for x, y in zip(a["grid"], b["grid"]):
+        assert x["validation"]["n_users"] == y["validation"]["n_users"] <= 25
+        assert x["validation"]["ndcg@100"] == pytest.approx(y["validation"]["ndcg@100"], abs=1e-4)
+
+
 @pytest.mark.parametrize("name", ["edlae", "infae"])
 def test_a_search_selects_on_any_select_metric(ds, tmp_path, name):
     """--select-metric beyond the three reported metrics: every tried point records it and
@@ -748,8 +769,9 @@ def _ntk64(a: np.ndarray, b: np.ndarray) -> np.ndarray:
 
 def test_infae_beyond_max_users_is_nystroms_subset_of_regressors():
     """Above --max-users the seeded sample are landmarks and every user a target: alpha =
-    (K_UL^T K_UL + lambda m K_LL)^-1 K_UL^T X (m: K_LL's mean diagonal), against numpy
-    (rows in 4,096-user blocks: 5,000 rows here make two)."""
+    (K_UL^T K_UL + lambda m (U / L) K_LL)^-1 K_UL^T X (m: K_LL's mean diagonal), against
+    numpy (rows in 4,096-user blocks: 5,000 rows here make two). users_t is row-major: the
+    sparse first layer gathers its rows."""
     rng = np.random.default_rng(8)
     x = (rng.random((5000, 30)) < 0.2).astype(np.float64)
     x = x[x.sum(1) > 0]
@@ -758,11 +780,16 @@ def test_infae_beyond_max_users_is_nystroms_subset_of_regressors():
     assert rec["approximation"] == "nystrom" and rec["users"] == 40 and rec["rows"] == len(x)
     land = x[np.sort(np.random.default_rng(0).choice(len(x), 40, replace=False))]
     k_ul, k_ll = _ntk64(x, land), _ntk64(land, land)
-    shift = 0.5 * k_ll.diagonal().mean()
+    shift = 0.5 * k_ll.diagonal().mean() * len(x) / 40
     a = k_ul.T @ k_ul + shift * k_ll + 1e-7 * shift * k_ll.diagonal().mean() * np.eye(40)
     ref = np.linalg.solve(a, k_ul.T @ x)
     np.testing.assert_allclose(model.alpha.numpy(), ref, rtol=1e-3, atol=1e-4 * abs(ref).max())
     np.testing.assert_array_equal(model.users_t.numpy().T, land)
+    assert model.users_t.is_contiguous()
+    loaded = models.build("infae", 30, {"ridge": 0.5})
+    loaded.load_state_dict({**model.state_dict(), "users_t": model.users_t.T.contiguous().T})
+    assert loaded.users_t.is_contiguous()  # a run saved column-major is read row-major
+    torch.testing.assert_close(loaded.users_t, model.users_t, rtol=0, atol=0)
 
 
 def test_infae_nystrom_keeps_what_the_sample_throws_away(ds):

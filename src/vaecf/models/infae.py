@@ -15,9 +15,12 @@ where EASE is fitted over items: the exact fit costs U^2 memory and U^3 time.
 
 Beyond `--max-users` (10,000) users a seeded sample of that many are the kernel's landmarks L
 and every user is still a target (Nystrom's subset of regressors; Williams and Seeger, NIPS
-2000): alpha = (K_UL^T K_UL + lambda m K_LL)^-1 K_UL^T X, m the mean of K_LL's diagonal; the
-same (L x n) alpha and the same scores s(x) = K(x, L) alpha, at L^2 U time and L^2 memory, the
-rows formed in blocks. With L = U it is the exact fit. Fitting the sample alone (the other
+2000): alpha = (K_UL^T K_UL + lambda m (U / L) K_LL)^-1 K_UL^T X, m the mean of K_LL's
+diagonal; the same (L x n) alpha and the same scores s(x) = K(x, L) alpha, at L^2 U time and
+L^2 memory, the rows formed in blocks. With L = U it is the exact fit; with L a uniform sample,
+K_UL^T K_UL ~ (U / L) K_LL^2, so the factor U / L keeps lambda's meaning (and its grid) that of
+the exact fit (without it, 55,000 rows over 10,000 landmarks chose the grid's top, 100, with
+validation NDCG@100 still rising: 0.4302 at 30, 0.4451 at 100). Fitting the sample alone (the other
 users dropped: `--beyond-max-users sample`) threw the model's advantage away at 45,000 users.
 """
 
@@ -31,6 +34,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 import scipy.sparse as sp
 import torch
+from scipy.linalg import blas
 
 from vaecf import memory, specs
 from vaecf.data.matrix import CSR, SparseBatch
@@ -58,6 +62,36 @@ def ntk(dot: torch.Tensor, norms_a: torch.Tensor, norms_b: torch.Tensor) -> torc
 
 
 BLOCK_ROWS = 4096  # users whose kernel rows to the landmarks are formed at once (Nystrom)
+# validation users that choose lambda: a seeded sample beyond this many. Each tried lambda
+# solves for their kernel rows: at 5,000 validation users and 10,000 landmarks those solves were
+# 218 of a 614 s fit (Zen 3, 2026-11-27); the run's validation metrics still cover every user
+SEARCH_USERS = 2000
+
+
+def add_gram_(gram: torch.Tensor, k: torch.Tensor) -> None:
+    """gram += k^T k for a block of kernel rows k (B, L). On the CPU through BLAS syrk, which
+    forms the lower triangle alone at half a product's flops (`symmetrize_` completes the
+    matrix once every block is in); elsewhere a product."""
+    if gram.device.type != "cpu" or gram.dtype not in (torch.float32, torch.float64):
+        gram.addmm_(k.T, k)
+        return
+    syrk = blas.dsyrk if gram.dtype == torch.float64 else blas.ssyrk
+    # C-ordered (L, L) and (B, L) arrays are the Fortran (L, L) and (L, B) transposes: the
+    # Fortran upper triangle of a a^T is gram's lower triangle, written in place
+    c = gram.numpy().T
+    out = syrk(1.0, k.contiguous().numpy().T, beta=1.0, c=c, trans=0, lower=0, overwrite_c=1)
+    if not np.shares_memory(out, c):
+        raise RuntimeError("BLAS syrk did not update the Gram matrix in place")
+
+
+def symmetrize_(a: torch.Tensor, block: int = 1024) -> torch.Tensor:
+    """a's lower triangle copied over its upper one, in place, a block of rows at a time."""
+    for start in range(0, a.shape[0], block):
+        stop = min(start + block, a.shape[0])
+        a[:start, start:stop] = a[start:stop, :start].T
+        rows = a[start:stop, start:stop]
+        rows.copy_(rows.tril() + rows.tril(-1).T)
+    return a
 
 
 def fit_bytes(n_users: int, n_items: int, dtype: torch.dtype, rows: int | None = None) -> int:
@@ -87,22 +121,48 @@ def users_that_fit(free: int, n_items: int, dtype: torch.dtype, rows: int | None
     return u if rows is None else min(u, rows)
 
 
+class Landmarks:
+    """The users a fit keeps (all of them, or Nystrom's landmarks) and the kernel between
+    them and any rows, through a sparse product: users share few items, so the dot products
+    cost the shared items' pairs, where a product with the dense (items, U) copy reads U values
+    per rated item (at 10,000 landmarks: 335 of 434 s of a 55,000-user fit's kernel rows)."""
+
+    def __init__(self, kept: sp.csr_matrix, dtype: torch.dtype, device: torch.device):
+        kept = kept.astype(np.float64)
+        self.kept_t, self.dtype, self.device = kept.T.tocsr(), dtype, device
+        self.norms = self.row_norms(kept)
+
+    def row_norms(self, rows: sp.csr_matrix) -> torch.Tensor:
+        squares = np.asarray(rows.multiply(rows).sum(1), dtype=np.float64).ravel()
+        return torch.from_numpy(np.sqrt(squares)).to(self.device, self.dtype)
+
+    def kernel(self, rows: sp.csr_matrix, out: torch.Tensor | None = None) -> torch.Tensor:
+        """(R, U) the kernel between `rows` and the kept users, written into `out` if given."""
+        rows = rows.astype(np.float64)
+        dot = torch.from_numpy((rows @ self.kept_t).toarray()).to(self.device, self.dtype)
+        k = ntk(dot, self.row_norms(rows), self.norms)
+        return k if out is None else out.copy_(k)
+
+
 @dataclass
 class System:
-    """The regression to solve for alpha at each lambda: (base + lambda m ridge) alpha = rhs,
-    `ridge` None for the identity; m the mean of the kernel's diagonal. Exact: base = K, rhs =
-    X. Nystrom over landmarks L: base = K_UL^T K_UL, ridge = K_LL, rhs = K_UL^T X (the subset
-    of regressors: every user's row a target, the landmarks' kernel the function space)."""
+    """The regression to solve for alpha at each lambda: (base + lambda m share ridge) alpha =
+    rhs, `ridge` None for the identity; m the mean of the kernel's diagonal. Exact: base = K,
+    rhs = X. Nystrom over landmarks L: base = K_UL^T K_UL, ridge = K_LL, rhs = K_UL^T X (the
+    subset of regressors: every user's row a target, the landmarks' kernel the function
+    space), share = U / L, the rows each landmark stands for."""
 
     base: torch.Tensor
     ridge: torch.Tensor | None
     rhs: torch.Tensor  # (landmarks, n_items), dtype
     rhs_t: torch.Tensor  # (n_items, landmarks), float32: for the validation users' scores
     mean_diag: float
+    landmarks: Landmarks
+    share: float = 1.0
 
     def factor(self, l2: float) -> torch.Tensor:
         a = self.base.clone()
-        shift = l2 * self.mean_diag
+        shift = l2 * self.mean_diag * self.share
         if self.ridge is None:
             a.diagonal().add_(shift)
         else:  # a landmark twice (the same history) would leave it singular: a hair of I
@@ -134,10 +194,11 @@ class InfAE(Model):
         self.register_buffer("l2", torch.tensor(float("nan"), dtype=torch.float64))
 
     def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
-        """The buffers' shapes depend on the fitted users: taken as they come."""
+        """The buffers' shapes depend on the fitted users: taken as they come, row-major (runs
+        saved before users_t was made row-major hold it column-major)."""
         for name in ("users_t", "user_norms", "alpha"):
             if prefix + name in state_dict:
-                setattr(self, name, state_dict[prefix + name])
+                setattr(self, name, state_dict[prefix + name].contiguous())
         super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
 
     # -- scoring ------------------------------------------------------------------------------
@@ -163,17 +224,6 @@ class InfAE(Model):
         """Each item's column of the fitted users' rows: items are similar when the same
         users hold them."""
         return self.users_t
-
-    def _solved(self, chol: torch.Tensor, rhs_t: torch.Tensor):
-        """Scores k (base + lambda ridge)^-1 rhs from the Cholesky factor, without alpha: a
-        solve for the batch's kernel rows, then their product with the right-hand side."""
-
-        def fn(batch: SparseBatch) -> torch.Tensor:
-            k = self._kernel_rows(batch, chol.dtype)
-            y = torch.cholesky_solve(k.T.contiguous(), chol)  # (U, B)
-            return (rhs_t @ y.float()).T
-
-        return fn
 
     # -- fitting ------------------------------------------------------------------------------
     def fit(
@@ -208,6 +258,11 @@ class InfAE(Model):
         if log:
             log(plan)
         system = self._system(x, sample, how, dtype, device)
+        t_system = time.perf_counter() - t0
+        if validation is not None and validation[0].shape[0] > SEARCH_USERS:
+            rng = np.random.default_rng(cfg.sample_seed)
+            keep = np.sort(rng.choice(validation[0].shape[0], SEARCH_USERS, replace=False))
+            validation = tuple(m.tocsr()[keep] for m in validation)
         l2, alpha, tried = self._choose(system, l2s, validate, validation, select_metric, log)
         self.alpha = alpha
         self.l2 = torch.tensor(l2, dtype=torch.float64)
@@ -220,6 +275,8 @@ class InfAE(Model):
             "approximation": how,
             "kernel_mean_diagonal": system.mean_diag,
             "seconds": round(time.perf_counter() - t0, 3),
+            "system_seconds": round(t_system, 3),  # the kernel (Nystrom: and its products)
+            "search_users": None if validation is None else validation[0].shape[0],
             "kernel_dtype": cfg.kernel_dtype,
             "device": str(device),
         }
@@ -251,45 +308,59 @@ class InfAE(Model):
     def _system(self, x: sp.csr_matrix, sample, how: str, dtype, device) -> System:
         """The fitted users' rows kept (the landmarks, for Nystrom) and the system to solve."""
         kept = x if sample is None else x[sample]
-        self.users_t = torch.from_numpy(kept.T.astype(np.float32).toarray()).to(device)  # (n, U)
-        xd = self.users_t.T.to(dtype, memory_format=torch.contiguous_format)  # (U, n_items)
-        norms = xd.square().sum(1).sqrt()
-        self.user_norms = norms.float()
-        kernel = ntk(xd @ xd.T, norms, norms)  # (U, U)
+        marks = Landmarks(kept, dtype, device)
+        # (n_items, U) in row order: scipy gives the transpose column-major, and the sparse
+        # first layer gathers rows (a strided copy made scoring 37x slower at 10,000 users)
+        users_t = np.ascontiguousarray(kept.T.astype(np.float32).toarray())
+        self.users_t = torch.from_numpy(users_t).to(device)
+        self.user_norms = marks.norms.float()
+        u = kept.shape[0]
+        kernel = torch.empty(u, u, dtype=dtype, device=device)  # (U, U)
+        for start in range(0, u, BLOCK_ROWS):
+            stop = min(start + BLOCK_ROWS, u)
+            marks.kernel(kept[start:stop], out=kernel[start:stop])
         mean_diag = float(kernel.diagonal().mean())
         if how != "nystrom":
-            return System(kernel, None, xd, self.users_t, mean_diag)
-        del xd
-        u, rows = kernel.shape[0], CSR.from_scipy(x.astype(np.float32), device)
+            xd = self.users_t.T.to(dtype, memory_format=torch.contiguous_format)  # (U, n_items)
+            return System(kernel, None, xd, self.users_t, mean_diag, marks)
         gram = torch.zeros(u, u, dtype=dtype, device=device)
         rhs_t = torch.zeros(self.n_items, u, dtype=dtype, device=device)  # K_UL^T X, transposed
         for start in range(0, x.shape[0], BLOCK_ROWS):
             stop = min(start + BLOCK_ROWS, x.shape[0])
-            k = self._kernel_rows(rows.batch(torch.arange(start, stop, device=device)), dtype)
-            gram.addmm_(k.T, k)
+            k = marks.kernel(x[start:stop])
+            add_gram_(gram, k)
             k_host = k.cpu().numpy()
             block = x[start:stop].T.astype(k_host.dtype)  # (n_items, B) sparse
             rhs_t += torch.from_numpy(np.asarray(block @ k_host)).to(device)
-        return System(gram, kernel, rhs_t.T.contiguous(), rhs_t.float(), mean_diag)
+        symmetrize_(gram)
+        share = x.shape[0] / u
+        return System(gram, kernel, rhs_t.T.contiguous(), rhs_t.float(), mean_diag, marks, share)
 
     def _choose(self, system: System, l2s, validate, validation, select_metric, log):
         """(lambda, alpha, the tried lambdas' records): the best lambda on validation. With
         the validation split at hand a tried lambda costs its factor and a solve for the
-        validation users' kernel rows, not one for every item (alpha): solved once, for the
-        winner (at 10,000 users x 20,000 items the solve is ~90% of a lambda)."""
+        validation users' kernel rows (formed once), not one for every item (alpha): solved
+        once, for the winner (at 10,000 users x 20,000 items the solve is ~90% of a lambda)."""
         own = len(l2s) > 1 and validation is not None
         if own:
             device = self.users_t.device
-            val = tuple(CSR.from_scipy(m.astype(np.float32), device) for m in validation)
+            fold_in, target = (CSR.from_scipy(m.astype(np.float32), device) for m in validation)
+            k_t = system.landmarks.kernel(validation[0].tocsr()).T.contiguous()  # (U, V)
         tried, best = [], None
         for l2 in l2s:
             t1 = time.perf_counter()
             chol = system.factor(l2)
             row = {"ridge": l2}
-            if own:
+            if own:  # the validation users' scores k (base + lambda ridge)^-1 rhs, one batch
+                scores = (system.rhs_t @ torch.cholesky_solve(k_t, chol).float()).T
                 row["validation"] = evaluate_scores(
-                    self._solved(chol, system.rhs_t), *val, metrics_with(select_metric)
+                    lambda _, s=scores: s,
+                    fold_in,
+                    target,
+                    metrics_with(select_metric),
+                    batch_size=max(1, fold_in.n_rows),
                 )
+                del scores
             else:
                 self.alpha = torch.cholesky_solve(system.rhs, chol).float()
                 if len(l2s) > 1:
