@@ -694,9 +694,12 @@ def test_infae_matches_numpy_kernel_ridge_and_keeps_the_best_ridge():
         half = model.scores(batch)
     np.testing.assert_allclose(half.double().numpy(), want, rtol=1e-4, atol=1e-5)
     assert torch.allclose(ntk(torch.eye(2), torch.ones(2), torch.ones(2)).diagonal(), torch.ones(2))
-    # the search: every lambda recorded, the best on validation kept (tried in rising order)
+    # the search: every lambda recorded, the best on validation kept (the grid in rising
+    # order, then two bisections between the best so far and its better neighbour)
     searching = models.build("infae", 30, {"ridge_grid": [30.0, 0.01, 0.3]})
-    values = iter([0.2, 0.5, 0.4])  # a validation that prefers 0.3
+    # a validation that prefers 0.3 on the grid; then 3 (between 0.3 and 30) is worse, and
+    # 0.9487 (between 0.3 and 3) the best
+    values = iter([0.2, 0.5, 0.4, 0.45, 0.55])
     alphas = []
 
     def validate(m):
@@ -704,8 +707,10 @@ def test_infae_matches_numpy_kernel_ridge_and_keeps_the_best_ridge():
         return {"ndcg@100": next(values)}
 
     rec = searching.fit(sp.csr_matrix(x), validate=validate)
-    assert [g["ridge"] for g in rec["grid"]] == [0.01, 0.3, 30.0] and rec["ridge"] == 0.3
-    assert torch.equal(searching.alpha, alphas[1]) and float(searching.l2) == 0.3
+    got = [g["ridge"] for g in rec["grid"]]
+    assert got == pytest.approx([0.01, 0.3, 30.0, 3.0, 0.3**0.5 * 3.0**0.5])
+    assert rec["ridge"] == got[4] and float(searching.l2) == pytest.approx(got[4])
+    assert torch.equal(searching.alpha, alphas[4])
     with pytest.raises(ConfigError, match="give --ridge"):
         models.build("infae", 30, {"ridge_grid": [0.1, 1.0]}).fit(sp.csr_matrix(x))
 
