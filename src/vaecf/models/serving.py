@@ -20,10 +20,16 @@ oneDNN) and scaled back by the row's and the item's scales. On a 2-core Zen 4, a
 (bf16 activations) and 2.5 ms dequantized (probe int8_paths: benchmarks/README.md). Without those
 instructions oneDNN's int8 product saturates its 16-bit intermediate sums and gives wrong
 answers (with oneDNN held to AVX2, 99% of a random product's entries wrong), so
-`int8_products` refuses it, and batches of up to INT8_KERNEL_ROWS go through the weight-only
-kernel (`torch._weight_int8pack_mm`) and larger ones dequantize DEQ_ROWS weight rows at a time
-into an ordinary product; so do devices where a product is missing (CUDA's `_int_mm` wants more
-than 16 rows). Every path computes with the same int8 weights, and each is checked against the
+`int8_products` refuses it. There, on x86, batches of up to INT8_KERNEL_ROWS go through
+fbgemm's dynamically quantized product (`torch.ops.quantized.linear_dynamic`: the batch
+quantized to 7-bit unsigned per call, so that AVX2's 16-bit pair sums cannot saturate, int32
+accumulation): on a 2-core Zen 3 at batch 1 and 20,108 items, 0.71 ms against 3.4 ms in fp32 and
+4.1 ms for the weight-only kernel with emulated bf16 (`vaecf bench infer`, benchmarks/README.md).
+fbgemm reads its own packed copy of the int8 rows, so the layer then holds them twice (half the
+fp32 bytes, not a quarter). Elsewhere small batches go through the weight-only kernel
+(`torch._weight_int8pack_mm`); larger batches dequantize DEQ_ROWS weight rows at a time into an
+ordinary product; so do devices where a product is missing (CUDA's `_int_mm` wants more than 16
+rows). Every path computes with the same int8 weights, and each is checked against the
 dequantized product when the copy is made.
 
 "fp32" / "tf32" on a CPU store the item layers' weights transposed (see
@@ -33,6 +39,7 @@ dequantized product when the copy is made.
 from __future__ import annotations
 
 import functools
+import warnings
 
 import torch
 import torch.nn.functional as F
@@ -57,8 +64,10 @@ class Int8Linear(nn.Module):
     larger ones, each a path that works on the weight's device (checked against the
     dequantized product here): "int8", an int8 x int8 product with each input row quantized to
     int8 per call (int32 accumulation, then the row's and the item's scales); "kernel",
-    PyTorch's weight-only int8 kernel with bf16 activations (small batches only); "blocks",
-    DEQ_ROWS rows at a time dequantized into an ordinary product in `dtype`.
+    PyTorch's weight-only int8 kernel with bf16 activations (small batches only); "fbgemm",
+    fbgemm's dynamically quantized product from its packed copy of the rows (x86 CPUs, small
+    batches only: it quantizes the batch with one scale); "blocks", DEQ_ROWS rows at a time
+    dequantized into an ordinary product in `dtype`.
     """
 
     def __init__(self, linear: nn.Linear, dtype: torch.dtype):
@@ -79,7 +88,10 @@ class Int8Linear(nn.Module):
         self.register_buffer("scale16", scale.to(torch.bfloat16))  # the kernel's scales
         bias = linear.bias.detach() if linear.bias is not None else torch.zeros(n_out)
         self.register_buffer("bias", bias.to(dtype))
+        self.packed = None  # fbgemm's packed int8 rows, made when that path is tried
         self.small, self.large = self._pick_paths()
+        if self.small != "fbgemm":
+            self.packed = None
 
     @property
     def weight(self) -> torch.Tensor:
@@ -109,6 +121,21 @@ class Int8Linear(nn.Module):
         out = torch._weight_int8pack_mm(self._padded(x.to(torch.bfloat16)), self.q, self.scale16)
         return out.to(self.dtype) + self.bias
 
+    def _fbgemm(self, x: torch.Tensor) -> torch.Tensor:
+        if self.packed is None:
+            with warnings.catch_warnings():  # PyTorch's quantized tensors are deprecated (in
+                warnings.simplefilter("ignore")  # favour of torchao); the pinned 2.13 has them
+                w = torch.quantize_per_channel(
+                    self.dequantized().float(),  # q * scale: divided by scale, q again
+                    self.scale.double(),
+                    torch.zeros(self.q.shape[0], dtype=torch.long),
+                    0,
+                    torch.qint8,
+                )
+            self.packed = torch.ops.quantized.linear_prepack(w, self.bias.float())
+        out = torch.ops.quantized.linear_dynamic(x.float().contiguous(), self.packed, True)
+        return out.to(self.dtype)
+
     def _blocks(self, x: torch.Tensor) -> torch.Tensor:
         x = x.to(self.dtype)
         n_out = self.q.shape[0]
@@ -124,11 +151,15 @@ class Int8Linear(nn.Module):
         """Whether `path` gives the dequantized product's answer on this device."""
         if path == "blocks":
             return True
-        if not (
-            int8_products(self.q.device.type)
-            if path == "int8"
-            else hasattr(torch, "_weight_int8pack_mm")
-        ):
+        available = {
+            "int8": lambda: int8_products(self.q.device.type),
+            "kernel": lambda: hasattr(torch, "_weight_int8pack_mm"),
+            "fbgemm": lambda: (
+                self.q.device.type == "cpu"
+                and "fbgemm" in torch.backends.quantized.supported_engines
+            ),
+        }
+        if not available[path]():
             return False
         gen = torch.Generator(device="cpu").manual_seed(0)
         x = torch.randn(3, self.n_in, generator=gen).to(self.q.device, torch.bfloat16)
@@ -144,7 +175,8 @@ class Int8Linear(nn.Module):
         """(small, large): the paths for batches up to INT8_KERNEL_ROWS and above."""
         if self._works("int8"):
             return "int8", "int8"
-        return ("kernel" if self._works("kernel") else "blocks"), "blocks"
+        small = next((p for p in ("fbgemm", "kernel") if self._works(p)), "blocks")
+        return small, "blocks"
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         path = self.small if x.shape[0] <= INT8_KERNEL_ROWS else self.large
