@@ -3,7 +3,8 @@
 An untrained Mult-VAE (or RecVAE) of 20,108 items, [600] hidden, 200-d latent (trained weights
 take the same bytes):
 
-- tensors: the model's parameters and buffers (each storage counted once);
+- tensors: the model's parameters and buffers (each storage counted once), and the int8
+  rows of fbgemm's packed copies (int8 serving on x86 CPUs without VNNI);
 - resident: what the process's resident set grew by from loading the copy and answering a
   recommendation and a similar-items call, which includes what the score function and the
   similar-items vectors hold beside the model, and the same after glibc's malloc_trim (heap
@@ -28,11 +29,16 @@ PRECISIONS = ("fp32", "bf16", "int8")
 
 
 def tensor_bytes(model) -> int:
+    import torch
+
     seen, total = set(), 0
     for t in [*model.parameters(), *model.buffers()]:
         if t.untyped_storage().data_ptr() not in seen:
             seen.add(t.untyped_storage().data_ptr())
             total += t.untyped_storage().nbytes()
+    for m in model.modules():  # fbgemm's packed int8 rows (an opaque object, not a buffer)
+        if getattr(m, "packed", None) is not None:
+            total += torch.ops.quantized.linear_unpack(m.packed)[0].int_repr().nbytes
     return total
 
 

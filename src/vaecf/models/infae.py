@@ -20,8 +20,9 @@ diagonal; the same (L x n) alpha and the same scores s(x) = K(x, L) alpha, at L^
 L^2 memory, the rows formed in blocks. With L = U it is the exact fit; with L a uniform sample,
 K_UL^T K_UL ~ (U / L) K_LL^2, so the factor U / L keeps lambda's meaning (and its grid) that of
 the exact fit (without it, 55,000 rows over 10,000 landmarks chose the grid's top, 100, with
-validation NDCG@100 still rising: 0.4302 at 30, 0.4451 at 100). Fitting the sample alone (the other
-users dropped: `--beyond-max-users sample`) threw the model's advantage away at 45,000 users.
+validation NDCG@100 still rising: 0.4302 at 30, 0.4451 at 100). Fitting the sample alone (the
+other users dropped: `--beyond-max-users sample`) threw the model's advantage away at 45,000
+users.
 """
 
 from __future__ import annotations
