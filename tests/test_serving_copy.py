@@ -57,9 +57,12 @@ def test_int8_linear_matches_the_reference_at_every_batch_size(n_in, dtype, deq_
         got = q(x)
         assert got.dtype == dtype and got.shape == (rows, 301)
         scale = np.abs(want).max()
-        rounded = dtype == torch.bfloat16 or path in ("kernel", "fbgemm")  # (fbgemm: 7-bit x)
-        tol = 0.02 * scale if rounded else 1e-4 * scale
-        np.testing.assert_allclose(got.double().numpy(), want, atol=tol, rtol=0)
+        tol = 0.02 * scale if dtype == torch.bfloat16 or kernel else 1e-4 * scale
+        if path == "fbgemm":  # the batch rounded to 7 bits over its range: at most half a step
+            step = float(x.max() - x.min()) / 127  # per input, times the row's sum of |w|
+            rows_l1 = q.dequantized().double().abs().sum(1).numpy()
+            tol = tol + step / 2 * rows_l1[None, :]
+        assert (np.abs(got.double().numpy() - want) <= tol).all(), path
 
 
 @pytest.mark.parametrize("path", ["int8", "kernel", "fbgemm", "blocks"])
@@ -128,7 +131,7 @@ def test_int8_products_are_used_where_they_work():
     # the CPU build of the pinned PyTorch has it on this project's CPUs with VNNI; if this
     # fails there, the fast path is lost
     if not serving.int8_products("cpu"):
-        pytest.skip("this CPU's int8 product is not exact (no VNNI: oneDNN saturates)")
+        pytest.skip("this CPU has no int8 dot-product instructions (VNNI, AMX)")
     q = Int8Linear(_linear(600, 500), torch.bfloat16)
     assert (q.small, q.large) == ("int8", "int8")
     torch.manual_seed(0)

@@ -47,12 +47,7 @@ def cpu_name() -> str:
 def machine() -> str:
     """The CPU, its vector flags that decide the figures, the threads and torch, for the
     caption of a benchmark table."""
-    flags: set[str] = set()
-    try:
-        with open("/proc/cpuinfo") as f:
-            flags = set(next(ln for ln in f if ln.startswith("flags")).split(":", 1)[1].split())
-    except (OSError, StopIteration):
-        pass
+    flags = prec.cpu_flags()
     have = [f for f in ("avx2", "avx512f", "avx512_bf16", "amx_bf16") if f in flags]
     return (
         f"{cpu_name()} ({', '.join(have) or 'no AVX2'}), {torch.get_num_threads()} threads, "

@@ -35,17 +35,26 @@ def synchronize(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
+def cpu_flags() -> set[str]:
+    """This CPU's feature flags (/proc/cpuinfo; empty where there is none)."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            return set(next(ln for ln in f if ln.startswith("flags")).split(":", 1)[1].split())
+    except (OSError, StopIteration):
+        return set()
+
+
 def native_bf16(device: torch.device) -> bool:
     """Whether `device` does bfloat16 arithmetic in hardware (Ampere+ GPUs; CPUs with
     AVX512-BF16 or AMX), so that bf16 is a speed-up rather than an emulation."""
     if device.type == "cuda":
         return torch.cuda.is_bf16_supported(including_emulation=False)
-    try:
-        with open("/proc/cpuinfo") as f:
-            flags = f.read()
-    except OSError:
-        return False
-    return "avx512_bf16" in flags or "amx_bf16" in flags
+    return bool({"avx512_bf16", "amx_bf16"} & cpu_flags())
+
+
+def native_int8_dot() -> bool:
+    """Whether this CPU has int8 dot-product instructions (AVX512-VNNI, AVX-VNNI, AMX-INT8)."""
+    return bool({"avx512_vnni", "avx_vnni", "amx_int8"} & cpu_flags())
 
 
 def resolve_precision(precision: str, device: torch.device) -> str:
