@@ -18,9 +18,9 @@ int8 x int8 product: each row of the input is quantized to int8 with a scale of 
 oneDNN) and scaled back by the row's and the item's scales. On a 2-core Zen 4, at batch 1 and
 20,108 items, the layer takes 0.21 ms against 0.39 ms for PyTorch's weight-only int8 kernel
 (bf16 activations) and 2.5 ms dequantized (probe int8_paths: benchmarks/README.md). Without those
-instructions oneDNN's int8 product saturates its 16-bit intermediate sums and gives wrong
-answers (with oneDNN held to AVX2, 99% of a random product's entries wrong), so
-`int8_products` refuses it. There, on x86, batches of up to INT8_KERNEL_ROWS go through
+instructions oneDNN's int8 product either saturates its 16-bit intermediate sums and gives
+wrong answers (with oneDNN held to AVX2, 99% of a random product's entries wrong) or is exact
+and slow (a Zen 3: 8.0 ms for that layer), so `int8_products` refuses it. There, on x86, batches of up to INT8_KERNEL_ROWS go through
 fbgemm's dynamically quantized product (`torch.ops.quantized.linear_dynamic`: the batch
 quantized to 7-bit unsigned per call, so that AVX2's 16-bit pair sums cannot saturate, int32
 accumulation): on a 2-core Zen 3 at batch 1 and 20,108 items, 0.71 ms against 3.4 ms in fp32 and
