@@ -17,20 +17,20 @@ int8 x int8 product: each row of the input is quantized to int8 with a scale of 
 (max|x_row| / 127, chosen per call), the products are summed exactly in int32 (`torch._int_mm`,
 oneDNN) and scaled back by the row's and the item's scales. On a 2-core Zen 4, at batch 1 and
 20,108 items, the layer takes 0.21 ms against 0.39 ms for PyTorch's weight-only int8 kernel
-(bf16 activations) and 2.5 ms dequantized (probe int8_paths: benchmarks/README.md). Without those
-instructions oneDNN's int8 product either saturates its 16-bit intermediate sums and gives
-wrong answers (with oneDNN held to AVX2, 99% of a random product's entries wrong) or is exact
-and slow (a Zen 3: 8.0 ms for that layer), so `int8_products` refuses it. There, on x86, batches of up to INT8_KERNEL_ROWS go through
-fbgemm's dynamically quantized product (`torch.ops.quantized.linear_dynamic`: the batch
-quantized to 7-bit unsigned per call, so that AVX2's 16-bit pair sums cannot saturate, int32
-accumulation): on a 2-core Zen 3 at batch 1 and 20,108 items, 0.71 ms against 3.4 ms in fp32 and
-4.1 ms for the weight-only kernel with emulated bf16 (`vaecf bench infer`, benchmarks/README.md).
-fbgemm reads its own packed copy of the int8 rows, so the layer then holds them twice (half the
-fp32 bytes, not a quarter). Elsewhere small batches go through the weight-only kernel
-(`torch._weight_int8pack_mm`); larger batches dequantize DEQ_ROWS weight rows at a time into an
-ordinary product; so do devices where a product is missing (CUDA's `_int_mm` wants more than 16
-rows). Every path computes with the same int8 weights, and each is checked against the
-dequantized product when the copy is made.
+(bf16 activations) and 2.5 ms dequantized (probe int8_paths: benchmarks/README.md).
+Without those instructions oneDNN's int8 product either saturates its 16-bit intermediate
+sums and gives wrong answers (with oneDNN held to AVX2, 99% of a random product's entries
+wrong) or is exact and slow (a Zen 3: 8.0 ms for that layer), so `int8_products` refuses it.
+There, on x86, batches of up to INT8_KERNEL_ROWS go through fbgemm's dynamically quantized
+product (`torch.ops.quantized.linear_dynamic`: the batch quantized to 7-bit unsigned per call,
+so that AVX2's 16-bit pair sums cannot saturate; int32 accumulation): on that Zen 3 the layer
+takes 0.52 ms, and a whole batch-1 answer 1.4-1.7 ms (p99 2.3-3.1) against fp32's 4.6 (p99
+6.2-7.3; `vaecf bench infer`, benchmarks/README.md). fbgemm reads its own packed copy of the
+int8 rows, so the layer then holds them twice (half the fp32 bytes, not a quarter). Elsewhere
+small batches go through the weight-only kernel (`torch._weight_int8pack_mm`); larger batches
+dequantize DEQ_ROWS weight rows at a time into an ordinary product; so do devices where a
+product is missing (CUDA's `_int_mm` wants more than 16 rows). Every path computes with the
+same int8 weights, and each is checked against the dequantized product when the copy is made.
 
 "fp32" / "tf32" on a CPU store the item layers' weights transposed (see
 `transpose_item_layers`): the fast layout for small batches, without a second copy.
