@@ -22,10 +22,10 @@ Without those instructions oneDNN's int8 product either saturates its 16-bit int
 sums and gives wrong answers (with oneDNN held to AVX2, 99% of a random product's entries
 wrong) or is exact and slow (a Zen 3: 8.0 ms for that layer), so `int8_products` refuses it.
 There, on x86, batches of up to INT8_KERNEL_ROWS go through fbgemm's dynamically quantized
-product (`torch.ops.quantized.linear_dynamic`: the batch quantized to 7-bit unsigned per call,
+product (`torch.ops.quantized.linear_dynamic`: the input quantized to 7-bit unsigned per call,
 so that AVX2's 16-bit pair sums cannot saturate; int32 accumulation): on that Zen 3 the layer
-takes 0.52 ms, and a whole batch-1 answer 1.4-1.7 ms (p99 2.3-3.1) against fp32's 4.6 (p99
-6.2-7.3; `vaecf bench infer`, benchmarks/README.md). fbgemm reads its own packed copy of the
+takes 0.59 ms, and a whole batch-1 answer 1.75 ms (p99 2.4) against fp32's 4.6 (p99 6.2-7.3;
+`vaecf bench infer`, benchmarks/README.md). fbgemm reads its own packed copy of the
 int8 rows, so the layer then holds them twice (half the fp32 bytes, not a quarter). Elsewhere
 small batches go through the weight-only kernel (`torch._weight_int8pack_mm`); larger batches
 dequantize DEQ_ROWS weight rows at a time into an ordinary product; so do devices where a
@@ -65,8 +65,8 @@ class Int8Linear(nn.Module):
     dequantized product here): "int8", an int8 x int8 product with each input row quantized to
     int8 per call (int32 accumulation, then the row's and the item's scales); "kernel",
     PyTorch's weight-only int8 kernel with bf16 activations (small batches only); "fbgemm",
-    fbgemm's dynamically quantized product from its packed copy of the rows (x86 CPUs, small
-    batches only: it quantizes the batch with one scale); "blocks", DEQ_ROWS rows at a time
+    fbgemm's dynamically quantized product from its packed copy of the rows, each input row
+    rounded to 7 bits (x86 CPUs, small batches only); "blocks", DEQ_ROWS rows at a time
     dequantized into an ordinary product in `dtype`.
     """
 
@@ -122,19 +122,22 @@ class Int8Linear(nn.Module):
         return out.to(self.dtype) + self.bias
 
     def _fbgemm(self, x: torch.Tensor) -> torch.Tensor:
+        """fbgemm quantizes the whole batch with one range, its min and max: each row is scaled
+        to max |x| = 1 and two columns of +1 and -1 (zero weights) pin that range to [-1, 1],
+        so a row's scores do not depend on the other rows of its batch."""
         if self.packed is None:
+            w = F.pad(self.dequantized().float(), (0, 2))  # q * scale; / scale gives q again
             with warnings.catch_warnings():  # PyTorch's quantized tensors are deprecated (in
                 warnings.simplefilter("ignore")  # favour of torchao); the pinned 2.13 has them
                 w = torch.quantize_per_channel(
-                    self.dequantized().float(),  # q * scale: divided by scale, q again
-                    self.scale.double(),
-                    torch.zeros(self.q.shape[0], dtype=torch.long),
-                    0,
-                    torch.qint8,
+                    w, self.scale.double(), torch.zeros(len(w), dtype=torch.long), 0, torch.qint8
                 )
-            self.packed = torch.ops.quantized.linear_prepack(w, self.bias.float())
-        out = torch.ops.quantized.linear_dynamic(x.float().contiguous(), self.packed, True)
-        return out.to(self.dtype)
+            self.packed = torch.ops.quantized.linear_prepack(w, None)
+        x = x.float()
+        s = x.abs().amax(dim=1, keepdim=True).clamp_min(_TINY)
+        pins = torch.tensor([1.0, -1.0]).expand(x.shape[0], 2)
+        out = torch.ops.quantized.linear_dynamic(torch.cat([x / s, pins], 1), self.packed, True)
+        return out.mul_(s).to(self.dtype).add_(self.bias)
 
     def _blocks(self, x: torch.Tensor) -> torch.Tensor:
         x = x.to(self.dtype)
