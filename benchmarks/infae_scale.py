@@ -5,8 +5,8 @@ One fit of `--model infae` on synthetic data with planted taste groups, one proc
 
 A fit holds a users x users kernel and its Cholesky factor and solves for a users x items
 right-hand side: U^3 / 3 for the factor and 2 U^2 n for the solve. With --search, each of
---ridge-grid's 9 lambdas costs its factor and a solve for the validation users' kernel rows;
-the users x items solve is made once, for the winner.
+--ridge-grid's 9 lambdas and the 2 bisections after them costs its factor and a solve for the
+validation users' kernel rows; the users x items solve is made once, for the winner.
 
     python benchmarks/infae_scale.py [--users 2500,5000,10000] [--items 20000] [--ridge 1]
         [--search 1000]
@@ -80,14 +80,14 @@ def main() -> int:
         type=int,
         default=0,
         help="hold out this many users as a validation split and search --ridge-grid's 9 "
-        "lambdas on them instead of fitting --ridge",
+        "lambdas (and 2 bisections) on them instead of fitting --ridge",
     )
     ap.add_argument("--one", type=int, help=argparse.SUPPRESS)  # a child: one size
     a = ap.parse_args()
     if a.one:
         print(json.dumps(one(a.one, a.items, a.ridge, a.dtype, a.search)))
         return 0
-    what = f"9 lambdas on {a.search:,} validation users" if a.search else "one lambda"
+    what = f"9 + 2 lambdas on {a.search:,} validation users" if a.search else "one lambda"
     print(f"CPU: {platform.processor() or platform.machine()}; kernel {a.dtype}, {what}")
     print("| users | items | interactions | fit s | peak RSS GiB | estimate GiB |")
     print("|---:|---:|---:|---:|---:|---:|")
