@@ -192,7 +192,7 @@ def int8_products(device_type: str) -> bool:
     device at a batch of one: CPUs with int8 dot-product instructions (VNNI, AMX); not CUDA
     (its `_int_mm` wants more than 16 rows). Without those instructions oneDNN's product is
     wrong (it saturates, with oneDNN held to AVX2) or exact and slow (a Zen 3: 8.0 ms at batch 1
-    and 20,108 items, where fbgemm takes 0.7 and fp32 3.4)."""
+    and 20,108 items, where fbgemm takes 0.6)."""
     if not hasattr(torch, "_int_mm") or (device_type == "cpu" and not prec.native_int8_dot()):
         return False
     gen = torch.Generator().manual_seed(0)
