@@ -130,7 +130,9 @@ def test_products_that_give_wrong_answers_are_not_used(monkeypatch):
         torch, "_weight_int8pack_mm", lambda x, q, s: torch.full((x.shape[0], q.shape[0]), 1e30)
     )
     monkeypatch.setattr(torch, "_int_mm", lambda a, b: torch.ones(a.shape[0], b.shape[1]))
-    monkeypatch.setattr(Int8Linear, "_fbgemm", lambda self, x: torch.zeros(x.shape[0], 30))
+    monkeypatch.setattr(
+        torch.ops.quantized, "linear_dynamic", lambda x, w, r: torch.zeros(x.shape[0], 30)
+    )
     serving.int8_products.cache_clear()
     q = Int8Linear(_linear(40, 30), torch.float32)
     serving.int8_products.cache_clear()
