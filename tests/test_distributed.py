@@ -127,7 +127,7 @@ def test_two_launchers_on_loopback_survive_a_killed_node(ds, tmp_path):
     import shutil
     import time
 
-    epochs = "12"
+    epochs = "40"
     extra = ("--model", "multdae", "--dropout", "0", "--checkpoint-every", "0")
     one = _train_cmd(ds, tmp_path / "one", 1, *extra)
     one[one.index("--epochs") + 1] = epochs
