@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # What a CUDA GPU is checked and timed with, in one go (for a machine lent for a short while).
 #
-#     benchmarks/gpu.sh OUTDIR [tests] [bench] [first] [speed] [profile] [large] [graphs] [recvae]
-#                              [items] [run] [suite]                  (default: tests bench)
+#     benchmarks/gpu.sh OUTDIR [tests] [bench] [first] [output] [speed] [profile] [large]
+#                              [graphs] [recvae] [items] [run] [suite]   (default: tests bench)
 #
 # tests: tests/test_cuda.py and the trainer's CUDA test (every model and precision on the GPU
 #        against the CPU, the linear solvers, serving precisions, resume, torchrun with NCCL);
@@ -14,6 +14,7 @@
 # run:   the paper's whole ML-20M run (synthetic ML-20M shape, 200 epochs) at bf16;
 # suite: core test files with the GPU visible (`auto` devices pick it); give it a call of its own.
 # first: the first layer's kernels timed alone at batches 500 and 24,576 (first_layer.py);
+# output: the fused output layer and its products with the logits padded to 1, 8 and 64 columns;
 # speed: train_speed.py at batches 500 and 24,576, Mult-VAE, Mult-DAE and RecVAE, tf32 and bf16,
 #        beside the dense reference (issue 41's table);
 # profile: one batch-24,576 bf16 step under torch.profiler;
@@ -54,6 +55,10 @@ for part in $parts; do
     first)
         timeout 120 $py benchmarks/first_layer.py --device cuda --precision fp32 --precision tf32 \
             --precision bf16 2>&1 | tee "$out/first_layer.txt"
+        ;;
+    output)
+        timeout 120 $py benchmarks/output_layer.py --device cuda --precision tf32 --precision bf16 \
+            2>&1 | tee "$out/output_layer.txt"
         ;;
     speed)
         timeout 240 $py benchmarks/train_speed.py --device cuda --precision tf32 --precision bf16 \

@@ -103,6 +103,12 @@ SMOKE: dict[str, list[tuple[str, str]]] = {
     "first_layer.py": [
         ("bag", "--users 300 --items 200 --nnz 3000 --batch-size 50 --precision fp32 --hidden 8")
     ],
+    "output_layer.py": [
+        (
+            "products ms",
+            "--users 300 --items 200 --nnz 3000 --batch-size 50 --precision fp32 --hidden 8",
+        )
+    ],
     "serve_latency.py": [("added by serving", "--items 100 --requests 5 --rounds 1 --warmup 5")],
     "serve_load.py": [
         (

@@ -225,6 +225,35 @@ def test_fused_output_layer_with_an_offset_matches_autograd():
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_padded_logits_give_the_unpadded_loss_and_gradients(dtype):
+    """On a GPU the logits' rows are padded to a multiple of 64 (zero weights, -inf bias): the
+    loss and every gradient, the offset's included, must be those of the unpadded layer (2,500
+    items: padded to 2,560 at 64, 2,500 at 1)."""
+    from vaecf.models.fused import linear_multinomial_nll, logits_width
+
+    assert logits_width(2500, torch.device("cpu")) == 2500
+    assert logits_width(2500, torch.device("cpu"), 64) == 2560
+    assert logits_width(2560, torch.device("cpu"), 64) == 2560
+    torch.manual_seed(3)
+    n_items = 2500
+    h = torch.randn(40, 16, dtype=dtype, requires_grad=True)
+    w = torch.randn(n_items, 16, dtype=dtype, requires_grad=True)
+    b = torch.randn(n_items, dtype=dtype, requires_grad=True)
+    base = torch.randn(40, n_items, dtype=dtype, requires_grad=True)
+    m = sp.random(40, n_items, density=0.01, format="csr", random_state=4, dtype=np.float32)
+    m.data[:] = 1
+    batch = CSR.from_scipy(m).batch(torch.arange(40))
+    got = {}
+    for multiple in (1, 64):
+        loss = linear_multinomial_nll(h, w, b, batch, base, multiple=multiple)
+        got[multiple] = (loss, *torch.autograd.grad(loss, [h, w, b, base]))
+    for a, c in zip(got[1], got[64]):
+        assert a.shape == c.shape and a.dtype == c.dtype
+        tol = {} if dtype == torch.float32 else {"rtol": 1e-2, "atol": 1e-3}
+        torch.testing.assert_close(a, c, **tol)
+
+
 def test_an_explicit_hidden_layer_is_honoured_for_either_model():
     """Unset, each model gets the paper's network (Mult-VAE [600], Mult-DAE []); given, the
     layers are what was asked for, [600] included (it was silently dropped for Mult-DAE)."""

@@ -10,6 +10,10 @@ the logits' gradient n_u * softmax - x, so one (B, n_items) array serves the who
 
 Under autocast (bf16/fp16) the products run in the autocast dtype and every reduction and the
 softmax run in float32 (float64 inputs stay float64).
+
+On a GPU the logits' rows are padded to a multiple of 64 columns (weight rows of zeros, bias
+-inf, so the padding's softmax is exactly 0): with 20,108 items a bf16 row is 40,216 bytes, not
+a multiple of 16, and cuBLAS then cannot use Hopper's TMA kernels for any of the three products.
 """
 
 from __future__ import annotations
@@ -17,6 +21,25 @@ from __future__ import annotations
 import torch
 
 _CHUNK_BYTES = 1 << 20  # rows per chunk so that one chunk's float32 copy fits in L2
+GPU_MULTIPLE = 64  # the logits' row length on a GPU is a multiple of this (see above)
+
+
+def padded(t: torch.Tensor, dtype: torch.dtype, rows: int, fill: float = 0.0) -> torch.Tensor:
+    """`t` in `dtype` with its first dimension extended to `rows` by `fill` (`t` itself, cast,
+    when it already has `rows`)."""
+    if t.shape[0] == rows:
+        return t.to(dtype)
+    out = t.new_full((rows, *t.shape[1:]), fill, dtype=dtype)
+    out[: t.shape[0]] = t
+    return out
+
+
+def logits_width(n_items: int, device: torch.device, multiple: int | None = None) -> int:
+    """The row length of the fused layer's logits: n_items rounded up to `multiple` (default:
+    GPU_MULTIPLE on a GPU, 1 elsewhere)."""
+    if multiple is None:
+        multiple = 1 if device.type == "cpu" else GPU_MULTIPLE
+    return -(-n_items // multiple) * multiple
 
 
 def _compute_dtype(t: torch.Tensor) -> torch.dtype:
@@ -34,16 +57,19 @@ class LinearMultinomialNLL(torch.autograd.Function):
     """sum_u [ n_u * logsumexp(h_u W^T + b) - sum_i x_ui (h_u W^T + b)_i ]; backward once."""
 
     @staticmethod
-    def forward(ctx, h, weight, bias, indices, row_ids, values, n_u, offset=None):
+    def forward(ctx, h, weight, bias, indices, row_ids, values, n_u, offset=None, width=None):
         dtype = _compute_dtype(h)
         acc = _acc(dtype)
+        n = weight.shape[0]
+        width = n if width is None else width
         with torch.autocast(h.device.type, enabled=False):
-            hc, wc = h.to(dtype), weight.to(dtype)
-            logits = torch.addmm(bias.to(dtype), hc, wc.t())  # (B, n_items)
+            hc, wc = h.to(dtype), padded(weight, dtype, width)
+            bc = padded(bias, dtype, width, fill=float("-inf"))
+            logits = torch.addmm(bc, hc, wc.t())  # (B, width): softmax 0 beyond n_items
             if offset is not None:  # logits of another path, added before the softmax
-                logits.add_(offset.to(dtype))
-            b, n = logits.shape
-            flat = row_ids * n + indices  # each non-zero's place in the flattened logits
+                logits[:, :n].add_(offset.to(dtype))
+            b = logits.shape[0]
+            flat = row_ids * width + indices  # each non-zero's place in the flattened logits
             picked = logits.view(-1)[flat].to(acc) * values.to(acc)  # before the overwrite
             s = torch.zeros(b, dtype=acc, device=h.device).index_add_(0, row_ids, picked)
             if h.device.type == "cpu":
@@ -53,6 +79,7 @@ class LinearMultinomialNLL(torch.autograd.Function):
             nll = (n_u.to(acc) * lse - s).sum()
         ctx.save_for_backward(hc, wc, logits, n_u, indices, row_ids, values)
         ctx.dtypes = (h.dtype, weight.dtype, bias.dtype)
+        ctx.n_items = n
         ctx.offset_dtype = offset.dtype if offset is not None else None
         return nll
 
@@ -68,14 +95,15 @@ class LinearMultinomialNLL(torch.autograd.Function):
                 g.index_put_((row_ids, indices), picked, accumulate=True)
             else:  # atomics on distinct places: no sort (index_put_'s accumulate sorts on a GPU)
                 g.view(-1).index_add_(0, row_ids * g.shape[1] + indices, picked)
-            h_dt, w_dt, b_dt = ctx.dtypes  # g is now d loss / d logits (B, n_items)
+            h_dt, w_dt, b_dt = ctx.dtypes  # g is now d loss / d logits (B, width)
+            n = ctx.n_items  # the padding's rows of wc and columns of g are 0
             grad_h = (g @ wc).to(h_dt) if ctx.needs_input_grad[0] else None
-            grad_w = (g.t() @ hc).to(w_dt) if ctx.needs_input_grad[1] else None
-            grad_b = g.sum(0, dtype=acc).to(b_dt) if ctx.needs_input_grad[2] else None
+            grad_w = (g.t() @ hc)[:n].to(w_dt) if ctx.needs_input_grad[1] else None
+            grad_b = g.sum(0, dtype=acc)[:n].to(b_dt) if ctx.needs_input_grad[2] else None
             grad_o = (
-                g.to(ctx.offset_dtype) if ctx.needs_input_grad[7] else None
+                g[:, :n].to(ctx.offset_dtype) if ctx.needs_input_grad[7] else None
             )  # d loss / d offset = d / d logits
-        return grad_h, grad_w, grad_b, None, None, None, None, grad_o
+        return grad_h, grad_w, grad_b, None, None, None, None, grad_o, None
 
 
 def softmax_chunked(logits: torch.Tensor, acc: torch.dtype) -> torch.Tensor:
@@ -109,9 +137,10 @@ def softmax_whole(logits: torch.Tensor, acc: torch.dtype) -> tuple[torch.Tensor,
     return probs, top - probs.amax(dim=1).to(acc).log()
 
 
-def linear_multinomial_nll(h, weight, bias, batch, offset=None) -> torch.Tensor:
+def linear_multinomial_nll(h, weight, bias, batch, offset=None, multiple=None) -> torch.Tensor:
     """Summed multinomial NLL of logits h @ weight.T + bias (+ `offset`, (B, n_items)) against
-    the batch's non-zeros."""
+    the batch's non-zeros; the logits' rows padded to `multiple` columns (`logits_width`)."""
+    width = logits_width(weight.shape[0], h.device, multiple)
     return LinearMultinomialNLL.apply(
-        h, weight, bias, batch.indices, batch.row_ids, batch.values, batch.row_sums(), offset
+        h, weight, bias, batch.indices, batch.row_ids, batch.values, batch.row_sums(), offset, width
     )
