@@ -25,7 +25,6 @@ from vaecf import precision as prec
 from vaecf.data.matrix import CSR
 from vaecf.models import fused
 
-
 HALF = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
 
@@ -81,7 +80,7 @@ def main() -> int:
             for multiple in a.multiple or [1, 8, 64]:
                 width = fused.logits_width(a.items, dev, multiple)
 
-                def layer():
+                def layer(h=h, batch=batch, multiple=multiple):
                     loss = fused.linear_multinomial_nll(h, w, bias, batch, multiple=multiple)
                     torch.autograd.grad(loss, [h, w, bias])
 
