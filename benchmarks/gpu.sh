@@ -17,7 +17,7 @@
 # output: the fused output layer and its products with the logits padded to 1, 8 and 64 columns;
 # speed: train_speed.py at batches 500 and 24,576, Mult-VAE, Mult-DAE and RecVAE, tf32 and bf16,
 #        beside the dense reference (issue 41's table);
-# profile: one batch-24,576 bf16 step under torch.profiler;
+# profile: one batch-24,576 bf16 step under torch.profiler, and batch 500's step eagerly;
 # large: the whole ML-20M-shaped run at NVIDIA's batch (24,576, 200 epochs, bf16) with the
 #        auto learning rate (sqrt rule) and a lower one;
 # Logs and tables go to OUTDIR; run from the repository root.
@@ -68,6 +68,10 @@ for part in $parts; do
     profile)
         timeout 90 $py benchmarks/profile_step.py --device cuda --precision bf16 \
             --batch-size 24576 --steps 5 --rows 30 2>&1 | tee "$out/profile.txt"
+        # batch 500 kernel by kernel: what a replayed graph of the paper's step runs
+        timeout 90 $py benchmarks/profile_step.py --device cuda --precision bf16 \
+            --batch-size 500 --steps 20 --rows 40 --cuda-graphs false 2>&1 |
+            tee "$out/profile500.txt"
         ;;
     large)
         # 116,677 training users: 5 updates an epoch; auto: lr 1e-3 x sqrt(24576 / 500), the

@@ -2,11 +2,14 @@
 
     python benchmarks/profile_step.py [--device cuda] [--precision fp32] [--model multvae]
                                       [--users 136677 --items 20108 --nnz 10000000] [--steps 10]
+                                      [--cuda-graphs false]
 
 Prints the operators by self time on the host (launch and Python overhead, the cost on a GPU
 when kernels are small) and, on a GPU, by device time, and counts the host-device
 synchronisations (the bench itself synchronises 4 times a step to split its breakdown; any
-more stall the queue). ML-20M shape and batch 500 by default.
+more stall the queue). ML-20M shape and batch 500 by default. A replayed CUDA graph shows as
+one launch: `--cuda-graphs false` profiles the same step eagerly, kernel by kernel (their device
+times are what a replay runs; the launches are what it saves).
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ def main() -> int:
     ap.add_argument("--nnz", type=int, default=bench.ML20M["nnz"])
     ap.add_argument("--steps", type=int, default=10)
     ap.add_argument("--rows", type=int, default=25, help="operators shown per table")
+    ap.add_argument("--cuda-graphs", default="true", choices=["true", "false"])
     a = ap.parse_args()
     data = bench.synthetic_csr(a.users, a.items, a.nnz)
     acts = [ProfilerActivity.CPU]
@@ -36,6 +40,7 @@ def main() -> int:
     if gpu:
         acts.append(ProfilerActivity.CUDA)
     kw = dict(device=a.device, model=a.model, progress=False, data=data)
+    kw["cuda_graphs"] = a.cuda_graphs == "true"
     bench.bench_train(a.precision, a.batch_size, steps=3, warmup=2, **kw)  # warm caches first
     with profile(activities=acts) as prof:
         r = bench.bench_train(a.precision, a.batch_size, steps=a.steps, warmup=0, **kw)
