@@ -181,7 +181,8 @@ def _model_batch_scores(name):
     """An untrained `name` over 300 items, a batch of two histories and its fp32 scores."""
     torch.manual_seed(0)
     net = models.build(name, 300)
-    batch = vaecf.Recommender(net, Vocabulary(list(range(300))))._batch([[1, 2, 3], [4, 5]])
+    rec = vaecf.Recommender(net, Vocabulary(list(range(300))))
+    batch = rec.batch_of(torch.tensor([1, 2, 3, 4, 5]), torch.tensor([3, 2]))
     with torch.no_grad():
         return net, batch, net.scores(batch)
 
