@@ -21,7 +21,7 @@ import polars as pl
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
-from vaecf.data import sources
+from vaecf.data import parsers, sources
 from vaecf.errors import DataError
 
 BAD_TOKENS = [
@@ -67,7 +67,7 @@ CASES = {
     "movielens-csv": Case(
         "movielens-csv",
         "ratings.csv",
-        lambda p: sources.read_movielens_csv([p])[0],
+        lambda p: parsers.read_movielens_csv([p])[0],
         ("int", "int", "num", "int"),
         ",",
         "userId,movieId,rating,timestamp",
@@ -75,33 +75,33 @@ CASES = {
     "movielens-dat": Case(
         "movielens-dat",
         "ratings.dat",
-        lambda p: sources.read_movielens_dat([p])[0],
+        lambda p: parsers.read_movielens_dat([p])[0],
         ("int", "int", "int", "int"),
         "::",
     ),
     "netflix": Case(
         "netflix",
         "mv_0000001.txt",
-        lambda p: sources.read_netflix([p])[0],
+        lambda p: parsers.read_netflix([p])[0],
         ("int", "int", "date"),
         ",",
     ),
     "lastfm": Case(
         "lastfm",
         "usersha1-artmbid-artname-plays.tsv",
-        lambda p: sources.read_lastfm([p])[0],
+        lambda p: parsers.read_lastfm([p])[0],
         ("str", "str", "str", "int"),
         "\t",
     ),
     "pinterest": Case(
         "pinterest",
         "pinterest-20.train.rating",
-        lambda p: sources.read_pinterest([p])[0],
+        lambda p: parsers.read_pinterest([p])[0],
         ("int", "int", "num", "int"),
         "\t",
     ),
     "msd": Case(
-        "msd", "train_triplets.txt", lambda p: sources.read_msd([p])[0], ("str", "str", "int"), "\t"
+        "msd", "train_triplets.txt", lambda p: parsers.read_msd([p])[0], ("str", "str", "int"), "\t"
     ),
 }
 

@@ -18,7 +18,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from vaecf.cli import main
-from vaecf.data import sources
+from vaecf.data import parsers, sources
 
 N = 120  # generated inputs per parser in the suite
 
@@ -44,7 +44,7 @@ ids = st.integers(0, 10**9)
 def test_ml1m_rows_parse_exactly(tmp_path, rows):
     path = tmp_path / "ratings.dat"
     path.write_text("".join(f"{u}::{i}::{r}::{t}\n" for u, i, r, t in rows))
-    df = sources.read_movielens_dat([path])[0]
+    df = parsers.read_movielens_dat([path])[0]
     assert df.rows() == [(u, i, float(r)) for u, i, r, _ in rows]
 
 
@@ -58,7 +58,7 @@ def test_movielens_csv_with_crlf_and_bom_parses_exactly(tmp_path, rows, eol, bom
     path = tmp_path / "ratings.csv"
     text = eol.join(["userId,movieId,rating,timestamp", *(",".join(map(str, r)) for r in rows)])
     path.write_bytes((b"\xef\xbb\xbf" if bom else b"") + (text + eol).encode())
-    df = sources.read_movielens_csv([path])[0]
+    df = parsers.read_movielens_csv([path])[0]
     assert df.rows() == [(u, i, r) for u, i, r, _ in rows]
 
 
@@ -78,7 +78,7 @@ def test_netflix_blocks_parse_exactly(tmp_path, blocks, eol):
         lines.append(f"{movie}:")
         lines += [f"{c},{r},2005-09-06" for c, r in rows]
     path.write_text(eol.join(lines) + eol, newline="")
-    df = sources.read_netflix([path])[0]
+    df = parsers.read_netflix([path])[0]
     assert df.rows() == [(c, m, r) for m, rows in blocks for c, r in rows]
 
 
@@ -93,7 +93,7 @@ def test_netflix_blocks_parse_exactly(tmp_path, blocks, eol):
 def test_msd_triplets_parse_exactly(tmp_path, rows):
     path = tmp_path / "train_triplets.txt"
     path.write_text("".join(f"u{u}\ts{u}\t{p}\n" for u, p in rows))
-    df = sources.read_msd([path])[0]
+    df = parsers.read_msd([path])[0]
     assert df.rows() == [(f"u{u}", f"s{u}", float(p)) for u, p in rows]
 
 
@@ -113,7 +113,7 @@ def test_ml1m_errors_name_the_line(tmp_path, text, where):
     path = tmp_path / "ratings.dat"
     path.write_text(text)
     with pytest.raises(sources.DataError, match=where) as e:
-        sources.read_movielens_dat([path])
+        parsers.read_movielens_dat([path])
     assert str(path) in str(e.value)
 
 
@@ -121,7 +121,7 @@ def test_latin1_bytes_name_the_line(tmp_path):
     path = tmp_path / "ratings.dat"
     path.write_bytes("1::2::3::4\n2::3::4::5\nBj\xf6rk::1::2::3\n".encode("latin-1"))
     with pytest.raises(sources.DataError, match="line 3: not valid UTF-8"):
-        sources.read_movielens_dat([path])
+        parsers.read_movielens_dat([path])
 
 
 def test_csv_row_with_extra_fields_names_its_line(tmp_path):
@@ -207,4 +207,4 @@ def test_unit_separator_byte_names_its_line(tmp_path, parser):
     path = tmp_path / "f.txt"
     path.write_bytes(b"1::2::3::4\n1::2\x1f::3::4\n")
     with pytest.raises(sources.DataError, match="line 2: holds a control character"):
-        getattr(sources, parser)([path])
+        getattr(parsers, parser)([path])

@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 
 from vaecf.data import registry
+from vaecf.data.parsers import PARSERS
 from vaecf.data.prepare import PrepareSettings, dataset_settings
-from vaecf.data.sources import PARSERS
 from vaecf.errors import DataError
 
 PUBLISHED_MD5 = {

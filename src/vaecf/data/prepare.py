@@ -41,7 +41,6 @@ from vaecf.data.sources import (
     RATING,
     USER,
     check_columns,
-    read_names_table,
     read_table,
     resolve_columns,
 )
@@ -231,6 +230,8 @@ def prepare_csv(
             return reused
         names = None
         if item_names is not None:  # read first: a bad names file fails before the long part
+            from vaecf.data.parsers import read_names_table
+
             names = read_names_table(item_names, name_id_col or item_col, name_col, sep)
         df = read_table(path, user_col, item_col, rating_col, sep, header, columns)
         return prepare_frame(df, out, settings, source, names)
@@ -340,7 +341,7 @@ def prepare_dataset(
             names = df.select(ITEM, NAME)
             df = df.drop(NAME)
         elif names_file is not None:
-            from vaecf.data.sources import NAMES_READERS
+            from vaecf.data.parsers import NAMES_READERS
 
             names = NAMES_READERS[spec.names](names_file)
         record["parse"] = parse_counts
@@ -360,7 +361,7 @@ def _names_file(spec, files: list[Path]) -> Path | None:
 
 
 def _parse(spec, files: list[Path], progress: bool):
-    from vaecf.data.sources import PARSERS
+    from vaecf.data.parsers import PARSERS
 
     _say(progress, f"{spec.name}: parsing {len(files)} file(s)")
     if spec.names == "inline":

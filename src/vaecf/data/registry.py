@@ -32,7 +32,7 @@ class DatasetSpec:
 
     name: str  # registry key, e.g. "ml-20m"
     title: str  # human name
-    parser: str  # key into vaecf.data.sources.PARSERS
+    parser: str  # key into vaecf.data.parsers.PARSERS
     raw_files: tuple[str, ...]  # file names (or glob patterns) the parser reads
     files: tuple[RemoteFile, ...] = ()  # what `vaecf download` fetches; () = manual only
     defaults: dict = field(default_factory=dict)  # PrepareSettings fields for its protocol
@@ -42,7 +42,7 @@ class DatasetSpec:
     manual: str = ""  # how to get the files when there is no download
     notes: str = ""  # format details worth knowing
     known: dict = field(default_factory=dict)  # published figures (raw and after preprocessing)
-    # item names: a file beside the raw files (read when present, see sources.NAMES_READERS), or
+    # item names: a file beside the raw files (read when present, see parsers.NAMES_READERS), or
     # "inline" (the parser's names=True adds a name column); "" = none
     names: str = ""
 
