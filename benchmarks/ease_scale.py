@@ -16,14 +16,12 @@ import time
 import torch
 
 from vaecf import models
-from vaecf.bench import ML20M, device_name, synthetic_csr
+from vaecf.bench import add_shape_arguments, device_name, synthetic_csr
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--items", type=int, default=ML20M["items"])
-    ap.add_argument("--users", type=int, default=ML20M["users"])
-    ap.add_argument("--nnz", type=int, default=ML20M["nnz"])
+    add_shape_arguments(ap)
     ap.add_argument("--l2", type=float, default=500.0, help="lambda (Steck's for ML-20M: 500)")
     ap.add_argument("--dropout", type=float, default=0.33, help="EDLAE's p (Steck's ML-20M: 0.33)")
     ap.add_argument("--dtype", default="float32", choices=["float32", "float64"])

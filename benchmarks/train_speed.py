@@ -71,9 +71,7 @@ def dense_users_per_s(m, batch_size: int, steps: int, device: torch.device, warm
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--users", type=int, default=bench.ML20M["users"])
-    ap.add_argument("--items", type=int, default=bench.ML20M["items"])
-    ap.add_argument("--nnz", type=int, default=bench.ML20M["nnz"])
+    bench.add_shape_arguments(ap)
     ap.add_argument("--batch-size", type=int, action="append", help="default 500; repeatable")
     ap.add_argument("--steps", type=int, default=10, help="timed steps per round")
     ap.add_argument("--rounds", type=int, default=3, help="rounds of A, B, ... (median shown)")

@@ -986,7 +986,7 @@ class TrialRow:
     started: bool  # it had drawn all its parameters
 
     @property
-    def counted(self) -> bool:  # what --trials counts (tune._counts)
+    def counted(self) -> bool:  # what --trials counts (study.counts)
         return self.state in ("COMPLETE", "PRUNED") or (
             self.state == "FAIL" and self.interrupted is None
         )
@@ -1009,11 +1009,11 @@ def _whole_draw(info: dict | None) -> Callable[[dict], bool]:
         return bool
     from vaecf import models
     from vaecf.data.prepare import PreparedDataset
-    from vaecf.experiments.tune import _drew_all
+    from vaecf.experiments.space import drew_all
 
     space = models.get(info["model"]).search_space
     n_train = PreparedDataset(info["data"]).manifest["counts"]["n_train_users"]
-    return lambda params: bool(params) and _drew_all(space, params, info.get("fixed", {}), n_train)
+    return lambda params: bool(params) and drew_all(space, params, info.get("fixed", {}), n_train)
 
 
 def study_state(study_dir: Path) -> StudyState | None:
@@ -1024,7 +1024,7 @@ def study_state(study_dir: Path) -> StudyState | None:
     best.json disagree with the study."""
     import optuna
 
-    from vaecf.experiments.tune import METRIC
+    from vaecf.experiments.study import METRIC
 
     if not study_dir.exists() or not _visible(study_dir):
         return None
@@ -1231,7 +1231,8 @@ class TuneDrill(Drill):
         if params not in self.retrained:
             from vaecf import configfile, models
             from vaecf.data.prepare import PreparedDataset
-            from vaecf.experiments.tune import METRIC, parse_fixed, settings_of
+            from vaecf.experiments.space import parse_fixed, settings_of
+            from vaecf.experiments.study import METRIC
 
             fixed = parse_fixed(
                 [f"epochs={self.epochs}", "hidden_dim=0", "latent_dim=8", "batch_size=64"]

@@ -16,8 +16,8 @@ from vaecf import memory, models
 from vaecf.data.matrix import CSR
 from vaecf.errors import RunError
 from vaecf.evaluate import evaluate_model
-from vaecf.models.base import FAMILIES
 from vaecf.models.blend import standardise
+from vaecf.specs import FAMILIES
 
 
 def free_bytes(n: int):

@@ -185,10 +185,10 @@ def test_tune_prunes_a_trial_below_the_median(tiny, tmp_path, monkeypatch):
     """The median pruner, fed every validated epoch: after the startup trials, a trial that
     cannot learn (lr 1e-12) falls below their median after the warm-up epochs and is stopped
     there; it counts as pruned, keeps no resume checkpoint, and the best is a learning trial."""
-    from vaecf.experiments import tune
+    from vaecf.experiments import study, tune
 
-    monkeypatch.setattr(tune, "PRUNE_AFTER_TRIALS", 3)
-    monkeypatch.setattr(tune, "PRUNE_AFTER_EPOCHS", 2)
+    monkeypatch.setattr(study, "PRUNE_AFTER_TRIALS", 3)
+    monkeypatch.setattr(study, "PRUNE_AFTER_EPOCHS", 2)
 
     def space(trial, n_train_users):
         lr = 1e-12 if trial.number == 3 else 3e-3

@@ -31,6 +31,12 @@ from vaecf.runtime import tune_cpu_allocator
 ML20M = {"users": 136_677, "items": 20_108, "nnz": 10_000_000}  # the paper's ML-20M training set
 
 
+def add_shape_arguments(ap) -> None:
+    """--users, --items and --nnz of a benchmark's synthetic matrix (default: ML-20M's)."""
+    for name in ("users", "items", "nnz"):
+        ap.add_argument(f"--{name}", type=int, default=ML20M[name])
+
+
 def cpu_name() -> str:
     """The CPU's model name (/proc/cpuinfo), for benchmark tables: figures from different CPUs
     never compare."""

@@ -14,8 +14,9 @@ from typing import Literal
 
 from vaecf.data.prepare import PrepareSettings
 from vaecf.errors import ConfigError
+from vaecf.modelconfigs import ModelConfig
 from vaecf.settings import Compute, flag, setting, validate_fields
-from vaecf.specs import ANNEAL_SETTINGS, GRADIENT_SETTINGS, ModelConfig
+from vaecf.specs import ANNEAL_SETTINGS, GRADIENT_SETTINGS
 
 # Epochs without a better validation metric after which a gradient model stops (--preset auto).
 # Mult-VAE against its 200 epochs (benchmarks/README.md, "Early stopping"): test NDCG@100

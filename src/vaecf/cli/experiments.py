@@ -26,7 +26,7 @@ class CompareSettings:
 # -- tune ---------------------------------------------------------------------------------------
 def cmd_tune(a) -> int:
     from vaecf import configfile
-    from vaecf.experiments import tune
+    from vaecf.experiments import space, study, tune
 
     s = from_args(TuneSettings, a)
     base = configfile.read(a.config) if a.config else None
@@ -49,7 +49,7 @@ def cmd_tune(a) -> int:
         resume=a.resume,
         base=base,
         log=log,
-        fixed=tune.parse_fixed(a.fix),
+        fixed=space.parse_fixed(a.fix),
     )
     if a.json:
         print_json(
@@ -66,7 +66,7 @@ def cmd_tune(a) -> int:
         )
         return 0
     print()
-    print(tune.format_table(res.rows))
+    print(study.format_table(res.rows))
     if res.best_trial is not None:
         print(
             f"\nbest: trial {res.best_trial} ({res.best_run}); settings in {res.files['best_toml']}"

@@ -109,7 +109,7 @@ def train_all(
 
     `csv_path` may also be a prepared dataset directory: its one split is used for every seed,
     and the seeds vary the training only (`prepare` must then be empty)."""
-    from vaecf.experiments.tune import locked
+    from vaecf.experiments.study import locked
 
     out, prepare = Path(out), dict(prepare)
     out.mkdir(parents=True, exist_ok=True)

@@ -29,7 +29,7 @@ from torch import nn
 
 from vaecf import precision as prec
 from vaecf.data.matrix import SparseBatch
-from vaecf.specs import ANNEAL_SETTINGS, FAMILIES, GRADIENT_SETTINGS, Spec  # noqa: F401
+from vaecf.specs import GRADIENT_SETTINGS, Spec
 
 ScoreFn = Callable[[SparseBatch], torch.Tensor]  # batch -> (B, n_items) scores
 

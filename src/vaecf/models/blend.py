@@ -16,9 +16,9 @@ from torch import nn
 from vaecf import specs
 from vaecf.data.matrix import SparseBatch
 from vaecf.errors import ConfigError
+from vaecf.modelconfigs import BlendConfig
 from vaecf.models.base import Model
 from vaecf.models.registry import build
-from vaecf.specs import AutoConfig, BlendConfig  # noqa: F401 (their home was here)
 
 
 def standardise(scores: torch.Tensor) -> torch.Tensor:

@@ -21,6 +21,7 @@ import torch
 from vaecf import memory, specs
 from vaecf.data.matrix import SparseBatch
 from vaecf.errors import ConfigError, RunError
+from vaecf.modelconfigs import EASEConfig, EDLAEConfig
 from vaecf.models.base import Model
 from vaecf.models.linear import (
     check_memory,
@@ -31,7 +32,6 @@ from vaecf.models.linear import (
 )
 from vaecf.models.linear_search import Search
 from vaecf.models.neighbourhood import block_bytes, gram_bytes, sparse_b_rows
-from vaecf.specs import EASEConfig, EDLAEConfig
 
 
 class EASE(Model):

@@ -22,12 +22,12 @@ from torch import nn
 
 from vaecf import specs
 from vaecf.data.matrix import CSR, SparseBatch
+from vaecf.modelconfigs import HybridConfig
 from vaecf.models.base import Phase
 from vaecf.models.ease import EDLAE
 from vaecf.models.fused import linear_multinomial_nll
 from vaecf.models.linear import linear_bytes, metrics_of, sparse_rows
 from vaecf.models.recvae import RecVAE
-from vaecf.specs import HybridConfig  # noqa: F401 (its home was here)
 
 ALPHA_GRID = [2.0**k for k in range(13)]  # 1 ... 4096
 

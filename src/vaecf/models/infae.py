@@ -41,9 +41,9 @@ from vaecf import memory, specs
 from vaecf.data.matrix import CSR, SparseBatch
 from vaecf.errors import ConfigError, RunError
 from vaecf.evaluate import evaluate_scores, metrics_with
+from vaecf.modelconfigs import InfAEConfig
 from vaecf.models import first_layer
 from vaecf.models.base import Model
-from vaecf.specs import InfAEConfig
 
 
 def ntk(dot: torch.Tensor, norms_a: torch.Tensor, norms_b: torch.Tensor) -> torch.Tensor:

@@ -21,10 +21,10 @@ from torch import nn
 from vaecf import precision as prec
 from vaecf import specs
 from vaecf.data.matrix import SparseBatch
+from vaecf.modelconfigs import ModelConfig
 from vaecf.models import first_layer
 from vaecf.models.base import Model, Phase, ScoreFn, l2_rows
 from vaecf.models.fused import linear_multinomial_nll
-from vaecf.specs import ModelConfig
 
 # The paper's training settings (Liang et al. 2018, section 4 and its code).
 PAPER_TRAIN = {

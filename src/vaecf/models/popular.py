@@ -10,8 +10,8 @@ import torch
 from vaecf import specs
 from vaecf.data.matrix import SparseBatch
 from vaecf.errors import RunError
+from vaecf.modelconfigs import PopularConfig
 from vaecf.models.base import Model
-from vaecf.specs import PopularConfig
 
 
 class Popular(Model):

@@ -24,11 +24,11 @@ from torch import nn
 
 from vaecf import specs
 from vaecf.data.matrix import SparseBatch
+from vaecf.modelconfigs import RecVAEConfig
 from vaecf.models import first_layer
 from vaecf.models.base import Model, Phase, l2_rows
 from vaecf.models.fused import linear_multinomial_nll
 from vaecf.models.multvae import resolve_vae_train, wide
-from vaecf.specs import RecVAEConfig
 
 PAPER_TRAIN = {"epochs": 50, "batch_size": 500, "lr": 5e-4}  # the authors' run.py defaults
 LOG_2PI = math.log(2 * math.pi)
