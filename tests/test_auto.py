@@ -83,6 +83,19 @@ def test_auto_blends_and_skips_what_does_not_fit(ds, tmp_path, monkeypatch):
         assert fit["selection"] == "cv" and fit["cv_users"] > 0
         assert {g["popularity_exponent"] for g in fit["grid"]} == {0.0, 0.1, 0.25, 0.4}
         assert all(g["cv"]["n_users"] == fit["cv_users"] for g in fit["grid"])
+        # auto's record holds the chosen point's cv figure beside its validation one
+        (chosen,) = [
+            g
+            for g in fit["grid"]
+            if g["stage"] == "full"
+            and (g["l2"], g["dropout"], g["popularity_exponent"])
+            == (fit["l2"], fit.get("dropout", g["dropout"]), fit["popularity_exponent"])
+        ]
+        assert cands[name]["cv"] == chosen["cv"] and cands[name]["cv_users"] == fit["cv_users"]
+        assert cands[name]["validation"]["ndcg@100"] == pytest.approx(
+            chosen["validation"]["ndcg@100"], abs=1e-6
+        )
+    assert "cv" not in cands["multdae"]
     blend = cands["blend"]
     assert blend["parts"][1] == "multdae" and blend["parts"][0] in ("edlae", "ease")
     assert len(blend["weights_tried"]) == 9

@@ -110,10 +110,11 @@ def test_a_linear_search_under_a_budget_keeps_its_best_point_so_far(ds, tmp_path
     assert rundir.load_config(tmp_path / "cut")["model"]["config"]["l2"] == row["l2"]
 
 
-def test_a_search_under_a_deadline_tries_the_grids_middle_first():
-    """A deadline may cut a search after its first points: they are the grids' middles, then
-    outward (walked from lambda 1 up, a cut search kept its worst region: ml-latest-small's
-    test NDCG@100 0.37 where the whole search gave 0.43); without one, the grid in order."""
+def test_a_search_under_a_deadline_climbs_from_the_grids_middle():
+    """A deadline may cut a search after its first points: they start at the grids' middle
+    and climb to the best point's untried neighbours (walked from lambda 1 up, a cut search
+    kept its worst region: ml-latest-small's test NDCG@100 0.37 where the whole search gave
+    0.43); without a deadline, the grid in order. Every point comes once either way."""
     import numpy as np
     import scipy.sparse as sp
 
@@ -122,10 +123,50 @@ def test_a_search_under_a_deadline_tries_the_grids_middle_first():
     gram = sp.csr_matrix(np.eye(2))
     s = Search(None, gram, None, None, [], [], (), "ndcg@100", None, None, "full", ())
     l2s, ps = [1.0, 10.0, 100.0, 1000.0, 10000.0], [0.0, 0.25, 0.5]
-    assert s.order(l2s, ps) == [(l2, p) for p in ps for l2 in l2s]
+    assert list(s.order(l2s, ps)) == [(l2, p) for p in ps for l2 in l2s]
     s.deadline = 0.0
-    got = s.order(l2s, ps)
-    assert got[:5] == [(100.0, 0.25), (100.0, 0.0), (100.0, 0.5), (10.0, 0.25), (1000.0, 0.25)]
+    assert list(s.order(l2s, ps))[:3] == [(100.0, 0.25), (100.0, 0.0), (100.0, 0.5)]
+
+    def value(l2, p):  # one peak, at lambda 1000 and p 0.5: two steps from the middle
+        return -abs(l2s.index(l2) - 3) - abs(ps.index(p) - 2) - 0.1 * ps.index(p)
+
+    got = []
+    for l2, p in s.order(l2s, ps):
+        got.append((l2, p))
+        s.note({"stage": "coarse", "l2": l2, "dropout": p, "value": value(l2, p)})
+    assert got[0] == (100.0, 0.25)
+    assert got.index((1000.0, 0.5)) <= 5  # the peak by the 6th point, of 15
     assert sorted(got) == sorted((l2, p) for p in ps for l2 in l2s)
-    steps = [abs(l2s.index(a) - 2) + abs(ps.index(b) - 1) for a, b in got]
-    assert steps == sorted(steps)
+
+
+def test_a_coarse_search_under_a_budget_settles_before_the_full_catalogue(ds, tmp_path):
+    """Under a budget the coarse stage's lambda, p and beta are final: the full catalogue is
+    solved once there and scored on validation alone (its folds would cost a solve each: on
+    ml-latest-small, 32 s of a 60 s fit); without one, the full stage scores its two points
+    on the folds too."""
+    cfg = {
+        "coarse_items": 40,
+        "selection": "cv",
+        "l2_grid": [1.0, 30.0, 1000.0],
+        "dropout_grid": [0.0, 0.33],
+        "popularity_grid": [0.0, 0.25],
+    }
+    grids = {}
+    for run, budget in (("free", None), ("budget", 1e6)):
+        model_cfg = models.config_from_dict("edlae", cfg)
+        vaecf.train(ds, cpu_config(budget=budget), tmp_path / run, model_cfg, model="edlae")
+        fit = _rows(tmp_path / run)[0]
+        grids[run] = [g for g in fit["grid"] if g["stage"] == "full"], fit
+        coarse = [g for g in fit["grid"] if g["stage"] == "coarse"]
+        assert len(coarse) == 3 * 2 * 2 and all("cv" in g for g in coarse)  # all tried
+        assert fit["selection"] == "cv" and fit["cv_users"] > 0
+    full, _ = grids["free"]
+    assert len({(g["l2"], g["dropout"]) for g in full}) == 2 and all("cv" in g for g in full)
+    full, fit = grids["budget"]
+    coarse = [g for g in fit["grid"] if g["stage"] == "coarse"]
+    best = max(coarse, key=lambda g: g["value"])
+    (row,) = full
+    assert "cv" not in row
+    chosen = (row["l2"], row["dropout"], row["popularity_exponent"])
+    assert chosen == (best["l2"], best["dropout"], best["popularity_exponent"])
+    assert (fit["l2"], fit["dropout"], fit["popularity_exponent"]) == chosen

@@ -6,7 +6,8 @@ are fitted with `test=False` under OUT/candidates/NAME, and the winner alone is 
 The run directory OUT then holds the winner under the model contract (its config.json names
 the winning model, or `blend` with its two parts), so `evaluate`, `recommend`, `serve`,
 `score`, `export` and `similar` work on it unchanged; results.json adds an "auto" record with
-every candidate's validation metrics and seconds.
+every candidate's validation metrics (a linear one's also on folds of the training users, as its
+search scored them) and seconds.
 """
 
 from __future__ import annotations
@@ -155,6 +156,7 @@ def fit_candidates(ds, cfg: TrainConfig, out: Path, auto: AutoConfig, t_start: f
             continue
         row.update(validation=res.validation_metrics, seconds=round(time.perf_counter() - t0, 3))
         ran = rundir.load_results(res.run_dir)
+        row.update(chosen_cv(res.run_dir))
         how = f"{row['seconds']:.0f} s"
         if models.get(name).closed_form and ran.get("stopped") == "budget":
             row["stopped"] = "budget"
@@ -167,6 +169,22 @@ def fit_candidates(ds, cfg: TrainConfig, out: Path, auto: AutoConfig, t_start: f
         fitted[name] = res
         log(f"auto: {name} validation {metric} {res.validation_metrics[metric]:.4f} ({how})")
     return record, fitted
+
+
+def chosen_cv(run_dir: Path) -> dict:
+    """A linear candidate's figures on folds of the training users at the point its search
+    chose (`cv`: pooled metrics, `cv_users`), as its search recorded them; {} for a candidate
+    without (an autoencoder, or a search on the validation users alone)."""
+    fits = [r for r in rundir.read_metrics(run_dir) if "grid" in r]
+    if not fits or not fits[0].get("grid"):
+        return {}
+    fit = fits[0]
+    for row in fit["grid"]:
+        at = (row["l2"], row.get("dropout"), row["popularity_exponent"])
+        chosen = (fit["l2"], fit.get("dropout", row.get("dropout")), fit["popularity_exponent"])
+        if row["stage"] == "full" and "cv" in row and at == chosen:
+            return {"cv": row["cv"], "cv_users": fit.get("cv_users")}
+    return {}
 
 
 def _per_user(model, val, metric, cfg):

@@ -116,6 +116,19 @@ class HybridConfig(RecVAEConfig):
         "train the EDLAE path's item-item matrix B jointly with the decoder (its diagonal "
         "held at zero; VASP-style, Vančura & Kordík 2021); false: B stays frozen",
     )
+    distil: float = setting(
+        0.0,
+        "when positive, the EDLAE path is a teacher (knowledge distillation, Hinton et al. 2015) "
+        "instead of a part of the logits: the network alone scores, trained toward "
+        "(1 - distil) x + distil n_u softmax(alpha x B)",
+    )
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if not 0.0 <= self.distil <= 1.0:
+            raise ConfigError("distil must lie in [0, 1]")
+        if self.distil and self.train_linear:
+            raise ConfigError("distil (a frozen teacher) and train_linear exclude each other")
 
 
 @dataclass

@@ -229,7 +229,7 @@ class EASE(Model):
             value = 0.0
             if not single:
                 row["validation"] = validate(self)
-                value = row["validation"][search.select_metric]
+                value = row["value"] = row["validation"][search.select_metric]
             last = time.perf_counter() - t1
             search.note({**row, "seconds": round(last, 3)})
             if best is None or value > best[0]:

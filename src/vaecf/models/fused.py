@@ -137,10 +137,14 @@ def softmax_whole(logits: torch.Tensor, acc: torch.dtype) -> tuple[torch.Tensor,
     return probs, top - probs.amax(dim=1).to(acc).log()
 
 
-def linear_multinomial_nll(h, weight, bias, batch, offset=None, multiple=None) -> torch.Tensor:
+def linear_multinomial_nll(
+    h, weight, bias, batch, offset=None, multiple=None, values=None
+) -> torch.Tensor:
     """Summed multinomial NLL of logits h @ weight.T + bias (+ `offset`, (B, n_items)) against
-    the batch's non-zeros; the logits' rows padded to `multiple` columns (`logits_width`)."""
+    the batch's non-zeros (`values` in place of theirs: the log-sum-exp still weighs each row
+    by its own count); the logits' rows padded to `multiple` columns (`logits_width`)."""
     width = logits_width(weight.shape[0], h.device, multiple)
+    v = batch.values if values is None else values
     return LinearMultinomialNLL.apply(
-        h, weight, bias, batch.indices, batch.row_ids, batch.values, batch.row_sums(), offset, width
+        h, weight, bias, batch.indices, batch.row_ids, v, batch.row_sums(), offset, width
     )

@@ -6,10 +6,16 @@ epoch (lambda and p searched on validation as `--model edlae` does, or given) an
 and alpha is one trained scalar. The VAE thus learns what the linear model misses, under its
 own multinomial likelihood, composite prior and alternating schedule.
 
-This is the cheap variant of VASP (Vančura & Kordík, ICANN 2021: sigmoid(VAE) x sigmoid(x B),
-B trained jointly, focal loss) that keeps Mult-VAE's softmax training; it is not published: its
-accuracy is measured in benchmarks/README.md. B costs n_items^2 floats (checked against memory
-like EASE), so this model is for catalogues where EASE fits.
+With `distil` above 0 the path is a teacher instead (knowledge distillation, Hinton et al.,
+2015): the decoder alone scores, and its softmax is trained toward the mix (1 - distil) x +
+distil n_u softmax(alpha x B) of the history and the teacher's distribution (alpha, its
+temperature, the likeliest on the training users; frozen).
+
+The first form is the cheap variant of VASP (Vančura & Kordík, ICANN 2021: sigmoid(VAE) x
+sigmoid(x B), B trained jointly, focal loss) that keeps Mult-VAE's softmax training;
+neither form's accuracy is published: it is measured in benchmarks/README.md. B
+costs n_items^2 floats (checked against memory like EASE; a student keeps it too), so this
+model is for catalogues where EASE fits.
 """
 
 from __future__ import annotations
@@ -67,10 +73,12 @@ class RecVAEEDLAE(RecVAE):
         )
         with torch.no_grad():
             self.shallow.copy_(linear.weight)
-            # start where the linear model ends: a zero decoder, and alpha the scale at which
-            # softmax(alpha x B) best fits the training users (x B is in regression units)
-            self.decoder.weight.zero_()
-            self.decoder.bias.zero_()
+            # start where the linear model ends: a zero decoder (a student starts as RecVAE),
+            # and alpha the scale at which softmax(alpha x B) best fits the training users (x B
+            # is in regression units)
+            if not c.distil:
+                self.decoder.weight.zero_()
+                self.decoder.bias.zero_()
             a = self.config.alpha
             self.alpha.fill_(a if a is not None else self._likeliest_alpha(train))
         # the card shows the chosen values (a resume restores the path from its checkpoint)
@@ -105,7 +113,8 @@ class RecVAEEDLAE(RecVAE):
 
     def param_groups(self) -> dict[str, list[nn.Parameter]]:
         groups = super().param_groups()
-        groups["decoder"].append(self.alpha)
+        if not self.config.distil:  # a teacher's temperature stays as it was fitted
+            groups["decoder"].append(self.alpha)
         if self.config.train_linear:
             groups["decoder"].append(self.shallow)
         return groups
@@ -123,13 +132,31 @@ class RecVAEEDLAE(RecVAE):
         return b - torch.diag(b.diagonal()) if self.config.train_linear else b
 
     def scores(self, batch: SparseBatch) -> torch.Tensor:
+        if self.config.distil:
+            return super().scores(batch)
         offset = self._offset(batch, self.alpha, self.shallow)
         return super().scores(batch) + offset.to(self.alpha.dtype)
 
     def dense_scores(self, x: torch.Tensor) -> torch.Tensor:
+        if self.config.distil:
+            return super().dense_scores(x)
         return super().dense_scores(x) + self.alpha * (x @ self._linear())
 
+    def distilled_nll(self, z, w, b, batch: SparseBatch) -> torch.Tensor:
+        """sum_u [n_u lse_u - sum_i t_ui logit_ui], t = (1 - d) x + d n_u q, q the teacher's
+        softmax(alpha x B): the history's part through the fused layer, the teacher's as
+        q . logit = z . (q W) + q . b (no second (B, n_items) logits)."""
+        d, acc = self.config.distil, torch.promote_types(w.dtype, torch.float32)
+        with torch.no_grad():
+            q = torch.softmax(self.alpha * sparse_rows(self.shallow, batch), dim=1)
+            q = q.to(acc) * batch.row_sums().to(acc)[:, None]  # n_u q
+        own = linear_multinomial_nll(z, w, b, batch, values=(1.0 - d) * batch.values)
+        taught = (z.to(acc) * (q @ w.to(acc))).sum() + (q @ b.to(acc)).sum()
+        return own - d * taught
+
     def nll(self, z, w, b, batch: SparseBatch, phase: Phase | None) -> torch.Tensor:
+        if self.config.distil:
+            return self.distilled_nll(z, w, b, batch)
         alpha, shallow = self.alpha, self.shallow
         if phase is not None and phase.name == "encoder":
             alpha, shallow = alpha.detach(), shallow.detach()

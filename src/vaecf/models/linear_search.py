@@ -49,6 +49,8 @@ class Search:
     stopped: bool = False  # a point was left untried for the deadline
     tried: list[dict] = field(default_factory=list)
     kept: list = field(default_factory=list)  # the sparse solver's B of the point last scored
+    scores: dict = field(default_factory=dict)  # (lambda, p) -> its best value in this stage
+    settled: bool = False  # the coarse stage chose: the full catalogue's point skips the folds
 
     def __post_init__(self) -> None:
         self.diag = torch.from_numpy(self.gram_sp.diagonal())  # each item's count
@@ -64,12 +66,12 @@ class Search:
 
     def view(self, cols=None):
         """What scoring on the items `cols` (None: all) needs, made once per stage: their
-        counts, the validation split and each fold's (Gram correction, counts, fold-in,
-        target) restricted to them."""
+        counts, the validation split and (unless `settled`) each fold's (Gram correction,
+        counts, fold-in, target) restricted to them."""
         d = self.diag if cols is None else self.diag[cols]
         val = [csr_on(m, cols, self.device) for m in self.validation]
         views = []
-        for delta, f_in, f_te in self.folds:
+        for delta, f_in, f_te in [] if self.settled else self.folds:
             part = restrict(delta, cols)
             df = d + torch.from_numpy(part.diagonal()).to(d)
             views.append((part, df, *(csr_on(m, cols, self.device) for m in (f_in, f_te))))
@@ -119,7 +121,12 @@ class Search:
         return rows
 
     def note(self, row: dict) -> None:
+        if self.tried and self.tried[-1]["stage"] != row["stage"]:  # a stage's own scores
+            self.scores.clear()
         self.tried.append(row)
+        if "value" in row:
+            at = (row["l2"], row["dropout"])
+            self.scores[at] = max(row["value"], self.scores.get(at, -math.inf))
         if self.log and "validation" in row:
             metric = self.select_metric
             cvm = f", cv {row['cv'][metric]:.4f}" if "cv" in row else ""
@@ -129,34 +136,53 @@ class Search:
                 f"{metric} {row['validation'][metric]:.4f}{cvm}"
             )
 
-    def order(self, l2s: list[float], dropouts: list[float]) -> list[tuple[float, float]]:
-        """The (lambda, p) points in the order they are tried: every lambda for each p in turn;
-        under a deadline, which may cut the search after its first points, the grids' middles
-        first and outward (the grids are spaced around where the best usually lies: a search
-        walked from lambda 1 up, cut after one point, kept its worst region)."""
+    def order(self, l2s: list[float], dropouts: list[float]):
+        """The (lambda, p) points in the order they are tried (read as they are scored): every
+        lambda for each p in turn; under a deadline, which may cut the search after a few
+        points, a climb: the grids' middle, then the untried neighbours (one grid step in
+        lambda or p) of the best point so far until it has none left, then the rest from the
+        middle outward. (Walked from lambda 1 up, a search cut after one point kept its worst
+        region; walked from the middle outward, it spent its points on both sides alike.)"""
         pairs = [(l2, p) for p in dropouts for l2 in l2s]
         if self.deadline is None:
-            return pairs
+            yield from pairs
+            return
 
         def off(grid: list[float], v: float) -> float:  # steps from the grid's middle
             return abs(grid.index(v) - (len(grid) - 1) / 2)
 
-        return sorted(
+        todo = sorted(
             pairs, key=lambda lp: (off(l2s, lp[0]) + off(dropouts, lp[1]), off(l2s, lp[0]))
         )
+        while todo:
+            nxt = todo[0]
+            if self.scores:  # this stage's
+                l2, p = max(self.scores, key=self.scores.get)
+                i, j = l2s.index(l2), dropouts.index(p)
+                steps = [(i - 1, j), (i + 1, j), (i, j - 1), (i, j + 1)]
+                near = [
+                    (l2s[a], dropouts[b])
+                    for a, b in steps
+                    if 0 <= a < len(l2s) and 0 <= b < len(dropouts)
+                ]
+                nxt = next((lp for lp in near if lp in todo), nxt)
+            todo.remove(nxt)
+            yield nxt
 
     def coarse(self, l2s: list[float], dropouts: list[float], n_coarse: int, refine: bool):
         """The whole grid on the `n_coarse` most popular items (their own sub-problem); the
         (lambda, p) points the full catalogue then solves: the coarse best and, with `refine`,
-        half a grid step toward its better coarse neighbour."""
+        half a grid step toward its better coarse neighbour; under a deadline the coarse best
+        alone, with its beta and without folds."""
         cols = torch.topk(self.diag, n_coarse).indices.sort().values.numpy()
         sub = torch.from_numpy(dense_block(self.gram_sp, cols))
         sub = sub.to(device=self.device, dtype=self.dtype)
         view = self.view(cols)
         curve: dict[tuple[float, float, float], float] = {}
         last = 0.0
-        # the full catalogue's first solve must follow: a coarse point's time scaled as n^3
-        full = (self.diag.numel() / len(cols)) ** 3
+        # under a deadline the full catalogue's one solve must follow: a coarse point's time
+        # per solve (it solves once per fold too) scaled as n^3
+        full = (self.diag.numel() / len(cols)) ** 3 / (1 + len(self.folds))
         for l2, p in self.order(l2s, dropouts):
             if curve and self.late(last, FORECAST_MARGIN * full * last):
                 break
@@ -171,6 +197,13 @@ class Search:
         # the first of equals: the smaller lambda, p and beta
         l2, p, beta = max(curve, key=curve.get)
         full = [(l2, p)]
+        if self.deadline is not None:
+            # the coarse choice is final: the full catalogue solved once, at its lambda, p and
+            # beta, and scored on validation alone (with its folds, each full point costs one
+            # solve per fold more: on ml-latest-small, 32 s of a 60 s fit, which left the coarse
+            # stage one point)
+            self.settled, self.betas = True, [beta]
+            return full
         if refine:  # half a grid step toward the better coarse neighbour
             i = l2s.index(l2)
             # a neighbour the deadline left untried counts as worse than any tried
