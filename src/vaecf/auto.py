@@ -128,7 +128,7 @@ def fit_candidates(ds, cfg: TrainConfig, out: Path, auto: AutoConfig, t_start: f
     fitted: dict[str, RunResult] = {}
     log(
         f"auto: fitting {', '.join(auto.candidates)}"
-        + ("" if cfg.budget is None else f" within {cfg.budget:g} s")
+        + ("" if cfg.budget is None else f" within {cfg.budget:.0f} s")
         + f"; each candidate's epochs and search are in {out / 'candidates'}"
     )
     for name in auto.candidates:
@@ -136,7 +136,7 @@ def fit_candidates(ds, cfg: TrainConfig, out: Path, auto: AutoConfig, t_start: f
         left = None if cfg.budget is None else cfg.budget - (time.perf_counter() - t_start)
         need = BUDGET_RESERVE + (MIN_CANDIDATE_SHARE if fitted else 0.0)
         if left is not None and left <= need * cfg.budget:
-            record.append({**row, "skipped": f"the budget ({cfg.budget:g} s) was spent"})
+            record.append({**row, "skipped": f"the budget ({cfg.budget:.0f} s) was spent"})
             log(f"auto: {name} skipped, the budget is spent")
             continue
         t0 = time.perf_counter()

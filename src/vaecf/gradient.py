@@ -372,7 +372,7 @@ class Trainer(Run):
         if self.stopped == "patience":
             why = f"no better validation {metric} in {self.cfg.patience} epochs"
         else:
-            why = f"another epoch would end past the {self.cfg.budget:g} s budget"
+            why = f"another epoch would end past the {self.cfg.budget:.0f} s budget"
         return f"stopped after epoch {self.epoch}: {why}; the best, epoch {best}, is kept"
 
     def _validate_epoch(self, row: dict, show: bool) -> None:
