@@ -2,7 +2,8 @@
 item names files, each read into a Polars frame of (user_id, item_id[, rating]) in file order.
 
 One function per format (`PARSERS`, `NAMES_READERS`), on the generic reading of
-`vaecf.data.sources`. Each returns the frame and a dict of parse counts for the manifest.
+`vaecf.data.sources` and the strict typed reads of `vaecf.data.strict`. Each returns the frame and
+a dict of parse counts for the manifest.
 """
 
 from __future__ import annotations
@@ -19,12 +20,10 @@ from vaecf.data.sources import (
     USER,
     WHITESPACE,
     csv_bad_line,
-    one_file,
-    read_lines,
     sep_for,
     text_source,
-    typed_read,
 )
+from vaecf.data.strict import one_file, read_lines, typed_read
 from vaecf.errors import DataError
 
 Parsed = tuple[pl.DataFrame, dict]
