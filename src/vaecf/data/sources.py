@@ -164,6 +164,41 @@ def read_table(
         )
     wanted = [user_col, item_col] + ([rating_col] if rating_col else [])
     sep = None if is_parquet else sep_for(path, sep)
+    lf, names = _scan(path, sep, header, columns, is_parquet)
+    missing = [c for c in wanted if c not in names]
+    if missing:
+        hint = " (is --sep right?)" if len(names) == 1 and not is_parquet else ""
+        raise DataError(
+            f"{path}: no column(s) {missing}; the file has columns {names}{hint}. "
+            "Pass the right --user-col/--item-col/--rating-col"
+            + ("" if columns else " (or --no-header --columns if it has no header row)")
+            + "."
+        )
+    try:
+        df = lf.select(wanted).collect()
+    except pl.exceptions.PolarsError as e:
+        n = None if is_parquet else _first_non_utf8_line(path)
+        where = f", line {n}: not valid UTF-8 text" if n else None
+        if where is None and not is_parquet and sep != WHITESPACE:
+            where = csv_bad_line(path, sep, None if columns is None else len(columns))
+        where = where or f": {str(e).splitlines()[0][:200]}"
+        raise DataError(
+            f"cannot parse {path}{where}; fix the file or pass the right --sep"
+        ) from None
+    if df.height == 0:
+        raise DataError(f"{path} has {'a header but ' if header else ''}no rows")
+    out = {
+        name: _ids(df.get_column(col), path, col)
+        for name, col in ((USER, user_col), (ITEM, item_col))
+    }
+    if rating_col:
+        out[RATING] = _ratings(df.get_column(rating_col), path, rating_col)
+    return pl.DataFrame(out)
+
+
+def _scan(path: Path, sep, header: bool, columns, is_parquet: bool):
+    """The file as a lazy frame of strings (Parquet: its own types) and its column names
+    (`columns` where given)."""
     try:
         if is_parquet:
             lf = pl.scan_parquet(path)
@@ -189,67 +224,48 @@ def read_table(
         raise DataError(
             f"cannot read {path} as {'Parquet' if is_parquet else 'CSV'}: {e}"
         ) from None
-    missing = [c for c in wanted if c not in names]
-    if missing:
-        hint = " (is --sep right?)" if len(names) == 1 and not is_parquet else ""
+    return lf, names
+
+
+def _ids(s: pl.Series, path: Path, col: str) -> pl.Series:
+    """Column `col`'s ids: integers where every value is one, else stripped text; none empty."""
+    if s.dtype.is_float() and not s.is_null().any():
+        s = ids_of_floats(s, f"{path}: column {col!r}")
+    if not (s.dtype == pl.String or s.dtype.is_integer()):
         raise DataError(
-            f"{path}: no column(s) {missing}; the file has columns {names}{hint}. "
-            "Pass the right --user-col/--item-col/--rating-col"
-            + ("" if columns else " (or --no-header --columns if it has no header row)")
-            + "."
+            f"{path}: column {col!r} holds {s.dtype} values; ids must be integers or text"
         )
-    try:
-        df = lf.select(wanted).collect()
-    except pl.exceptions.PolarsError as e:
-        n = None if is_parquet else _first_non_utf8_line(path)
-        where = f", line {n}: not valid UTF-8 text" if n else None
-        if where is None and not is_parquet and sep != WHITESPACE:
-            where = csv_bad_line(path, sep, None if columns is None else len(columns))
-        where = where or f": {str(e).splitlines()[0][:200]}"
+    if s.dtype == pl.String:
+        s = s.str.strip_chars()
+    missing = s.is_null() | (s == "") if s.dtype == pl.String else s.is_null()
+    if missing.any():
+        row = int(missing.arg_true()[0])
+        raise DataError(f"{path}, data row {row + 1}: empty {col!r}; every row needs a {col}")
+    if s.dtype == pl.String:
+        s = int_if_possible(s)
+    return s
+
+
+def _ratings(s: pl.Series, path: Path, rating_col: str) -> pl.Series:
+    """Column `rating_col` as finite Float64 ratings, or an error naming the first bad row."""
+    if not (s.dtype == pl.String or s.dtype.is_numeric()):
+        raise DataError(f"{path}: column {rating_col!r} holds {s.dtype} values, not numbers")
+    r = s.cast(pl.Float64, strict=False)
+    bad = r.is_null() | r.is_nan() | r.is_infinite()
+    if s.dtype == pl.String:
+        bad = bad | s.is_null()
+    if bad.any():
+        row = int(bad.arg_true()[0])
+        what = (
+            "missing"
+            if s[row] is None
+            else f"{s[row]!r}, " + ("not a number" if r[row] is None else "not a finite number")
+        )
         raise DataError(
-            f"cannot parse {path}{where}; fix the file or pass the right --sep"
-        ) from None
-    if df.height == 0:
-        raise DataError(f"{path} has {'a header but ' if header else ''}no rows")
-    out = {}
-    for name, col in ((USER, user_col), (ITEM, item_col)):
-        s = df.get_column(col)
-        if s.dtype.is_float() and not s.is_null().any():
-            s = ids_of_floats(s, f"{path}: column {col!r}")
-        if not (s.dtype == pl.String or s.dtype.is_integer()):
-            raise DataError(
-                f"{path}: column {col!r} holds {s.dtype} values; ids must be integers or text"
-            )
-        if s.dtype == pl.String:
-            s = s.str.strip_chars()
-        missing = s.is_null() | (s == "") if s.dtype == pl.String else s.is_null()
-        if missing.any():
-            row = int(missing.arg_true()[0])
-            raise DataError(f"{path}, data row {row + 1}: empty {col!r}; every row needs a {col}")
-        if s.dtype == pl.String:
-            s = int_if_possible(s)
-        out[name] = s.alias(name)
-    if rating_col:
-        s = df.get_column(rating_col)
-        if not (s.dtype == pl.String or s.dtype.is_numeric()):
-            raise DataError(f"{path}: column {rating_col!r} holds {s.dtype} values, not numbers")
-        r = s.cast(pl.Float64, strict=False)
-        bad = r.is_null() | r.is_nan() | r.is_infinite()
-        if s.dtype == pl.String:
-            bad = bad | s.is_null()
-        if bad.any():
-            row = int(bad.arg_true()[0])
-            what = (
-                "missing"
-                if s[row] is None
-                else f"{s[row]!r}, " + ("not a number" if r[row] is None else "not a finite number")
-            )
-            raise DataError(
-                f"{path}, data row {row + 1}: {rating_col!r} is {what}; "
-                "fix the file or drop --rating-col to treat every row as a positive"
-            )
-        out[RATING] = r.alias(RATING)
-    return pl.DataFrame(out)
+            f"{path}, data row {row + 1}: {rating_col!r} is {what}; "
+            "fix the file or drop --rating-col to treat every row as a positive"
+        )
+    return r
 
 
 def csv_bad_line(path: Path, sep: str, n_fields: int | None = None) -> str | None:
