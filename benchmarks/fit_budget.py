@@ -4,7 +4,9 @@ For each dataset and split seed, `vaecf.fit(ratings, test=0.2, split_seed=S)` wi
 budget (60 s up to 100,000 rows, plus 60 s a further million) and, with --reference, the same
 fit with no budget and no early stopping (`budget=1e9, patience=0`: what `auto` did before the
 budget was a promise). Prints each fit's wall seconds (preparation, training and loading), its
-budget, the winner, what stopped, and the test NDCG@100; the reference's, and the difference.
+budget, the winner, what stopped, and the test NDCG@100, with how many points EDLAE's coarse
+stage tried and each fitted candidate's own test NDCG@100 (auto scores its winner alone); the
+reference's, and the difference.
 
     python benchmarks/fit_budget.py [--datasets filmtrust,ml-latest-small,ml-1m]
         [--seeds 98765,1,2,3,4] [--reference | --reference-only] [--out DIR]
@@ -26,8 +28,12 @@ from pathlib import Path
 import polars as pl
 
 import vaecf
+from vaecf import rundir
 from vaecf.bench import machine
 from vaecf.data import synthetic
+from vaecf.data.matrix import CSR
+from vaecf.data.prepared import PreparedDataset
+from vaecf.evaluate import evaluate_model
 from vaecf.fitting import default_budget
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -68,7 +74,31 @@ def one(df: pl.DataFrame, seed: int, **kw) -> dict:
         "winner": res["auto"]["winner"],
         "stopped": ", ".join(stops) or "-",
         "test": res["test"][METRIC],
+        **candidates(Path(rec.source)),
     }
+
+
+def candidates(run: Path) -> dict:
+    """Each fitted candidate of the auto run `run` scored on the fit's test users (auto scores
+    its winner alone), and how many (lambda, p) points EDLAE's coarse stage tried."""
+    ds = PreparedDataset(run.parent / "data")  # the fit's working directory: data/ and run/
+    fold_in, target = (CSR.from_scipy(ds.split(f"test_{p}")) for p in ("tr", "te"))
+    tests, coarse = {}, math.nan
+    for cand in sorted((run / "candidates").iterdir()):
+        if not (cand / rundir.RESULTS).is_file():
+            continue
+        model, _ = rundir.load_model(cand, "cpu")
+        tests[cand.name] = evaluate_model(model, fold_in, target)[METRIC]
+        fits = [r for r in rundir.read_metrics(cand) if r.get("grid")]
+        if cand.name == "edlae" and fits:
+            coarse = len(
+                {(g["l2"], g["dropout"]) for g in fits[0]["grid"] if g["stage"] == "coarse"}
+            )
+    return {"candidates_test": tests, "edlae_coarse_points": coarse}
+
+
+def alone(got: dict) -> str:
+    return ", ".join(f"{n} {v:.4f}" for n, v in got["candidates_test"].items())
 
 
 def main() -> None:
@@ -97,24 +127,29 @@ def main() -> None:
     )
     head = "| dataset | seed | rows | budget s | wall s | winner | stopped | test " + METRIC
     a.reference = a.reference or a.reference_only
-    head += " |" + (" reference wall s | its winner | its test | diff |" if a.reference else "")
+    head += " | edlae coarse points | each candidate's test |"
+    head += (
+        " reference wall s | its winner | its test | its candidates' test | diff |" * a.reference
+    )
     print(head + "\n|" + "---|" * (head.count("|") - 1), flush=True)
     for name in a.datasets.split(","):
         df = frame(name, a)
         for seed in map(int, a.seeds.split(",")):
             if a.reference_only:
                 got = {"wall": math.nan, "winner": "-", "stopped": "-", "test": math.nan}
+                got.update(candidates_test={}, edlae_coarse_points=math.nan)
             else:
                 got = one(df, seed, **({"budget": a.budget} if a.budget else {}))
             line = (
                 f"| {name} | {seed} | {df.height:,} | {a.budget or default_budget(df.height):.0f} "
-                f"| {got['wall']:.1f} | {got['winner']} | {got['stopped']} | {got['test']:.4f} |"
+                f"| {got['wall']:.1f} | {got['winner']} | {got['stopped']} | {got['test']:.4f} "
+                f"| {got['edlae_coarse_points']} | {alone(got)} |"
             )
             if a.reference:
                 ref = one(df, seed, budget=1e9, patience=0)
                 got["reference"] = ref
                 line += (
-                    f" {ref['wall']:.0f} | {ref['winner']} | {ref['test']:.4f} "
+                    f" {ref['wall']:.0f} | {ref['winner']} | {ref['test']:.4f} | {alone(ref)} "
                     f"| {got['test'] - ref['test']:+.4f} |"
                 )
             print(line, flush=True)

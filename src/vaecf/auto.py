@@ -179,10 +179,9 @@ def chosen_cv(run_dir: Path) -> dict:
     if not fits or not fits[0].get("grid"):
         return {}
     fit = fits[0]
+    chosen = {k: fit[k] for k in ("l2", "dropout", "popularity_exponent") if k in fit}
     for row in fit["grid"]:
-        at = (row["l2"], row.get("dropout"), row["popularity_exponent"])
-        chosen = (fit["l2"], fit.get("dropout", row.get("dropout")), fit["popularity_exponent"])
-        if row["stage"] == "full" and "cv" in row and at == chosen:
+        if row["stage"] == "full" and "cv" in row and all(row[k] == v for k, v in chosen.items()):
             return {"cv": row["cv"], "cv_users": fit.get("cv_users")}
     return {}
 
