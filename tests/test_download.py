@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from vaecf.data import archive
 from vaecf.data import download as dl
 from vaecf.data.registry import DatasetSpec, RemoteFile
 from vaecf.errors import DataError
@@ -224,7 +225,7 @@ def _tar(path: Path, members: dict[str, bytes], links: dict[str, str] | None = N
 
 def test_extract_zip_only_wanted_members(tmp_path):
     arc = _zip(tmp_path / "ml.zip", {"ml/ratings.csv": b"a", "ml/movies.csv": b"b"})
-    out = dl.extract(arc, tmp_path / "x", wanted=lambda n: n == "ratings.csv")
+    out = archive.extract(arc, tmp_path / "x", wanted=lambda n: n == "ratings.csv")
     assert out == [tmp_path / "x" / "ml" / "ratings.csv"]
     assert listing(tmp_path / "x") == ["ml"] and listing(tmp_path / "x" / "ml") == ["ratings.csv"]
 
@@ -240,7 +241,7 @@ def test_path_traversal_is_refused(tmp_path, name, kind):
     )
     target = tmp_path / "t"
     with pytest.raises(DataError, match="outside the target directory"):
-        dl.extract(arc, target)
+        archive.extract(arc, target)
     assert listing(target) == []  # nothing half-extracted
     assert not (tmp_path / "evil.csv").exists()
 
@@ -248,7 +249,7 @@ def test_path_traversal_is_refused(tmp_path, name, kind):
 def test_tar_symlink_is_refused(tmp_path):
     arc = _tar(tmp_path / "a.tar.gz", {"d/ratings.csv": b"x"}, links={"d/link.csv": "/etc/passwd"})
     with pytest.raises(DataError, match="link"):
-        dl.extract(arc, tmp_path / "t")
+        archive.extract(arc, tmp_path / "t")
     assert listing(tmp_path / "t") == []
 
 
@@ -261,7 +262,7 @@ def test_truncated_archive_is_a_clear_error(tmp_path, kind):
     data = arc.read_bytes()
     arc.write_bytes(data[: len(data) // 2])
     with pytest.raises(DataError, match="truncated or corrupt"):
-        dl.extract(arc, tmp_path / "t")
+        archive.extract(arc, tmp_path / "t")
     assert listing(tmp_path / "t") == []
 
 
@@ -271,7 +272,7 @@ def test_corrupt_zip_member_crc(tmp_path):
     data[100] ^= 0xFF  # inside the compressed member
     arc.write_bytes(bytes(data))
     with pytest.raises(DataError, match="truncated or corrupt"):
-        dl.extract(arc, tmp_path / "t")
+        archive.extract(arc, tmp_path / "t")
     assert listing(tmp_path / "t") == []
 
 

@@ -1,5 +1,5 @@
-"""Downloads and raw files: verified, atomic, resumable fetches; safe archive extraction; finding
-a dataset's raw files in what the user passes as `--source`.
+"""Downloads and raw files: verified, atomic, resumable fetches; finding a dataset's raw files
+in what the user passes as `--source` (archives extracted safely by data/archive.py).
 
 A download streams into `.<name>.part` beside its target; an interruption keeps the part file and
 the next attempt resumes it with an HTTP Range request (or restarts it when the server ignores
@@ -18,23 +18,19 @@ import os
 import re
 import shutil
 import sys
-import tarfile
-import tempfile
 import time
 import urllib.error
 import urllib.parse
 import urllib.request
-import zipfile
-import zlib
-from pathlib import Path, PurePosixPath
+from pathlib import Path
 
+from vaecf.data.archive import ARCHIVE_SUFFIXES, extract, is_archive
 from vaecf.data.registry import DatasetSpec, RemoteFile, raw_dir
 from vaecf.errors import DataError
 from vaecf.safewrite import write_json
 
 CHUNK = 1 << 20
 RECORD = "download.json"
-ARCHIVE_SUFFIXES = (".zip", ".tar", ".tar.gz", ".tgz", ".tar.bz2", ".tar.xz")
 
 
 # -- digests ------------------------------------------------------------------------------------
@@ -224,75 +220,6 @@ def download(spec: DatasetSpec, root=None, url: str | None = None, progress: boo
         )
     d = raw_dir(spec.name, root)
     return {f.filename: fetch(f, d, url=url, progress=progress) for f in spec.files}
-
-
-# -- archives -----------------------------------------------------------------------------------
-def is_archive(path: Path) -> bool:
-    name = path.name.lower()
-    return path.is_file() and name.endswith(ARCHIVE_SUFFIXES)
-
-
-def _safe_name(name: str, archive: Path) -> PurePosixPath:
-    p = PurePosixPath(name.replace("\\", "/"))
-    if p.is_absolute() or ".." in p.parts or re.match(r"^[A-Za-z]:", name):
-        raise DataError(
-            f"{archive.name} holds an entry {name!r} that would land outside the "
-            "target directory; refusing to extract it (the archive is not trustworthy)"
-        )
-    return p
-
-
-def extract(archive: Path, target: Path, wanted=None) -> list[Path]:
-    """Extract regular files of `archive` (those whose base name `wanted(name)` accepts) into
-    `target`, atomically per file set: all of them appear, or none. Returns the paths written."""
-    target.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{archive.name}.", suffix=".extract", dir=target))
-    written: list[PurePosixPath] = []
-    try:
-        if archive.name.lower().endswith(".zip"):
-            with zipfile.ZipFile(archive) as z:
-                for info in z.infolist():
-                    rel = _safe_name(info.filename, archive)
-                    if info.is_dir() or (wanted and not wanted(rel.name)):
-                        continue
-                    (tmp / rel).parent.mkdir(parents=True, exist_ok=True)
-                    with z.open(info) as src, open(tmp / rel, "wb") as dst:
-                        shutil.copyfileobj(src, dst, CHUNK)
-                    written.append(rel)
-        else:
-            with tarfile.open(archive, "r:*") as t:
-                for m in t:
-                    rel = _safe_name(m.name, archive)
-                    if m.issym() or m.islnk() or m.isdev():
-                        if wanted is None or wanted(rel.name):
-                            raise DataError(
-                                f"{archive.name} holds a link or device entry "
-                                f"{m.name!r}; refusing to extract it"
-                            )
-                        continue
-                    if not m.isfile() or (wanted and not wanted(rel.name)):
-                        continue
-                    (tmp / rel).parent.mkdir(parents=True, exist_ok=True)
-                    src = t.extractfile(m)
-                    with src, open(tmp / rel, "wb") as dst:
-                        shutil.copyfileobj(src, dst, CHUNK)
-                    written.append(rel)
-        out = []
-        for rel in written:
-            dst = target / rel
-            dst.parent.mkdir(parents=True, exist_ok=True)
-            os.replace(tmp / rel, dst)
-            out.append(dst)
-        return out
-    except (zipfile.BadZipFile, tarfile.TarError, EOFError, zlib.error, OSError) as e:
-        if isinstance(e, OSError) and e.errno is not None:
-            raise  # a real I/O problem (disk full, permissions), not a damaged archive
-        raise DataError(
-            f"{archive} is truncated or corrupt ({e}); delete it and download it "
-            "again (nothing was extracted)"
-        ) from None
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
 
 
 # -- finding raw files ---------------------------------------------------------------------------
