@@ -9,7 +9,7 @@ other answers with p50/p99, the dripping connections cut (and with a 408), issue
 restarted server answers as before (exit status 1 if either is not).
 
 The server, the client's connections and the model (untrained Mult-VAE, ML-20M's size unless
-`--items`) are serve_load.py's, imported from it.
+`--items`) are serve_load.py's: serve_client.py has the server and the client.
 
     python benchmarks/serve_hostile.py --items 40000 --duration 10   # issue 39's goals
     python benchmarks/serve_hostile.py --items 200 --duration 0.3 --flood 1 --slow-heads 1 \
@@ -31,7 +31,7 @@ import time
 from pathlib import Path
 
 import httpx
-from serve_load import ML20M_ITEMS, Connection, Server
+from serve_client import ML20M_ITEMS, Connection, Server
 
 from vaecf.serve.fixtures import fresh_run
 
