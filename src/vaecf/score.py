@@ -158,7 +158,6 @@ def _score_file(
     rec, lf, user_col, item_col, out, k, exclude_seen, chunk_rows, batch_users, progress
 ) -> dict:
     schema = lf.collect_schema()  # a CSV's is inferred from its rows: resolve it once
-    user_dtype = schema[user_col]
     counts = lf.group_by(user_col).agg(pl.len().alias("n")).sort(user_col).collect()
     check_disk(out, counts.height, min(k, len(rec.items)))
     chunks = user_chunks(counts, user_col, chunk_rows)
@@ -180,65 +179,13 @@ def _score_file(
                 .sort(user_col)
                 .collect()
             )
-            users = hist.get_column(user_col)
-            lens = hist.get_column(IDX).list.len().to_numpy().astype(np.int64)
-            flat = hist.get_column(IDX).explode().drop_nulls().to_numpy().astype(np.int64)
-            starts = np.concatenate([[0], np.cumsum(lens)])
-            frames = []
-            for b in range(0, len(users), batch_users):
-                e = min(b + batch_users, len(users))
-                batch = rec.batch_of(
-                    torch.from_numpy(flat[starts[b] : starts[e]]), torch.from_numpy(lens[b:e])
-                )
-                idx, scores, n, cold = rec.top_k(batch, k, exclude_history=exclude_seen)
-                n_cold += int(cold.sum())
-                valid = np.arange(idx.shape[1])[None, :] < n[:, None]
-                frames.append(
-                    pl.DataFrame(
-                        {
-                            user_col: users.slice(b, e - b).gather(np.repeat(np.arange(e - b), n)),
-                            "rank": np.broadcast_to(
-                                np.arange(1, idx.shape[1] + 1, dtype=np.int32), idx.shape
-                            )[valid],
-                            "item_id": rec.items.ids.gather(idx[valid]),
-                            "score": scores[valid].astype(np.float32),
-                        }
-                    )
-                )
-                if progress is not None:
-                    progress(e - b)
-            if frames:
-                part = pl.concat(frames)
+            part, cold = _top_k_rows(rec, hist, user_col, k, exclude_seen, batch_users, progress)
+            if part.height:
                 part.write_parquet(parts_dir / f"{c:06d}.parquet")
-                n_rows += part.height
-            n_users += len(users)
-        fd, tmp = tempfile.mkstemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent)
-        os.close(fd)
-        try:
-            parts = sorted(parts_dir.glob("*.parquet"))
-            if parts:
-                merged = pl.scan_parquet(parts)
-            else:  # no users: an empty file with the columns
-                merged = pl.LazyFrame(
-                    schema={
-                        user_col: user_dtype,
-                        "rank": pl.Int32,
-                        "item_id": rec.items.ids.dtype,
-                        "score": pl.Float32,
-                    }
-                )
-            if out.suffix.lower() == ".parquet":
-                merged.sink_parquet(tmp)
-            else:
-                merged.sink_csv(tmp)
-            os.chmod(tmp, 0o666 & ~current_umask())  # what open(out, "w") would have given
-            with open(tmp, "rb+") as f:
-                os.fsync(f.fileno())  # on disk before it takes the name
-            os.replace(tmp, out)
-            fsync_dir(out.parent)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
+            n_users, n_rows, n_cold = n_users + hist.height, n_rows + part.height, n_cold + cold
+        empty = {user_col: schema[user_col], "rank": pl.Int32}
+        empty.update({"item_id": rec.items.ids.dtype, "score": pl.Float32})
+        _merge_parts(sorted(parts_dir.glob("*.parquet")), out, empty)
     finally:
         shutil.rmtree(parts_dir, ignore_errors=True)
     return {
@@ -248,3 +195,56 @@ def _score_file(
         "cold_users": n_cold,
         "out": str(out),
     }
+
+
+def _top_k_rows(rec, hist, user_col, k, exclude_seen, batch_users, progress):
+    """(user, rank, item_id, score) rows of one chunk's users (`hist`: each user's sorted item
+    indices), scored `batch_users` at a time; and how many of them were cold."""
+    users = hist.get_column(user_col)
+    lens = hist.get_column(IDX).list.len().to_numpy().astype(np.int64)
+    flat = hist.get_column(IDX).explode().drop_nulls().to_numpy().astype(np.int64)
+    starts = np.concatenate([[0], np.cumsum(lens)])
+    frames, n_cold = [], 0
+    for b in range(0, len(users), batch_users):
+        e = min(b + batch_users, len(users))
+        batch = rec.batch_of(
+            torch.from_numpy(flat[starts[b] : starts[e]]), torch.from_numpy(lens[b:e])
+        )
+        idx, scores, n, cold = rec.top_k(batch, k, exclude_history=exclude_seen)
+        n_cold += int(cold.sum())
+        valid = np.arange(idx.shape[1])[None, :] < n[:, None]
+        ranks = np.broadcast_to(np.arange(1, idx.shape[1] + 1, dtype=np.int32), idx.shape)
+        frames.append(
+            pl.DataFrame(
+                {
+                    user_col: users.slice(b, e - b).gather(np.repeat(np.arange(e - b), n)),
+                    "rank": ranks[valid],
+                    "item_id": rec.items.ids.gather(idx[valid]),
+                    "score": scores[valid].astype(np.float32),
+                }
+            )
+        )
+        if progress is not None:
+            progress(e - b)
+    return (pl.concat(frames) if frames else pl.DataFrame()), n_cold
+
+
+def _merge_parts(parts: list[Path], out: Path, empty_schema: dict) -> None:
+    """The parts' rows into `out` (Parquet or CSV by its suffix), atomically and durably: a
+    temporary file beside it, synced, then renamed. No parts: the columns of `empty_schema`."""
+    fd, tmp = tempfile.mkstemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent)
+    os.close(fd)
+    try:
+        merged = pl.scan_parquet(parts) if parts else pl.LazyFrame(schema=empty_schema)
+        if out.suffix.lower() == ".parquet":
+            merged.sink_parquet(tmp)
+        else:
+            merged.sink_csv(tmp)
+        os.chmod(tmp, 0o666 & ~current_umask())  # what open(out, "w") would have given
+        with open(tmp, "rb+") as f:
+            os.fsync(f.fileno())  # on disk before it takes the name
+        os.replace(tmp, out)
+        fsync_dir(out.parent)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
