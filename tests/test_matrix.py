@@ -24,6 +24,21 @@ def test_batch_rows_equal_scipy_rows():
     np.testing.assert_allclose(b.row_sums().numpy(), m[rows.numpy()].sum(1).A1)
 
 
+def test_a_one_row_batch_equals_that_row_of_a_larger_batch():
+    m = sp.random(40, 25, density=0.2, format="csr", random_state=3, dtype=np.float32)
+    m[5] = 0  # an empty row
+    m.eliminate_zeros()
+    csr = CSR.from_scipy(m)
+    for r in (0, 5, 17, 39):
+        one, pair = csr.batch(torch.tensor([r])), csr.batch(torch.tensor([r, 0]))
+        n = int(m.indptr[r + 1] - m.indptr[r])
+        assert one.batch_size == 1 and one.offsets.tolist() == [0]
+        torch.testing.assert_close(one.indices, pair.indices[:n])
+        torch.testing.assert_close(one.values, pair.values[:n])
+        torch.testing.assert_close(one.row_ids, pair.row_ids[:n])
+        assert one.indices.dtype == one.row_ids.dtype == one.offsets.dtype == torch.int64
+
+
 def test_keys_are_sorted_and_unique():
     m = sp.random(20, 9, density=0.3, format="csr", random_state=2, dtype=np.float32)
     k = CSR.from_scipy(m).keys().numpy()

@@ -94,7 +94,16 @@ class CSR:
         return self.indptr[1:] - self.indptr[:-1]
 
     def batch(self, rows: torch.Tensor) -> SparseBatch:
-        """Gather the given rows (an int64 tensor on this matrix's device), without Python loops."""
+        """Gather the given rows (an int64 tensor on this matrix's device), without Python loops.
+        One row on a CPU is a slice of the matrix (views, no copies): a batch-1 answer's
+        latency counts every small operation."""
+        if rows.numel() == 1 and rows.device.type == "cpu":
+            r = int(rows)
+            start, stop = int(self.indptr[r]), int(self.indptr[r + 1])
+            zeros = torch.zeros(stop - start + 1, dtype=torch.long)
+            return SparseBatch(
+                self.indices[start:stop], zeros[:1], self.values[start:stop], zeros[1:], 1
+            )
         starts = self.indptr[rows]
         lens = self.indptr[rows + 1] - starts
         offsets = torch.cumsum(lens, 0) - lens

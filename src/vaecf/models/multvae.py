@@ -119,12 +119,7 @@ class MultAE(Model):
 
     def encode(self, batch: SparseBatch) -> tuple[torch.Tensor, torch.Tensor | None]:
         """(mu, logvar) for Mult-VAE, (h, None) for Mult-DAE; each (B, latent_dim)."""
-        v = self._input_values(batch)
-        # training: the kernel chosen for the run (models/first_layer.py); scoring keeps
-        # embedding_bag, without the temporaries of large scoring batches
-        kernel = self.first_layer if self.training else "bag"
-        h = first_layer.product(batch, self.in_weight, v, kernel) + self.in_bias  # (B, d1)
-        h = self._encode_rest(h)
+        h = self._encoded(batch)
         if not self.variational:
             return h, None
         d = self.config.latent_dim
@@ -139,15 +134,34 @@ class MultAE(Model):
     def first_layer_input(self):
         return self.in_weight, self._input_values
 
-    def _encode_rest(self, h: torch.Tensor) -> torch.Tensor:
-        """The encoder after its first layer's pre-activation h."""
+    def _encode_rest(self, h: torch.Tensor, mean_only: bool = False) -> torch.Tensor:
+        """The encoder after its first layer's pre-activation h. `mean_only`: Mult-VAE's last
+        layer computes mu alone (the first latent_dim rows of its weight), not logvar."""
         if self.encoder or not self.variational:
             h = torch.tanh(h)
         for i, layer in enumerate(self.encoder):
-            h = layer(h)
             if i < len(self.encoder) - 1:
-                h = torch.tanh(h)
+                h = torch.tanh(layer(h))
+            elif mean_only and self.variational and isinstance(layer, nn.Linear):
+                d = self.config.latent_dim
+                h = F.linear(h, layer.weight[:d], layer.bias[:d])
+            else:
+                h = layer(h)
         return h
+
+    def latent_mean(self, batch: SparseBatch) -> torch.Tensor:
+        """(B, latent_dim) what scoring decodes (z = mu): `encode`'s first half, without
+        computing logvar."""
+        h = self._encoded(batch, mean_only=True)
+        return h[:, : self.config.latent_dim] if self.variational else h
+
+    def _encoded(self, batch: SparseBatch, mean_only: bool = False) -> torch.Tensor:
+        v = self._input_values(batch)
+        # training: the kernel chosen for the run (models/first_layer.py); scoring keeps
+        # embedding_bag, without the temporaries of large scoring batches
+        kernel = self.first_layer if self.training else "bag"
+        h = first_layer.product(batch, self.in_weight, v, kernel) + self.in_bias  # (B, d1)
+        return self._encode_rest(h, mean_only)
 
     def decode_hidden(self, z: torch.Tensor) -> torch.Tensor:
         """The decoder up to the input of its output layer."""
@@ -172,7 +186,7 @@ class MultAE(Model):
         return self.decode(z), mu, logvar
 
     def scores(self, batch: SparseBatch) -> torch.Tensor:
-        return self.decode(self.encode(batch)[0])  # (B, n_items) logits, z = mu
+        return self.decode(self.latent_mean(batch))  # (B, n_items) logits, z = mu
 
     def dense_scores(self, x: torch.Tensor) -> torch.Tensor:
         h = self._encode_rest(l2_rows(x) @ self.in_weight + self.in_bias)  # the first dense
@@ -300,7 +314,7 @@ class Scorer:
     def __call__(self, batch: SparseBatch) -> torch.Tensor:
         """(B, n_items) logits; the model must be in eval mode."""
         net = self.model
-        h = net.decode_hidden(net.encode(batch)[0])
+        h = net.decode_hidden(net.latent_mean(batch))
         if self.weight_t is None:
             return net.decoder[-1](h)
         return torch.addmm(self.bias, h, self.weight_t)

@@ -53,6 +53,7 @@ from vaecf.settings import SERVING_PRECISIONS
 INT8_KERNEL_ROWS = 16  # without int8 x int8: batches up to this many use the weight-only kernel
 DEQ_ROWS = 2048  # and larger batches dequantize this many weight rows at a time
 _TINY = torch.finfo(torch.float32).tiny
+_PINS = torch.tensor([1.0, -1.0])  # fbgemm's range pinned to [-1, 1] (Int8Linear._fbgemm)
 _PAD = 64  # the weight-only kernel wants the input width in multiples of 64 (garbage otherwise)
 
 
@@ -135,8 +136,9 @@ class Int8Linear(nn.Module):
             self.packed = torch.ops.quantized.linear_prepack(w, None)
         x = x.float()
         s = x.abs().amax(dim=1, keepdim=True).clamp_min(_TINY)
-        pins = torch.tensor([1.0, -1.0]).expand(x.shape[0], 2)
-        out = torch.ops.quantized.linear_dynamic(torch.cat([x / s, pins], 1), self.packed, True)
+        out = torch.ops.quantized.linear_dynamic(
+            torch.cat([x / s, _PINS.expand(x.shape[0], 2)], 1), self.packed, True
+        )
         return out.mul_(s).to(self.dtype).add_(self.bias)
 
     def _blocks(self, x: torch.Tensor) -> torch.Tensor:
