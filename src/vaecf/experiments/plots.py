@@ -168,20 +168,42 @@ def plot_study(study, out_dir: Path, metric: str, log: Callable[[str], None] = p
     (parameter importances, when at least two trials are complete). Returns what it wrote."""
     from optuna.trial import TrialState
 
-    plt = pyplot()
-    written = {}
     trials = study.get_trials(deepcopy=False)
+    written = {"history_png": _plot_history(trials, Path(out_dir) / "history.png", metric)}
+    complete = sum(t.state == TrialState.COMPLETE for t in trials)
+    if complete < 2:
+        log("parameter importances need at least two complete trials: importance.png skipped")
+        return written
+    import optuna
+
+    try:
+        imp = optuna.importance.get_param_importances(study)
+    except (RuntimeError, ValueError, ZeroDivisionError) as e:
+        log(f"parameter importances could not be computed ({e}): importance.png skipped")
+        return written
+    if imp:
+        path = Path(out_dir) / "importance.png"
+        written["importance_png"] = _plot_importances(imp, complete, path, metric)
+    return written
+
+
+def _plot_history(trials, path: Path, metric: str) -> Path:
+    """Complete trials' values and the best so far; pruned and stopped trials' best before."""
+    from matplotlib.ticker import MaxNLocator
+    from optuna.trial import TrialState
+
+    plt = pyplot()
     complete = [t for t in trials if t.state == TrialState.COMPLETE]
     pruned = [t for t in trials if t.state == TrialState.PRUNED and t.intermediate_values]
+    stopped = [
+        t
+        for t in trials
+        if t.state == TrialState.FAIL and "interrupted" in t.user_attrs and t.intermediate_values
+    ]
     fig, ax = plt.subplots(figsize=(8, 4.8), constrained_layout=True)
     if complete:
-        ax.plot(
-            [t.number for t in complete],
-            [t.value for t in complete],
-            "o",
-            color="tab:blue",
-            label="complete trial",
-        )
+        numbers = [t.number for t in complete]
+        ax.plot(numbers, [t.value for t in complete], "o", color="tab:blue", label="complete trial")
         best, xs, ys = -math.inf, [], []
         for t in sorted(complete, key=lambda t: t.number):
             best = max(best, t.value)
@@ -192,32 +214,20 @@ def plot_study(study, out_dir: Path, metric: str, log: Callable[[str], None] = p
             xs.append(last)
             ys.append(ys[-1])
         ax.step(xs, ys, where="post", color="tab:red", label="best so far")
-    if pruned:
-        ax.plot(
-            [t.number for t in pruned],
-            [max(t.intermediate_values.values()) for t in pruned],
-            "x",
-            color="grey",
-            label="pruned trial (best before pruning)",
-        )
-    stopped = [
-        t
-        for t in trials
-        if t.state == TrialState.FAIL and "interrupted" in t.user_attrs and t.intermediate_values
-    ]
-    if stopped:
-        ax.plot(
-            [t.number for t in stopped],
-            [max(t.intermediate_values.values()) for t in stopped],
-            "o",
-            mfc="none",
-            color="grey",
-            label="stopped trial (best so far; continued by --resume)",
-        )
+    for group, style, label in (
+        (pruned, {"marker": "x"}, "pruned trial (best before pruning)"),
+        (
+            stopped,
+            {"marker": "o", "mfc": "none"},
+            "stopped trial (best so far; continued by --resume)",
+        ),
+    ):
+        if group:
+            numbers = [t.number for t in group]
+            best_before = [max(t.intermediate_values.values()) for t in group]
+            ax.plot(numbers, best_before, ls="none", color="grey", label=label, **style)
     if not complete and not pruned and not stopped:
         ax.text(0.5, 0.5, "no finished trial yet", ha="center", va="center", transform=ax.transAxes)
-    from matplotlib.ticker import MaxNLocator
-
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_xlabel("trial number")
     ax.set_ylabel(f"validation {metric}")
@@ -230,23 +240,14 @@ def plot_study(study, out_dir: Path, metric: str, log: Callable[[str], None] = p
         ax.legend(
             loc="upper center", bbox_to_anchor=(0.5, -0.13), ncols=2, fontsize=9, frameon=False
         )
-    path = Path(out_dir) / "history.png"
     save_figure(fig, path)
     plt.close(fig)
-    written["history_png"] = path
+    return path
 
-    if len(complete) < 2:
-        log("parameter importances need at least two complete trials: importance.png skipped")
-        return written
-    import optuna
 
-    try:
-        imp = optuna.importance.get_param_importances(study)
-    except (RuntimeError, ValueError, ZeroDivisionError) as e:
-        log(f"parameter importances could not be computed ({e}): importance.png skipped")
-        return written
-    if not imp:
-        return written
+def _plot_importances(imp: dict, complete: int, path: Path, metric: str) -> Path:
+    """One bar per parameter, largest at the top, its share written beside it."""
+    plt = pyplot()
     names = list(imp)[::-1]
     fig, ax = plt.subplots(figsize=(8, 0.45 * len(names) + 1.6), constrained_layout=True)
     ax.barh(names, [imp[n] for n in names], color="tab:blue")
@@ -255,13 +256,11 @@ def plot_study(study, out_dir: Path, metric: str, log: Callable[[str], None] = p
     ax.set_xlabel(f"importance for validation {metric} (share, sums to 1)")
     ax.set_ylabel("parameter")
     ax.set_xlim(0, max(imp.values()) * 1.15 or 1)
-    ax.set_title(f"parameter importances over {len(complete)} complete trials")
+    ax.set_title(f"parameter importances over {complete} complete trials")
     ax.grid(axis="x", alpha=0.3)
-    path = Path(out_dir) / "importance.png"
     save_figure(fig, path)
     plt.close(fig)
-    written["importance_png"] = path
-    return written
+    return path
 
 
 # -- a comparison --------------------------------------------------------------------------------
