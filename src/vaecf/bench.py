@@ -170,27 +170,9 @@ def bench_train(
         batch = csr.batch(rows)
         prec.synchronize(dev)
         t1 = time.perf_counter()
-        t2 = t3 = t4 = 0.0
-        for phase, phase_opts in phase_steps:
-            s0 = time.perf_counter()
-            with prec.matmul_scope(dev, precision), prec.autocast(dev, precision):
-                loss, _ = net.loss(batch, 0.2, batch_size, phase)
-            prec.synchronize(dev)
-            s1 = time.perf_counter()
-            for o in opts.values():
-                o.zero_grad(set_to_none=True)
-            with prec.matmul_scope(dev, precision):
-                scaler.scale(loss).backward()
-            prec.synchronize(dev)
-            s2 = time.perf_counter()
-            for o in phase_opts:
-                scaler.step(o)
-            scaler.update()
-            prec.synchronize(dev)
-            t2, t3, t4 = t2 + s1 - s0, t3 + s2 - s1, t4 + time.perf_counter() - s2
-        t2, t3, t4 = t1 + t2, t1 + t2 + t3, t1 + t2 + t3 + t4
+        fwd, bwd, opt = _timed_phases(net, phase_steps, opts, scaler, batch, precision, dev)
         if i >= warmup:
-            for k, v in zip(parts, (t1 - t0, t2 - t1, t3 - t2, t4 - t3)):
+            for k, v in zip(parts, (t1 - t0, fwd, bwd, opt)):
                 parts[k].append(v)
             flops.append(step_flops(net, batch_size, batch.indices.numel()))
     step = sum(statistics.median(v) for v in parts.values())
@@ -198,6 +180,29 @@ def bench_train(
     return dataclasses.replace(
         _bench_result(precision, batch_size, step, flops, medians), first_layer=kernel
     )
+
+
+def _timed_phases(net, phase_steps, opts, scaler, batch, precision, dev) -> tuple:
+    """Seconds of forward, backward and optimizer over every phase of one eager step."""
+    fwd = bwd = opt = 0.0
+    for phase, phase_opts in phase_steps:
+        s0 = time.perf_counter()
+        with prec.matmul_scope(dev, precision), prec.autocast(dev, precision):
+            loss, _ = net.loss(batch, 0.2, batch.batch_size, phase)
+        prec.synchronize(dev)
+        s1 = time.perf_counter()
+        for o in opts.values():
+            o.zero_grad(set_to_none=True)
+        with prec.matmul_scope(dev, precision):
+            scaler.scale(loss).backward()
+        prec.synchronize(dev)
+        s2 = time.perf_counter()
+        for o in phase_opts:
+            scaler.step(o)
+        scaler.update()
+        prec.synchronize(dev)
+        fwd, bwd, opt = fwd + s1 - s0, bwd + s2 - s1, opt + time.perf_counter() - s2
+    return fwd, bwd, opt
 
 
 def _bench_result(precision, batch_size, step_s: float, flops: list, breakdown_ms) -> TrainBench:
