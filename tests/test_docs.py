@@ -388,7 +388,7 @@ def test_readme_shell_commands_resolve_after_its_set_up():
     install = text[text.index("## Install") : text.index("## Run the demo")]
     assert "make demo" in install and "source .venv/bin/activate" in install
     assert "$(BIN)/vaecf:" in (ROOT / "Makefile").read_text()  # make demo's target
-    assert 'vaecf = "vaecf.cli:main"' in (ROOT / "pyproject.toml").read_text()
+    assert 'vaecf = "vaecf.cli:command"' in (ROOT / "pyproject.toml").read_text()
     assert "pip install 'vaecf" not in text and 'pip install "vaecf' not in text  # not on PyPI
     provided = {"vaecf", "make", "source", "python3", "pip", "curl", "bash", "cd", "git"}
     for block in re.findall(r"```(\w*)\n(.*?)```", text, re.S):

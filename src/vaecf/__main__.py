@@ -1,5 +1,5 @@
 """`python -m vaecf` and `torchrun -m vaecf`."""
 
-from vaecf.cli import main
+from vaecf.cli import command
 
-raise SystemExit(main())
+raise SystemExit(command())
