@@ -199,7 +199,9 @@ def test_an_address_space_limit_is_counted_and_refusals_leave_nothing(tmp_path):
     import subprocess
     import sys
 
-    head = 400 * 2**20
+    # 256 MiB free for arrays beside the compute threads' reserve (one thread or two: the
+    # child runs as many as this process)
+    head = 256 * 2**20 + torch.get_num_threads() * memory.THREAD_ADDRESS_SPACE
     got = subprocess.run(
         [sys.executable, "-c", UNDER_ULIMIT, str(tmp_path), str(head)],
         capture_output=True,

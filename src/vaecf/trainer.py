@@ -133,7 +133,9 @@ def train(data, config, out, model_config=None, resume=False, model=None, on_epo
         return _train(ds, config, out, model_config, resume, model, on_epoch, test)
 
 
-def _train(ds, config, out, model_config, resume, model, on_epoch, test) -> RunResult:
+def _what_to_train(ds, config, out, model_config, resume, model):
+    """(train config, model config, model name): a resumed run's own (its directory cleared of
+    writes a kill interrupted), or the given ones resolved for a fresh run in `out`."""
     if resume and rundir.is_run(out):
         saved = rundir.load_config(out)
         if saved["data"]["fingerprint"] != ds.fingerprint:
@@ -171,6 +173,11 @@ def _train(ds, config, out, model_config, resume, model, on_epoch, test) -> RunR
         config = resolve_config(
             config or TrainConfig(), models.get(name), ds.manifest["counts"]["n_train_users"]
         )
+    return config, model_config, name
+
+
+def _train(ds, config, out, model_config, resume, model, on_epoch, test) -> RunResult:
+    config, model_config, name = _what_to_train(ds, config, out, model_config, resume, model)
     config.validate()
     started = not torch.distributed.is_initialized()
     ctx, device = distributed.setup(config.device)

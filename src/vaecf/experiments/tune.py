@@ -127,22 +127,8 @@ def tune(
             "fixed": dict(fixed or {}),
         }
         study, storage, saved = open_study(study_dir, resume, info, seed)
-        if resume:  # the study's own base settings (a resume may move it to another device)
-            given = {k: v for k, v in base.train.items() if k != "device"}
-            saved_train = {k: v for k, v in saved["base"]["train"].items() if k != "device"}
-            if (given and given != saved_train) or (
-                base.model_config and base.model_config != saved["base"]["model"]
-            ):
-                raise RunError(
-                    f"{study_dir} keeps the --config settings it was started with; drop --config"
-                )
-            device = base.train.get("device", saved["base"]["train"].get("device"))
-            train_base = {**saved["base"]["train"]}
-            if device is not None:
-                train_base["device"] = device
-            base = configfile.RunSettings(train=train_base, model_config=saved["base"]["model"])
-            if fixed and fixed != saved.get("fixed", {}):
-                raise RunError(f"{study_dir} was started with other --fix values; drop --fix")
+        if resume:
+            base = _resumed_base(study_dir, base, fixed, saved)
         fixed = saved.get("fixed", {})
         n_train = ds.manifest["counts"]["n_train_users"]
         check_fixed(space, fixed, n_train)
@@ -157,6 +143,26 @@ def tune(
                 break
             _run_one(study, objective, log)
         return finish(study_dir, study, model, space, base, saved["seed"], ds, log, plots, fixed)
+
+
+def _resumed_base(study_dir: Path, base, fixed: dict | None, saved: dict):
+    """The study's own base settings (`saved`): a resume may move it to another device, and
+    refuses other --config settings or other --fix values."""
+    given = {k: v for k, v in base.train.items() if k != "device"}
+    saved_train = {k: v for k, v in saved["base"]["train"].items() if k != "device"}
+    if (given and given != saved_train) or (
+        base.model_config and base.model_config != saved["base"]["model"]
+    ):
+        raise RunError(
+            f"{study_dir} keeps the --config settings it was started with; drop --config"
+        )
+    if fixed and fixed != saved.get("fixed", {}):
+        raise RunError(f"{study_dir} was started with other --fix values; drop --fix")
+    device = base.train.get("device", saved["base"]["train"].get("device"))
+    train_base = {**saved["base"]["train"]}
+    if device is not None:
+        train_base["device"] = device
+    return configfile.RunSettings(train=train_base, model_config=saved["base"]["model"])
 
 
 class _Objective:
