@@ -211,17 +211,9 @@ def prepare_csv(
     if columns is not None:
         source["header_columns"] = columns  # a file without a header row, named by --columns
     if item_names is not None:
-        if not name_col:
-            raise DataError("--item-names needs --name-col to say which column holds the names")
-        npath = Path(item_names)
-        if not npath.is_file():
-            raise DataError(f"--item-names {npath} does not exist or is not a file")
-        source["item_names"] = {
-            "path": str(npath.resolve()),
-            "sha256": sha256_file(npath),
-            "columns": {"id": name_id_col or item_col, "name": name_col},
-            "sep": sep,
-        }
+        source["item_names"] = _names_source(
+            Path(item_names), name_col, name_id_col or item_col, sep
+        )
     elif name_col or name_id_col:
         raise DataError("--name-col/--name-id-col need --item-names FILE")
     with writer_lock(out, "vaecf prepare"):
@@ -235,6 +227,20 @@ def prepare_csv(
             names = read_names_table(item_names, name_id_col or item_col, name_col, sep)
         df = read_table(path, user_col, item_col, rating_col, sep, header, columns)
         return prepare_frame(df, out, settings, source, names)
+
+
+def _names_source(path: Path, name_col: str | None, id_col: str, sep: str | None) -> dict:
+    """What identifies an item names file in a dataset's fingerprint (checked first)."""
+    if not name_col:
+        raise DataError("--item-names needs --name-col to say which column holds the names")
+    if not path.is_file():
+        raise DataError(f"--item-names {path} does not exist or is not a file")
+    return {
+        "path": str(path.resolve()),
+        "sha256": sha256_file(path),
+        "columns": {"id": id_col, "name": name_col},
+        "sep": sep,
+    }
 
 
 _DIGESTS = "digests.json"  # sha256 cache of raw files: {abs path: [size, mtime_ns, sha256]}
