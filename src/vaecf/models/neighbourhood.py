@@ -165,26 +165,11 @@ def neighbour_weights(
         order = np.lexsort((group, strongest))
         max_items = max(1, BLOCK_SYSTEM_BYTES // (8 * kk * kk))
         for rows, span in _blocks(group, nbrs, order, BLOCK_UNION, max_items, n):
-            items = group[rows]
-            pos = np.full(n + 1, len(span), dtype=np.int64)  # padding -> a zero row/column
-            pos[span] = np.arange(len(span))
-            full = np.zeros((len(span) + 1, len(span) + 1), dtype=np_dtype)
-            dense_block(gram, span, full)  # G[span, span], then the padding's zero row/column
-            lam_span = np.append(lam[span], 1.0).astype(np_dtype)  # padding: 1 * b = 0
-            p = pos[nbrs[rows]]  # (J, kk) positions in `full`
-            a = full[p[:, :, None], p[:, None, :]]  # (J, kk, kk)
-            a[:, np.arange(kk), np.arange(kk)] += lam_span[p]
-            rhs = full[p, pos[items][:, None]]  # (J, kk): G[N_j, j]
-            at = torch.from_numpy(a).to(device=device, dtype=dtype)
-            chol, info = torch.linalg.cholesky_ex(at)
-            if int(info.max()):
-                raise RunError(f"a neighbourhood system with lambda {l2} is not positive definite")
-            bt = torch.cholesky_solve(torch.from_numpy(rhs).to(at)[:, :, None], chol)[:, :, 0]
-            b = bt.cpu().numpy()
-            real = nbrs[rows] < n
-            j = np.broadcast_to(items[:, None], real.shape)
-            rows_out.append(nbrs[rows][real])
-            cols_out.append(j[real])
+            items, block_nbrs = group[rows], nbrs[rows]
+            b = _solve_block(gram, span, items, block_nbrs, lam, l2, np_dtype, device, dtype)
+            real = block_nbrs < n
+            rows_out.append(block_nbrs[real])
+            cols_out.append(np.broadcast_to(items[:, None], real.shape)[real])
             vals_out.append(b[real])
     rows, cols = np.concatenate(rows_out), np.concatenate(cols_out)
     b = sp.csr_matrix((np.concatenate(vals_out).astype(np.float32), (rows, cols)), shape=(n, n))
@@ -194,6 +179,28 @@ def neighbour_weights(
         torch.from_numpy(b.indices.astype(np.int64)).to(device),
         torch.from_numpy(b.data).to(device),
     )
+
+
+def _solve_block(gram, span, items, nbrs, lam, l2, np_dtype, device, dtype) -> np.ndarray:
+    """(J, kk) each item's weights over its kk neighbours (`nbrs`, padded with n): the
+    systems (G[N_j, N_j] + diag(lambda)) b = G[N_j, j], from G's rows and columns `span` (the
+    union of the block's neighbourhoods) gathered once."""
+    n, kk = gram.shape[0], nbrs.shape[1]
+    pos = np.full(n + 1, len(span), dtype=np.int64)  # padding -> a zero row/column
+    pos[span] = np.arange(len(span))
+    full = np.zeros((len(span) + 1, len(span) + 1), dtype=np_dtype)
+    dense_block(gram, span, full)  # G[span, span], then the padding's zero row/column
+    lam_span = np.append(lam[span], 1.0).astype(np_dtype)  # padding: 1 * b = 0
+    p = pos[nbrs]  # (J, kk) positions in `full`
+    a = full[p[:, :, None], p[:, None, :]]  # (J, kk, kk)
+    a[:, np.arange(kk), np.arange(kk)] += lam_span[p]
+    rhs = full[p, pos[items][:, None]]  # (J, kk): G[N_j, j]
+    at = torch.from_numpy(a).to(device=device, dtype=dtype)
+    chol, info = torch.linalg.cholesky_ex(at)
+    if int(info.max()):
+        raise RunError(f"a neighbourhood system with lambda {l2} is not positive definite")
+    b = torch.cholesky_solve(torch.from_numpy(rhs).to(at)[:, :, None], chol)[:, :, 0]
+    return b.cpu().numpy()
 
 
 def sparse_b_rows(
