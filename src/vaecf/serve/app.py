@@ -44,34 +44,13 @@ def create_app(holder: ModelHolder, settings: ServeSettings) -> FastAPI:
     metrics.watch(lambda: batcher.queued, lambda: active["n"], lambda: batcher.calls_queued)
     svc = Service(holder, settings, metrics, batcher)
 
-    @contextlib.asynccontextmanager
-    async def lifespan(app: FastAPI):
-        await batcher.start()
-        metrics.model_loaded.set_to_current_time()
-        loop = asyncio.get_running_loop()
-        hup = False
-        if hasattr(signal, "SIGHUP") and threading.current_thread() is threading.main_thread():
-            with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
-                loop.add_signal_handler(
-                    signal.SIGHUP, lambda: asyncio.ensure_future(svc.reload_model(None))
-                )
-                hup = True
-        svc.ready["value"] = True
-        try:
-            yield
-        finally:
-            svc.ready["value"] = False
-            if hup:
-                loop.remove_signal_handler(signal.SIGHUP)
-            await batcher.stop()
-
     app = FastAPI(
         title="vaecf",
         version=__version__,
         description="Recommendations from a vaecf run, whichever model it holds (Mult-VAE, "
         "Mult-DAE, RecVAE, EASE, EDLAE, inf-AE, a blend, popularity). Item ids are the data's "
         'own; 42 and "42" name the same item. A web page for people is at /.',
-        lifespan=lifespan,
+        lifespan=_lifespan(svc, batcher, metrics),
         # FastAPI's /docs and /redoc load scripts, styles and fonts from CDNs: page.py serves
         # /docs from the package instead, under the pages' CSP; /redoc is not served
         docs_url=None,
@@ -94,3 +73,31 @@ def create_app(holder: ModelHolder, settings: ServeSettings) -> FastAPI:
         app.include_router(router)
     app.include_router(page.router())
     return app
+
+
+def _lifespan(svc: Service, batcher: MicroBatcher, metrics: Metrics):
+    """The app's start and stop: the batcher runs, SIGHUP reloads (where the app runs in the
+    main thread), and readiness is held between."""
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI):
+        await batcher.start()
+        metrics.model_loaded.set_to_current_time()
+        loop = asyncio.get_running_loop()
+        hup = False
+        if hasattr(signal, "SIGHUP") and threading.current_thread() is threading.main_thread():
+            with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
+                loop.add_signal_handler(
+                    signal.SIGHUP, lambda: asyncio.ensure_future(svc.reload_model(None))
+                )
+                hup = True
+        svc.ready["value"] = True
+        try:
+            yield
+        finally:
+            svc.ready["value"] = False
+            if hup:
+                loop.remove_signal_handler(signal.SIGHUP)
+            await batcher.stop()
+
+    return lifespan
