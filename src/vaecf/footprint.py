@@ -147,6 +147,16 @@ def check_train_memory(
                 f"{gib(mem.copies(background))}, written {how})"
             )
     limit = free if device.type == "cpu" else min(free, host)
+    advice = _advice(mem, limit, processes, world, batch_size, item_users, fits)
+    what = f"{title}, {mem.trained:,} parameters: training"
+    parts = f"{share} ({parts}, a copy of the best model {gib(mem.copies(False))})"
+    limited, on = (free_on, device) if device.type == "cpu" or free <= host else (host_on, "cpu")
+    raise RunError(memory.refusal(what, mem.need(False), limited, torch.device(on), advice, parts))
+
+
+def _advice(mem, limit, processes, world, batch_size, item_users, fits) -> list[str]:
+    """What would let a refused training fit: fewer items, a smaller batch (where `fits` says
+    it would), fewer processes, a narrower layer or more memory."""
     advice = []
     fit_items = int(max(limit / processes - mem.data - RUNTIME_BYTES, 0) / mem.per_item)
     if item_users is not None and 0 < fit_items < mem.n_items:
@@ -164,10 +174,7 @@ def check_train_memory(
     if processes > 1:
         advice.append("fewer processes per machine")
     advice.append("a narrower first hidden layer, or a machine/device with more memory")
-    what = f"{title}, {mem.trained:,} parameters: training"
-    parts = f"{share} ({parts}, a copy of the best model {gib(mem.copies(False))})"
-    limited, on = (free_on, device) if device.type == "cpu" or free <= host else (host_on, "cpu")
-    raise RunError(memory.refusal(what, mem.need(False), limited, torch.device(on), advice, parts))
+    return advice
 
 
 def check_training(
