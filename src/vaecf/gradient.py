@@ -227,17 +227,8 @@ class Trainer(Run):
         self.write_config()
         if self._done() is not None and self.finished():
             return self.result()
-        if self.epoch == 0:  # a new run: the model's data-dependent parts, if it has any
-            val = (self.ds.split("validation_tr"), self.ds.split("validation_te"))
-            with self.discarded_if_it_fails():
-                prepared = self.model.prepare(self._train_rows(), val)
-            if prepared and cfg.progress and self.ctx.is_main:
-                tqdm.write(
-                    f"{self.model.title}: " + ", ".join(f"{k} {v:g}" for k, v in prepared.items())
-                )
-            if self.model.config != self.model_cfg:  # what prepare chose: on the card
-                self.model_cfg = self.model.config
-                self.write_config()
+        if self.epoch == 0:
+            self._prepare_model()
         if self._done() is None and self.ctx.is_main:  # extending a finished run: its
             (self.out / rundir.RESULTS).unlink(missing_ok=True)  # results are no longer the run's
         self._choose_first_layer()
@@ -282,6 +273,20 @@ class Trainer(Run):
         timing["checkpoint_writes"] = self.writer.writes
         timing["graph_steps"] = self.graph_steps
         return self.finish(timing, t_setup)
+
+    def _prepare_model(self) -> None:
+        """A new run: the model's data-dependent parts, if it has any (what they chose goes on
+        the run's card)."""
+        val = (self.ds.split("validation_tr"), self.ds.split("validation_te"))
+        with self.discarded_if_it_fails():
+            prepared = self.model.prepare(self._train_rows(), val)
+        if prepared and self.cfg.progress and self.ctx.is_main:
+            tqdm.write(
+                f"{self.model.title}: " + ", ".join(f"{k} {v:g}" for k, v in prepared.items())
+            )
+        if self.model.config != self.model_cfg:
+            self.model_cfg = self.model.config
+            self.write_config()
 
     def _choose_first_layer(self) -> None:
         """Whether steps can be CUDA graphs, and the sparse first layer's training kernel
