@@ -199,9 +199,6 @@ def summarize(records: list[Record], metrics: Sequence[str] = METRICS) -> dict:
     """Per label: n, mean, sd of each test metric over the splits every label has; per label
     after the first: the paired difference to the first (mean, sd), t and the p-value of the
     paired t-test (scipy.stats.ttest_rel; None where undefined: one split, or no variation)."""
-    import numpy as np
-    from scipy import stats
-
     labels: list[str] = []
     for r in records:
         if r.label not in labels:
@@ -220,35 +217,12 @@ def summarize(records: list[Record], metrics: Sequence[str] = METRICS) -> dict:
     per = {
         lab: {m: [float(by[(lab, k)].test[m]) for k in order] for m in metrics} for lab in labels
     }
-    rows = []
     ref = labels[0]
-    for lab in labels:
-        for m in metrics:
-            v = np.array(per[lab][m])
-            row = {
-                "label": lab,
-                "metric": m,
-                "n": len(v),
-                "mean": float(v.mean()),
-                "sd": float(v.std(ddof=1)) if len(v) > 1 else None,
-                "diff_to": None if lab == ref else ref,
-                "diff_mean": None,
-                "diff_sd": None,
-                "t": None,
-                "p": None,
-            }
-            if lab != ref:
-                d = v - np.array(per[ref][m])
-                row["diff_mean"] = float(d.mean())
-                row["diff_sd"] = float(d.std(ddof=1)) if len(d) > 1 else None
-                if len(d) > 1:
-                    # identical differences (deterministic models on one split): no p-value
-                    with np.errstate(all="ignore"), warnings.catch_warnings():
-                        warnings.simplefilter("ignore", RuntimeWarning)
-                        t, p = stats.ttest_rel(v, np.array(per[ref][m]))
-                    row["t"] = None if math.isnan(t) else float(t)
-                    row["p"] = None if math.isnan(p) else float(p)
-            rows.append(row)
+    rows = [
+        _row(lab, m, per[lab][m], None if lab == ref else per[ref][m], ref)
+        for lab in labels
+        for m in metrics
+    ]
     return {
         "labels": labels,
         "metrics": list(metrics),
@@ -259,6 +233,39 @@ def summarize(records: list[Record], metrics: Sequence[str] = METRICS) -> dict:
         "summary": rows,
         "runs": {lab: [str(by[(lab, k)].run_dir) for k in order] for lab in labels},
     }
+
+
+def _row(label: str, metric: str, values: list, ref_values: list | None, ref: str) -> dict:
+    """One label's figures for one metric; beside `ref_values` (the first label's), the paired
+    difference, t and the paired t-test's p-value."""
+    import numpy as np
+    from scipy import stats
+
+    v = np.array(values)
+    row = {
+        "label": label,
+        "metric": metric,
+        "n": len(v),
+        "mean": float(v.mean()),
+        "sd": float(v.std(ddof=1)) if len(v) > 1 else None,
+        "diff_to": None if ref_values is None else ref,
+        "diff_mean": None,
+        "diff_sd": None,
+        "t": None,
+        "p": None,
+    }
+    if ref_values is not None:
+        d = v - np.array(ref_values)
+        row["diff_mean"] = float(d.mean())
+        row["diff_sd"] = float(d.std(ddof=1)) if len(d) > 1 else None
+        if len(d) > 1:
+            # identical differences (deterministic models on one split): no p-value
+            with np.errstate(all="ignore"), warnings.catch_warnings():
+                warnings.simplefilter("ignore", RuntimeWarning)
+                t, p = stats.ttest_rel(v, np.array(ref_values))
+            row["t"] = None if math.isnan(t) else float(t)
+            row["p"] = None if math.isnan(p) else float(p)
+    return row
 
 
 def _p(p: float | None) -> str:
