@@ -193,26 +193,7 @@ class Preprocessed:
 def preprocess(df: pl.DataFrame, settings: PrepareSettings) -> Preprocessed:
     """Binarize, filter and split `df` (columns user_id, item_id[, rating]) by `settings`."""
     counts: dict[str, int] = {"n_rows": df.height}
-    if settings.min_rating is not None:
-        if RATING not in df.columns:
-            raise DataError(
-                f"{spelled('min_rating')} needs a rating column: {spelled('rating_col')}"
-            )
-        df = df.filter(pl.col(RATING) >= settings.min_rating)
-    counts["n_positive_rows"] = df.height
-    df = first_pairs(df.select(USER, ITEM))
-    counts["n_unique_pairs"] = df.height
-    if settings.min_item_users > 0:
-        df = df.filter(pl.len().over(ITEM) >= settings.min_item_users)
-    if settings.min_user_items > 1:
-        df = df.filter(pl.len().over(USER) >= settings.min_user_items)
-    counts["n_filtered_pairs"] = df.height
-    if df.height == 0:
-        raise DataError(
-            f"no interactions remain after filtering: lower {spelled('min_rating')} or "
-            f"{spelled('min_user_items')}"
-        )
-
+    df = _filtered(df, settings, counts)
     users = df.get_column(USER).unique().sort().to_numpy()
     if settings.protocol == "liang":
         n_tr, n_val, n_te = splits.heldout_counts_liang(users.size, settings.heldout_users)
@@ -254,6 +235,31 @@ def preprocess(df: pl.DataFrame, settings: PrepareSettings) -> Preprocessed:
         **{f"nnz_{k}": int(m.nnz) for k, m in mats.items()},
     )
     return Preprocessed(mats, counts, order, (n_tr, n_val, n_te), item_ids)
+
+
+def _filtered(df: pl.DataFrame, settings: PrepareSettings, counts: dict) -> pl.DataFrame:
+    """`df`'s distinct (user, item) pairs rated at least min_rating, of items with enough users
+    and users with enough items; `counts` gets the rows left after each step."""
+    if settings.min_rating is not None:
+        if RATING not in df.columns:
+            raise DataError(
+                f"{spelled('min_rating')} needs a rating column: {spelled('rating_col')}"
+            )
+        df = df.filter(pl.col(RATING) >= settings.min_rating)
+    counts["n_positive_rows"] = df.height
+    df = first_pairs(df.select(USER, ITEM))
+    counts["n_unique_pairs"] = df.height
+    if settings.min_item_users > 0:
+        df = df.filter(pl.len().over(ITEM) >= settings.min_item_users)
+    if settings.min_user_items > 1:
+        df = df.filter(pl.len().over(USER) >= settings.min_user_items)
+    counts["n_filtered_pairs"] = df.height
+    if df.height == 0:
+        raise DataError(
+            f"no interactions remain after filtering: lower {spelled('min_rating')} or "
+            f"{spelled('min_user_items')}"
+        )
+    return df
 
 
 def vocab_names(names: pl.DataFrame, item_ids: pl.Series, what: str) -> tuple[pl.DataFrame, int]:
