@@ -17,7 +17,7 @@ import pytest
 import scipy.sparse as sp
 from drillkit import Tmpfs, can_mount, drill_env
 
-from vaecf import safewrite
+from vaecf import safewrite, writelock
 from vaecf.errors import BusyError, DataError, WriteError
 
 
@@ -96,7 +96,7 @@ def test_exchange_swaps_two_directories_in_one_step(tmp_path):
     b.mkdir()
     (a / "from_a").touch()
     (b / "from_b").touch()
-    assert safewrite._exchange(a, b)
+    assert safewrite.exchange(a, b)
     assert os.listdir(a) == ["from_b"] and os.listdir(b) == ["from_a"]
 
 
@@ -171,7 +171,7 @@ def test_full_disk_is_a_write_error_naming_the_path(small_fs):
 # -- one writer ----------------------------------------------------------------------------------
 HOLD = """
 import sys, time
-from vaecf.safewrite import writer_lock
+from vaecf.writelock import writer_lock
 with writer_lock(sys.argv[1], "holding it for a test"):
     print("held", flush=True)
     time.sleep(60)
@@ -196,18 +196,18 @@ def holder(tmp_path):
 
 def test_lock_holds_pid_and_is_released(tmp_path):
     d = tmp_path / "d"
-    with safewrite.writer_lock(d) as lock:
+    with writelock.writer_lock(d) as lock:
         assert lock == tmp_path / ".d.lock"
         info = json.loads(lock.read_text())
         assert info["pid"] == os.getpid()
-        with safewrite.writer_lock(d):  # re-entrant in one process
+        with writelock.writer_lock(d):  # re-entrant in one process
             pass
         assert lock.exists()
     assert not lock.exists()
 
 
 def test_second_writer_is_refused_with_the_first_ones_pid(tmp_path, holder):
-    with pytest.raises(BusyError) as e, safewrite.writer_lock(tmp_path / "d"):
+    with pytest.raises(BusyError) as e, writelock.writer_lock(tmp_path / "d"):
         pass
     msg = str(e.value)
     assert f"pid {holder.pid}" in msg and "holding it for a test" in msg
@@ -218,23 +218,23 @@ def test_lock_of_a_killed_process_is_taken_over(tmp_path, holder):
     holder.send_signal(signal.SIGKILL)
     holder.wait()
     assert (tmp_path / ".d.lock").exists()  # left behind
-    with safewrite.writer_lock(tmp_path / "d") as lock:
+    with writelock.writer_lock(tmp_path / "d") as lock:
         assert json.loads(lock.read_text())["pid"] == os.getpid()
 
 
 def test_torn_and_reused_pid_locks_are_stale(tmp_path):
     lock = tmp_path / ".d.lock"
     lock.write_text("")  # a writer killed between create and write
-    with safewrite.writer_lock(tmp_path / "d"):
+    with writelock.writer_lock(tmp_path / "d"):
         pass
     # our own (live) pid, but a different process start time: the pid was reused
     lock.write_text(json.dumps({"pid": os.getpid(), "host": os.uname().nodename, "started": "1"}))
-    if safewrite._start_time(os.getpid()) is not None:
-        with safewrite.writer_lock(tmp_path / "d"):
+    if writelock.process_start_time(os.getpid()) is not None:
+        with writelock.writer_lock(tmp_path / "d"):
             pass
     # a live process on another host cannot be checked: it is respected
     lock.write_text(json.dumps({"pid": 1, "host": "elsewhere-host"}))
-    with pytest.raises(BusyError, match="pid 1"), safewrite.writer_lock(tmp_path / "d"):
+    with pytest.raises(BusyError, match="pid 1"), writelock.writer_lock(tmp_path / "d"):
         pass
 
 

@@ -43,8 +43,8 @@ from vaecf.safewrite import (
     fsync_dir,
     no_space_error,
     sweep_temps,
-    writer_lock,
 )
+from vaecf.writelock import writer_lock
 
 IDX = "__vaecf_item_index"
 # bytes per output row, with room to spare (measured on ml-latest-small at k=100: 5.0 in

@@ -19,9 +19,9 @@ from vaecf.errors import ConfigError, RunError
 from vaecf.gradient import Trainer, TrainingDiverged, beta_at, make_optimizer
 from vaecf.models import Model
 from vaecf.run import ClosedFormFit, RunResult
-from vaecf.safewrite import writer_lock
 from vaecf.settings import flag
 from vaecf.specs import SPECS
+from vaecf.writelock import writer_lock
 
 __all__ = [
     "RESUME_MAY_CHANGE",

@@ -46,9 +46,10 @@ from vaecf.data.sources import (
 )
 from vaecf.data.vocab import Vocabulary
 from vaecf.errors import DataError
-from vaecf.safewrite import atomic_dir, atomic_file, save_csr, sweep_temps, write_json, writer_lock
+from vaecf.safewrite import atomic_dir, atomic_file, save_csr, sweep_temps, write_json
 from vaecf.settings import spelled
 from vaecf.version import __version__
+from vaecf.writelock import writer_lock
 
 __all__ = [
     "FORMAT_VERSION",
