@@ -684,19 +684,19 @@ class TrainDrill(Drill):
         self.out = Path(out_parent or self.root / "runs") / "run"
         self.ref, self.ref_short = self.root / "reference" / "run", self.root / "reference" / "r1"
         t0 = time.perf_counter()
-        run_ok(runner, self._argv(self.ref, self.epochs))
+        run_ok(runner, self.train_argv(self.ref, self.epochs))
         self.duration = time.perf_counter() - t0
-        run_ok(runner, self._argv(self.ref_short, 1))
+        run_ok(runner, self.train_argv(self.ref_short, 1))
         # odd trials extend the finished 1-epoch run: their reference is that extension run
         # without interruption (not a fresh run: settings resolved at the first run may differ)
         self.ref_ext = self.root / "reference" / "r1-extended"
         shutil.copytree(self.ref_short, self.ref_ext)
-        run_ok(runner, self._argv(self.ref_ext, self.epochs, resume=True))
+        run_ok(runner, self.train_argv(self.ref_ext, self.epochs, resume=True))
         self.final_state = run_state(self.ref)
         self.short_state = run_state(self.ref_short)
         self.extended_state = run_state(self.ref_ext)
 
-    def _argv(self, out: Path, epochs: int, resume: bool = False) -> list:
+    def train_argv(self, out: Path, epochs: int, resume: bool = False) -> list:
         return [
             "train", "--data", self.data, "--out", out, "--epochs", epochs, "--batch-size", 64,
             "--precision", "fp32", "--device", "cpu", "--seed", 7, "--quiet",
@@ -716,10 +716,10 @@ class TrainDrill(Drill):
             shutil.copytree(self.ref_short, self.out)
 
     def command(self, trial: int) -> list:
-        return self._argv(self.out, self.epochs, resume=trial % 2 == 1)
+        return self.train_argv(self.out, self.epochs, resume=trial % 2 == 1)
 
     def finish_command(self, trial: int) -> list:
-        return self._argv(self.out, self.epochs, resume=True)
+        return self.train_argv(self.out, self.epochs, resume=True)
 
     def state(self):
         return run_state(self.out)

@@ -289,7 +289,7 @@ def test_trainer_issue_kill_before_config_json(runner, short_run, tmp_path):
     out = tmp_path / "run"
     out.mkdir()
     (out / ".config.json.abc123.tmp").write_text('{"half')  # what the kill leaves
-    r = run(runner, short_run._argv(out, 2, resume=True))
+    r = run(runner, short_run.train_argv(out, 2, resume=True))
     assert r.rc == 0, str(r)
 
 
@@ -301,9 +301,9 @@ def test_trainer_issue_stale_results_after_extending(runner, short_run, tmp_path
     out = tmp_path / "run"
     shutil.copytree(short_run.ref_short, out)  # a finished 1-epoch run
     old_results = (out / "results.json").read_text()
-    assert run(runner, short_run._argv(out, 2, resume=True)).rc == 0
+    assert run(runner, short_run.train_argv(out, 2, resume=True)).rc == 0
     (out / "results.json").write_text(old_results)  # = killed just before results.json
-    assert run(runner, short_run._argv(out, 2, resume=True)).rc == 0
+    assert run(runner, short_run.train_argv(out, 2, resume=True)).rc == 0
     assert run_state(out) == short_run.extended_state
 
 
