@@ -154,6 +154,28 @@ def fetch(
             return rec
     url = url or remote.url
     part = dest_dir / f".{remote.filename}.part"
+    _download(url, part, remote.filename, retries, timeout, progress)
+    try:
+        seen = verify(part, remote)
+    except DataError:
+        part.unlink(missing_ok=True)
+        raise
+    os.replace(part, dest)
+    rec = {
+        "url": url,
+        "bytes": dest.stat().st_size,
+        **seen,
+        "verified": "md5" if remote.md5 else ("sha256" if remote.sha256 else "none published"),
+        "downloaded": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    }
+    records[remote.filename] = rec
+    write_json(record_path, records)
+    return rec
+
+
+def _download(url: str, part: Path, filename: str, retries: int, timeout: float, progress: bool):
+    """`url` into `part` (resumed where a part is there), retried with back-off; a DataError
+    that says what to do where it cannot be had (the partial file kept for the next run)."""
     error: Exception | None = None
     for attempt in range(retries + 1):
         try:
@@ -178,28 +200,12 @@ def fetch(
                 f"cannot reach {host} ({getattr(error, 'reason', error)}): no network, or "
                 "it is blocked here. Fetch the file on a machine that can and use it: "
                 f"`vaecf prepare NAME --source PATH` (the archive or its files), or "
-                f"`vaecf download NAME --url file:///PATH/{remote.filename}` to verify and keep it"
+                f"`vaecf download NAME --url file:///PATH/{filename}` to verify and keep it"
             )
         raise DataError(
             f"downloading {url} was interrupted after {size} bytes ({error}); the partial file "
             f"{part} is kept: run the command again to resume it"
         )
-    try:
-        seen = verify(part, remote)
-    except DataError:
-        part.unlink(missing_ok=True)
-        raise
-    os.replace(part, dest)
-    rec = {
-        "url": url,
-        "bytes": dest.stat().st_size,
-        **seen,
-        "verified": "md5" if remote.md5 else ("sha256" if remote.sha256 else "none published"),
-        "downloaded": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-    }
-    records[remote.filename] = rec
-    write_json(record_path, records)
-    return rec
 
 
 def _records(path: Path) -> dict:
