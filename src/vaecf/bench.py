@@ -293,24 +293,7 @@ def bench_infer(
     )
     out = []
     for bs in batch_sizes:
-        times = []
-        deadline = time.perf_counter() + seconds
-        n = 0
-        bar = tqdm(desc=f"infer batch {bs}", disable=None if progress else True, unit="batch")
-        with torch.inference_mode():
-            while (time.perf_counter() < deadline or n < 20) and n < 100_000:
-                rows = torch.arange(n * bs, (n + 1) * bs, device=dev) % csr.n_rows
-                t0 = time.perf_counter()
-                batch = csr.batch(rows)
-                scores = scorer(batch).float()
-                scores[batch.row_ids, batch.indices] = -torch.inf
-                top = scores.topk(min(k, items), dim=1).indices
-                if dev.type == "cuda":
-                    top.cpu()
-                times.append(time.perf_counter() - t0)
-                n += 1
-                bar.update(1)
-        bar.close()
+        times = _answer_times(scorer, csr, bs, seconds, min(k, items), dev, progress)
         times = times[max(1, len(times) // 10) :]  # drop warm-up
         stats = _percentiles(times)
         out.append(
@@ -324,6 +307,30 @@ def bench_infer(
             }
         )
     return out
+
+
+def _answer_times(scorer, csr: CSR, bs: int, seconds: float, k: int, dev, progress: bool) -> list:
+    """Seconds of each answer (batch, scores, seen items masked, top k) to batches of `bs`
+    rows of `csr`, for `seconds` (at least 20 answers, at most 100,000)."""
+    times = []
+    deadline = time.perf_counter() + seconds
+    n = 0
+    bar = tqdm(desc=f"infer batch {bs}", disable=None if progress else True, unit="batch")
+    with torch.inference_mode():
+        while (time.perf_counter() < deadline or n < 20) and n < 100_000:
+            rows = torch.arange(n * bs, (n + 1) * bs, device=dev) % csr.n_rows
+            t0 = time.perf_counter()
+            batch = csr.batch(rows)
+            scores = scorer(batch).float()
+            scores[batch.row_ids, batch.indices] = -torch.inf
+            top = scores.topk(k, dim=1).indices
+            if dev.type == "cuda":
+                top.cpu()
+            times.append(time.perf_counter() - t0)
+            n += 1
+            bar.update(1)
+    bar.close()
+    return times
 
 
 def bench_eval(
