@@ -117,7 +117,7 @@ def _bytes(path) -> int:
     return path.stat().st_size if path.is_file() else sum(_bytes(p) for p in path.iterdir())
 
 
-def main() -> int:
+def _args() -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--seed", type=int, help="base seed (default: random, printed)")
     ap.add_argument("--quick", action="store_true", help="a few trials of each drill")
@@ -143,6 +143,89 @@ def main() -> int:
     a = ap.parse_args()
     if a.quick:
         a.kill_trials, a.disk_trials, a.lock_trials, a.fuzz, a.fuzz_cli = 6, 3, 4, 200, 20
+    return a
+
+
+def _kill_and_lock_drills(only: set, work: Path, runner, a, seed: int) -> list:
+    drills = {
+        "prepare": dk.PrepareDrill(),
+        "train": dk.TrainDrill(epochs=3),
+        "score": dk.ScoreDrill(),
+        "tune": dk.TuneDrill(),
+        "compare": dk.CompareDrill(),
+        "serve": dk.ServeDrill(),
+        "export": dk.ExportDrill(),  # last: the other verbs keep their seeds
+    }
+    for name, d in drills.items():
+        if name in only or (name == "prepare" and "lock" in only):
+            d.setup(work / name, runner)
+    tallies = []
+    for i, (name, d) in enumerate(drills.items()):
+        if name not in only:
+            continue
+        if name == "serve":
+            tallies.append(dk.serve_drill(d, runner, a.kill_trials, seed + i))
+        else:
+            tallies.append(dk.kill_drill(d, runner, a.kill_trials, seed + i))
+        print(dk.format_table(tallies[-1:]).splitlines()[-1], flush=True)
+        for n in tallies[-1].notes[:3]:
+            print(f"\n[{tallies[-1].drill}] {n[:3000]}", flush=True)
+    if "lock" in only:
+        tallies.append(dk.lock_drill(drills["prepare"], runner, a.lock_trials, seed + 10))
+    return tallies
+
+
+def _disk_drills(work: Path, runner, trials: int, seed: int) -> list:
+    if not dk.can_mount():
+        print("disk-full drills skipped: they mount a tmpfs (root on Linux only)")
+        return []
+    # each verb with the bytes it may need: its reference output times what it keeps beside it
+    # while writing (score: its parts too; tune: a study grows as it goes)
+    verbs = [
+        (dk.PrepareDrill(), lambda d: 1.3 * _bytes(d.ref_b)),
+        (dk.TrainDrill(epochs=2), lambda d: 1.3 * _bytes(d.ref)),
+        (dk.ScoreDrill(), lambda d: 3 * _bytes(d.ref_new)),
+        (dk.ExportDrill(), lambda d: 3 * _bytes(d.ref_new)),
+        (dk.CompareDrill(), lambda d: 3 * _bytes(d.ref_new)),
+        (dk.TuneDrill(), lambda d: 1.5 * _bytes(d.ref_new)),
+    ]
+    tallies = []
+    for i, (d, need_of) in enumerate(verbs):
+        fs = dk.Tmpfs(48 << 20)
+        try:
+            d.setup(work / f"disk-{d.name}", runner, out_parent=fs.path)
+            d.fs = fs
+            tallies.append(dk.disk_full_drill(d, runner, trials, seed + 20 + i, int(need_of(d))))
+            print(dk.format_table(tallies[-1:]).splitlines()[-1], flush=True)
+        finally:
+            fs.close()
+    return tallies
+
+
+def _fuzz_drills(a, seed: int) -> None:
+    print(
+        "\n| parser | inputs | parsed | DataError | failures | via CLI | CLI exit 2 "
+        "| CLI failures |\n|---|---|---|---|---|---|---|---|",
+        flush=True,
+    )
+    notes = []
+    for i, name in enumerate([*fk.CASES, "parquet"]):
+        if a.parsers and name not in a.parsers.split(","):
+            continue
+        t = fk.fuzz(name, a.fuzz, seed + 100 + i)
+        ci, c2, cf, ex = fuzz_cli(name, a.fuzz_cli, seed + 200 + i)
+        print(
+            f"| {name} | {t.inputs} | {t.parsed} | {t.rejected} | {t.failures} | {ci} "
+            f"| {c2} | {cf} |",
+            flush=True,
+        )
+        notes += [f"[{name}] {e}" for e in t.examples + ex]
+    for n in notes[:10]:
+        print("\n" + n)
+
+
+def main() -> int:
+    a = _args()
     seed = a.seed if a.seed is not None else random.SystemRandom().randrange(10**6)
     only = set(a.only or ["kill", "disk", "lock", "fuzz"])
     if "kill" in only:
@@ -153,92 +236,24 @@ def main() -> int:
     # the fork server the kill, lock and disk drills run their commands from (the fuzz drill
     # calls the parsers in this process)
     runner = dk.ForkRunner(work / "logs") if only - {"fuzz"} else None
-    tallies: list[dk.Tally] = []
     try:
-        drills = {
-            "prepare": dk.PrepareDrill(),
-            "train": dk.TrainDrill(epochs=3),
-            "score": dk.ScoreDrill(),
-            "tune": dk.TuneDrill(),
-            "compare": dk.CompareDrill(),
-            "serve": dk.ServeDrill(),
-            "export": dk.ExportDrill(),  # last: the other verbs keep their seeds
-        }
-        for name, d in drills.items():
-            if name in only or (name == "prepare" and "lock" in only):
-                d.setup(work / name, runner)
-        for i, (name, d) in enumerate(drills.items()):
-            if name not in only:
-                continue
-            if name == "serve":
-                tallies.append(dk.serve_drill(d, runner, a.kill_trials, seed + i))
-            else:
-                tallies.append(dk.kill_drill(d, runner, a.kill_trials, seed + i))
-            print(dk.format_table(tallies[-1:]).splitlines()[-1], flush=True)
-            for n in tallies[-1].notes[:3]:
-                print(f"\n[{tallies[-1].drill}] {n[:3000]}", flush=True)
-        if "lock" in only:
-            tallies.append(dk.lock_drill(drills["prepare"], runner, a.lock_trials, seed + 10))
+        tallies = _kill_and_lock_drills(only, work, runner, a, seed)
         if "disk" in only:
-            if not dk.can_mount():
-                print("disk-full drills skipped: they mount a tmpfs (root on Linux only)")
-            # each verb with the bytes it may need: its reference output times what it keeps
-            # beside it while writing (score: its parts too; tune: a study grows as it goes)
-            verbs = [
-                (dk.PrepareDrill(), lambda d: 1.3 * _bytes(d.ref_b)),
-                (dk.TrainDrill(epochs=2), lambda d: 1.3 * _bytes(d.ref)),
-                (dk.ScoreDrill(), lambda d: 3 * _bytes(d.ref_new)),
-                (dk.ExportDrill(), lambda d: 3 * _bytes(d.ref_new)),
-                (dk.CompareDrill(), lambda d: 3 * _bytes(d.ref_new)),
-                (dk.TuneDrill(), lambda d: 1.5 * _bytes(d.ref_new)),
-            ]
-            for i, (d, need_of) in enumerate(verbs):
-                if not dk.can_mount():
-                    break
-                fs = dk.Tmpfs(48 << 20)
-                try:
-                    d.setup(work / f"disk-{d.name}", runner, out_parent=fs.path)
-                    d.fs = fs
-                    need = int(need_of(d))
-                    tallies.append(
-                        dk.disk_full_drill(d, runner, a.disk_trials, seed + 20 + i, need)
-                    )
-                    print(dk.format_table(tallies[-1:]).splitlines()[-1], flush=True)
-                finally:
-                    fs.close()
+            tallies += _disk_drills(work, runner, a.disk_trials, seed)
     finally:
         if runner is not None:
             runner.close()
     if tallies:
         print()
         print(dk.format_table(tallies))
-        refused = [t for t in tallies if t.refused]
-        for t in refused:
-            print(f"\n{t.drill}: one writer refused with the other's pid in {t.refused} trials")
+        for t in tallies:
+            if t.refused:
+                print(f"\n{t.drill}: one writer refused with the other's pid in {t.refused} trials")
         for t in tallies:
             for n in t.notes[:3]:
                 print(f"\n[{t.drill}] {n[:1500]}")
     if "fuzz" in only:
-        print(
-            "\n| parser | inputs | parsed | DataError | failures | via CLI | CLI exit 2 "
-            "| CLI failures |\n|---|---|---|---|---|---|---|---|",
-            flush=True,
-        )
-        notes = []
-        parsers = [*fk.CASES, "parquet"]
-        for i, name in enumerate(parsers):
-            if a.parsers and name not in a.parsers.split(","):
-                continue
-            t = fk.fuzz(name, a.fuzz, seed + 100 + i)
-            ci, c2, cf, ex = fuzz_cli(name, a.fuzz_cli, seed + 200 + i)
-            print(
-                f"| {name} | {t.inputs} | {t.parsed} | {t.rejected} | {t.failures} | {ci} "
-                f"| {c2} | {cf} |",
-                flush=True,
-            )
-            notes += [f"[{name}] {e}" for e in t.examples + ex]
-        for n in notes[:10]:
-            print("\n" + n)
+        _fuzz_drills(a, seed)
     print(f"\n{time.perf_counter() - t0:.0f} s in all")
     return 0
 
