@@ -214,76 +214,32 @@ def main() -> None:
     )
     ap.add_argument("--workdir", help="keep the generated files here (default: a temp dir)")
     a = ap.parse_args()
+    if 0 < a.netflix_rows < 3 * NF_ITEMS:
+        ap.error(f"--netflix-rows: 0, or at least {3 * NF_ITEMS:,} (3 ratings per movie)")
     work = Path(a.workdir or tempfile.mkdtemp(prefix="vaecf-bench-"))
     work.mkdir(parents=True, exist_ok=True)
-    vaecf = [sys.executable, "-m", "vaecf"]
-    env = {"VAECF_HOME": str(work / "home")}
     rows = []
-
     csv = work / "ml-20m" / "ratings.csv"
     if not csv.exists() or a.workdir is None:
         csv.parent.mkdir(exist_ok=True)
-        t = time.perf_counter()
-        _generate("ml20m", csv, a.rows)
-        print(
-            f"wrote {csv} ({a.rows:,} rows, {csv.stat().st_size / 1e6:.0f} MB) in "
-            f"{time.perf_counter() - t:.0f} s",
-            flush=True,
-        )
-    w, m, line = timed(
-        [
-            *vaecf,
-            "prepare",
-            "ml-20m",
-            "--source",
-            csv,
-            "--overwrite",
-            "--out",
-            work / "out-vaecf",
-            "--heldout-users",
-            a.heldout_users,
-            "--quiet",
-        ],
-        env,
-    )
-    rows.append((f"ml-20m format, {a.rows:,} rows", "vaecf (Polars)", w, m, line))
+        _generate_timed("ml20m", csv, a.rows, f"{csv} ({a.rows:,} rows)")
+    data = f"ml-20m format, {a.rows:,} rows"
+    rows.append((data, "vaecf (Polars)", *_vaecf_prepare(work, "ml-20m", csv, a.heldout_users)))
     print(rows[-1], flush=True)
     if not a.no_pandas:
         script = work / "reference.py"
         script.write_text(PANDAS_REFERENCE)
         cmd = [sys.executable, script, csv, work / "out-pandas", a.heldout_users]
-        w, m, line = timed(cmd)
-        rows.append((f"ml-20m format, {a.rows:,} rows", "pandas notebook", w, m, line))
+        rows.append((data, "pandas notebook", *timed(cmd)))
         print(rows[-1], flush=True)
-
     if a.netflix_rows:
         nf = work / "netflix"
         nf.mkdir(exist_ok=True)
         if not (nf / "combined_data_4.txt").exists() or a.workdir is None:
-            t = time.perf_counter()
-            _generate("netflix", nf, a.netflix_rows)
-            print(
-                f"wrote 4 combined_data files ({a.netflix_rows:,} ratings) in "
-                f"{time.perf_counter() - t:.0f} s",
-                flush=True,
-            )
-        w, m, line = timed(
-            [
-                *vaecf,
-                "prepare",
-                "netflix",
-                "--source",
-                nf,
-                "--overwrite",
-                "--out",
-                work / "out-netflix",
-                "--heldout-users",
-                a.heldout_users,
-                "--quiet",
-            ],
-            env,
-        )
-        rows.append((f"netflix format, {a.netflix_rows:,} rows", "vaecf (Polars)", w, m, line))
+            what = f"4 combined_data files ({a.netflix_rows:,} ratings)"
+            _generate_timed("netflix", nf, a.netflix_rows, what)
+        data = f"netflix format, {a.netflix_rows:,} rows"
+        rows.append((data, "vaecf (Polars)", *_vaecf_prepare(work, "netflix", nf, a.heldout_users)))
         print(rows[-1], flush=True)
 
     print(f"\n{'data':38s} {'implementation':16s} {'wall s':>8s} {'peak RSS GB':>12s}")
@@ -292,6 +248,20 @@ def main() -> None:
     if len(rows) >= 2 and rows[1][1] == "pandas notebook":
         print(f"\nvaecf is {rows[1][2] / rows[0][2]:.1f}x faster than the pandas reference")
     print(f"(files in {work}; {os.cpu_count()} CPUs)")
+
+
+def _generate_timed(kind: str, path: Path, n_rows: int, what: str) -> None:
+    t = time.perf_counter()
+    _generate(kind, path, n_rows)
+    print(f"wrote {what} in {time.perf_counter() - t:.0f} s", flush=True)
+
+
+def _vaecf_prepare(work: Path, name: str, source: Path, heldout: int) -> tuple:
+    """(wall s, peak RSS GB, last line) of `vaecf prepare NAME --source SOURCE`."""
+    cmd = [sys.executable, "-m", "vaecf", "prepare", name, "--source", source, "--overwrite"]
+    cmd += ["--out", work / f"out-{'vaecf' if name == 'ml-20m' else name}"]
+    cmd += ["--heldout-users", heldout, "--quiet"]
+    return timed(cmd, {"VAECF_HOME": str(work / "home")})
 
 
 if __name__ == "__main__":
