@@ -39,6 +39,22 @@ from vaecf.bench import bench_infer
 from vaecf.serve.fixtures import fresh_run
 
 
+def _bodies(seed: int, n_items: int) -> list[bytes]:
+    """1,000 request bodies of 50 random items each (k=100), made before any clock starts."""
+    rng = random.Random(seed)
+    return [
+        json.dumps({"items": rng.sample(range(n_items), 50), "k": 100}).encode()
+        for _ in range(1000)
+    ]
+
+
+def _pct(xs: list[float], p: int) -> float | None:
+    """The p-th percentile of `xs` seconds, in ms (None under two values)."""
+    if len(xs) < 2:
+        return None
+    return round(statistics.quantiles(xs, n=100, method="inclusive")[p - 1] * 1e3, 2)
+
+
 async def load(
     base: str,
     concurrency: int,
@@ -48,12 +64,8 @@ async def load(
     reload_run: Path | None = None,
     seed: int = 0,
 ) -> dict:
-    rng = random.Random(seed)
     host, port = base.removeprefix("http://").split(":")
-    bodies = [  # made before the clock starts: 1,000 different histories of 50 items
-        json.dumps({"items": rng.sample(range(n_items), 50), "k": 100}).encode()
-        for _ in range(1000)
-    ]
+    bodies = _bodies(seed, n_items)
     latencies: list[float] = []
     errors = 0
     models: set[str] = set()
@@ -97,16 +109,15 @@ async def load(
     wall = time.perf_counter() - t0
     for conn in conns:
         conn.close()
-    q = statistics.quantiles(latencies, n=100, method="inclusive") if len(latencies) > 1 else []
     out = {
         "concurrency": concurrency,
         "requests": len(latencies),
         "errors": errors,
         "seconds": round(wall, 2),
         "req_per_s": round(len(latencies) / wall, 1),
-        "p50_ms": round(q[49] * 1e3, 2) if q else None,
-        "p95_ms": round(q[94] * 1e3, 2) if q else None,
-        "p99_ms": round(q[98] * 1e3, 2) if q else None,
+        "p50_ms": _pct(latencies, 50),
+        "p95_ms": _pct(latencies, 95),
+        "p99_ms": _pct(latencies, 99),
         "models_seen": len(models),
     }
     if reload_run is not None:
@@ -121,17 +132,15 @@ async def overload(
     keep-alive connection from a pool of `n_conns`, below the server's --limit-concurrency),
     while a separate connection probes /healthz every 20 ms. Served and refused requests and
     the probes are timed apart."""
-    rng = random.Random(seed)
     host, port = base.removeprefix("http://").split(":")
-    bodies = [
-        json.dumps({"items": rng.sample(range(n_items), 50), "k": 100}).encode()
-        for _ in range(1000)
-    ]
+    bodies = _bodies(seed, n_items)
     pool: asyncio.Queue[Connection] = asyncio.Queue()
     for _ in range(n_conns):
         pool.put_nowait(Connection(host, int(port)))
-    served, refused, health = [], [], []
-    failed = unhealthy = 0
+    served: list[float] = []
+    refused: list[float] = []
+    health: list[float] = []
+    failed = 0
     t_end = time.perf_counter() + duration
 
     async def one(i: int) -> None:
@@ -154,22 +163,7 @@ async def overload(
         finally:
             pool.put_nowait(conn)
 
-    async def probe() -> None:
-        nonlocal unhealthy
-        conn = Connection(host, int(port))
-        while time.perf_counter() < t_end:
-            t0 = time.perf_counter()
-            try:
-                status, _ = await conn.post("/healthz", None)
-            except (OSError, asyncio.IncompleteReadError, ValueError):
-                conn.close()
-                status = 0
-            health.append(time.perf_counter() - t0)
-            unhealthy += status != 200
-            await asyncio.sleep(0.02)
-        conn.close()
-
-    prober = asyncio.ensure_future(probe())
+    prober = asyncio.ensure_future(_probe(Connection(host, int(port)), t_end, health))
     tasks, i, t0 = [], 0, time.perf_counter()
     while (now := time.perf_counter()) < t_end:
         due = int((now - t0) * rate)
@@ -177,27 +171,41 @@ async def overload(
             tasks.append(asyncio.ensure_future(one(i)))
             i += 1
         await asyncio.sleep(0.001)
-    await asyncio.gather(*tasks, prober)
+    await asyncio.gather(*tasks)
+    unhealthy = await prober
     wall = time.perf_counter() - t0
-
-    def pct(xs: list[float], p: int) -> float | None:
-        if len(xs) < 2:
-            return None
-        return round(statistics.quantiles(xs, n=100, method="inclusive")[p - 1] * 1e3, 2)
 
     return {
         "offered_per_s": round(i / wall, 1),
         "served": len(served),
         "served_per_s": round(len(served) / wall, 1),
-        "served_p50_ms": pct(served, 50),
-        "served_p99_ms": pct(served, 99),
+        "served_p50_ms": _pct(served, 50),
+        "served_p99_ms": _pct(served, 99),
         "refused_503": len(refused),
-        "refused_p99_ms": pct(refused, 99),
+        "refused_p99_ms": _pct(refused, 99),
         "failed": failed,
-        "healthz_p99_ms": pct(health, 99),
+        "healthz_p99_ms": _pct(health, 99),
         "healthz_probes": len(health),
         "healthz_not_200": unhealthy,
     }
+
+
+async def _probe(conn: Connection, t_end: float, health: list[float]) -> int:
+    """GET /healthz every 20 ms until `t_end`, each probe's seconds into `health`; how many
+    did not answer 200."""
+    unhealthy = 0
+    while time.perf_counter() < t_end:
+        t0 = time.perf_counter()
+        try:
+            status, _ = await conn.post("/healthz", None)
+        except (OSError, asyncio.IncompleteReadError, ValueError):
+            conn.close()
+            status = 0
+        health.append(time.perf_counter() - t0)
+        unhealthy += status != 200
+        await asyncio.sleep(0.02)
+    conn.close()
+    return unhealthy
 
 
 def main_overload(a) -> int:
@@ -239,7 +247,7 @@ def main_overload(a) -> int:
     return 0
 
 
-def main(argv: list[str] | None = None) -> int:
+def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--duration", type=float, default=5.0, help="seconds per cell (5)")
     p.add_argument("--max-requests", type=int, default=20_000, help="requests per cell at most")
@@ -260,13 +268,28 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument("--max-queue", type=int, default=64, help="the overloaded server's (64)")
     p.add_argument("--request-timeout", type=float, default=2.0, help="its deadline (2 s)")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = _parser()
     a = p.parse_args(argv)
     if a.overload:
         return main_overload(a)
-
     modes = set(a.modes.split(","))
     if modes - {"batched", "unbatched", "reload"}:
         p.error(f"unknown --modes {a.modes!r}: batched, unbatched, reload")
+    rows, inproc = _runs(a, modes)
+    if a.json:
+        for r in rows:
+            print(json.dumps(r))
+        return 0
+    _print_table(a, rows, inproc)
+    return 0
+
+
+def _runs(a, modes: set) -> tuple[list[dict], dict]:
+    """Each mode's rows, and the in-process batch-1 latency of the same model."""
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         run_a = fresh_run(Path(tmp) / "a", a.items, "multvae", seed=0)
@@ -292,10 +315,10 @@ def main(argv: list[str] | None = None) -> int:
                     load(server.base, c, dur, a.max_requests, a.items, reload_run=run_b)
                 )
                 rows.append({"mode": "micro-batching + reload", **res})
-    if a.json:
-        for r in rows:
-            print(json.dumps(r))
-        return 0
+    return rows, inproc
+
+
+def _print_table(a, rows: list[dict], inproc: dict) -> None:
     print(
         f"n_items {a.items}, --precision {a.precision}, history 50 items, k=100, "
         f"{a.duration:g} s per row, "
@@ -320,7 +343,6 @@ def main(argv: list[str] | None = None) -> int:
             f"| {r['mode']}{note} | {r['concurrency']} | {r['requests']} | {r['req_per_s']} | "
             f"{r['p50_ms']} | {r['p95_ms']} | {r['p99_ms']} | {r['errors']} |"
         )
-    return 0
 
 
 if __name__ == "__main__":
