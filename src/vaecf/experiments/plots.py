@@ -43,19 +43,7 @@ def plot_runs(
         raise RunError("pass at least one run directory")
     if not Path(out).parent.is_dir():  # made by nobody but its owner, as every verb's --out
         raise RunError(f"{Path(out).parent} does not exist; create it or choose another --out")
-    data, fits = [], []
-    for i, run in enumerate(runs):
-        cfg = rundir.load_config(run)
-        rows = rundir.read_metrics(run)
-        closed = closed_form(cfg, rows)
-        if not rows and not (closed and (run / rundir.RESULTS).is_file()):
-            raise RunError(f"{run} has no {rundir.METRICS} yet: train it first")
-        label = labels[i] if labels else _label(run, cfg, runs)
-        metric = cfg["train"].get("select_metric", "ndcg@100")
-        if closed:
-            fits.append((run, label, cfg, rows, metric))
-        else:
-            data.append((label, rows, metric, _best_epoch(run, rows, metric)))
+    data, fits = _read_runs(runs, labels)
     if not data:
         from vaecf.experiments.searchplot import plot_searches
 
@@ -85,8 +73,36 @@ def plot_runs(
             if isinstance(value, (int, float)):
                 ax.axhline(value, color=colors[i % len(colors)], ls=":", lw=1.4, label=label)
         _decorate(ax, f"validation {key}", key)
-    legend_ax = axes[1][3]
-    legend_ax.axis("off")
+    _legend(plt, axes[1][3], data, fits, colors)
+    n = len(data) + len(fits)
+    fig.suptitle(f"training curves of {n} run{'s' if n > 1 else ''}", fontsize=13)
+    out = save_figure(fig, Path(out))
+    plt.close(fig)
+    return out
+
+
+def _read_runs(runs: list[Path], labels) -> tuple[list, list]:
+    """(gradient runs as (label, metrics rows, select metric, best epoch), closed-form runs as
+    (run, label, config, rows, metric)); a run with nothing to plot yet is refused."""
+    data, fits = [], []
+    for i, run in enumerate(runs):
+        cfg = rundir.load_config(run)
+        rows = rundir.read_metrics(run)
+        closed = closed_form(cfg, rows)
+        if not rows and not (closed and (run / rundir.RESULTS).is_file()):
+            raise RunError(f"{run} has no {rundir.METRICS} yet: train it first")
+        label = labels[i] if labels else _label(run, cfg, runs)
+        metric = cfg["train"].get("select_metric", "ndcg@100")
+        if closed:
+            fits.append((run, label, cfg, rows, metric))
+        else:
+            data.append((label, rows, metric, _best_epoch(run, rows, metric)))
+    return data, fits
+
+
+def _legend(plt, ax, data: list, fits: list, colors: list) -> None:
+    """The figure's legend in its own panel: each run's colour, its best epoch or closed form."""
+    ax.axis("off")
     handles = [
         plt.Line2D([], [], color=colors[i % len(colors)], label=f"{lab} (best epoch {best})")
         for i, (lab, _, _, best) in enumerate(data)
@@ -98,12 +114,7 @@ def plot_runs(
     handles.append(
         plt.Line2D([], [], color="grey", ls="--", marker="*", ms=10, label="selected epoch")
     )
-    legend_ax.legend(handles=handles, loc="center", fontsize=10, frameon=False)
-    n = len(data) + len(fits)
-    fig.suptitle(f"training curves of {n} run{'s' if n > 1 else ''}", fontsize=13)
-    out = save_figure(fig, Path(out))
-    plt.close(fig)
-    return out
+    ax.legend(handles=handles, loc="center", fontsize=10, frameon=False)
 
 
 def closed_form(cfg: dict, rows: list[dict]) -> bool:
