@@ -26,8 +26,7 @@ def _model_settings() -> dict[str, list[str]]:
 
 
 def cmd_train(a) -> int:
-    from vaecf import configfile, models
-    from vaecf.config import TrainConfig
+    from vaecf import configfile
     from vaecf.errors import ConfigError
     from vaecf.training import train
 
@@ -36,38 +35,7 @@ def cmd_train(a) -> int:
     data = a.data or file.data
     if data is None:
         raise ConfigError('--data is required (or data = "PATH" in the --config file)')
-    per_model = _model_settings()
-    all_model = sorted({n for names in per_model.values() for n in names})
-    wrong = [n for n in given(a, all_model) if n not in per_model[name]]
-    if wrong:
-        owners = {n: [m for m, names in per_model.items() if n in names] for n in wrong}
-        raise VaecfError(
-            "; ".join(f"{flag(n)} applies to --model {'/'.join(owners[n])}" for n in wrong)
-            + f", not {name}"
-        )
-    # flags override the file, which overrides the defaults
-    train_given = {**file.train, **given(a, [f.name for f in fields(TrainConfig)])}
-    try:
-        cfg = TrainConfig(**train_given)
-    except TypeError as e:
-        raise ConfigError(f"bad training settings: {e}") from None
-    cfg.progress = not a.quiet
-    mcfg = None
-    model_given = {**file.model_config, **given(a, per_model[name])}
-    if a.resume and (Path(a.out) / "config.json").is_file():
-        from vaecf.rundir import load_config
-
-        saved = load_config(a.out)["model"]["config"]
-        asked = {**file.model_config, **given(a, all_model)}  # the file's, then the flags
-        clash = {k: v for k, v in asked.items() if saved.get(k) != v}
-        if clash:
-            raise VaecfError(
-                "a resumed run keeps its model settings; "
-                + ", ".join(f"{flag(k)} {v!r} (run: {saved.get(k)!r})" for k, v in clash.items())
-                + " conflict; start a new --out to train with other settings"
-            )
-    else:
-        mcfg = models.config_from_dict(name, model_given)
+    cfg, mcfg = _settings(a, file, name)
     on_epoch = None
     if a.tensorboard:
         from vaecf.experiments.tblog import TensorBoardLogger
@@ -81,7 +49,53 @@ def cmd_train(a) -> int:
             on_epoch.close()
     if int(os.environ.get("RANK", "0")) != 0:
         return 0  # under torchrun, rank 0 alone reports
-    if a.json:
+    _report(res, a.json)
+    return 0
+
+
+def _settings(a, file, name: str):
+    """(training config, model config or None where a resumed run keeps its own): the flags
+    override the --config file, which overrides the defaults. A model flag of another model,
+    or a resume asking other model settings than its run's, is refused."""
+    from vaecf import models
+    from vaecf.config import TrainConfig
+    from vaecf.errors import ConfigError
+
+    per_model = _model_settings()
+    all_model = sorted({n for names in per_model.values() for n in names})
+    wrong = [n for n in given(a, all_model) if n not in per_model[name]]
+    if wrong:
+        owners = {n: [m for m, names in per_model.items() if n in names] for n in wrong}
+        raise VaecfError(
+            "; ".join(f"{flag(n)} applies to --model {'/'.join(owners[n])}" for n in wrong)
+            + f", not {name}"
+        )
+    train_given = {**file.train, **given(a, [f.name for f in fields(TrainConfig)])}
+    try:
+        cfg = TrainConfig(**train_given)
+    except TypeError as e:
+        raise ConfigError(f"bad training settings: {e}") from None
+    cfg.progress = not a.quiet
+    if not (a.resume and (Path(a.out) / "config.json").is_file()):
+        return cfg, models.config_from_dict(
+            name, {**file.model_config, **given(a, per_model[name])}
+        )
+    from vaecf.rundir import load_config
+
+    saved = load_config(a.out)["model"]["config"]
+    asked = {**file.model_config, **given(a, all_model)}  # the file's, then the flags
+    clash = {k: v for k, v in asked.items() if saved.get(k) != v}
+    if clash:
+        raise VaecfError(
+            "a resumed run keeps its model settings; "
+            + ", ".join(f"{flag(k)} {v!r} (run: {saved.get(k)!r})" for k, v in clash.items())
+            + " conflict; start a new --out to train with other settings"
+        )
+    return cfg, None
+
+
+def _report(res, as_json: bool) -> None:
+    if as_json:
         print_json(
             {
                 "run_dir": str(res.run_dir),
@@ -90,14 +104,13 @@ def cmd_train(a) -> int:
                 "test": res.test_metrics,
             }
         )
-    else:
-        from vaecf import rundir
+        return
+    from vaecf import rundir
 
-        ran = rundir.load_results(res.run_dir)
-        epochs = "" if ran.get("steps", 0) == 0 else f"best epoch {res.best_epoch}; "
-        print(f"\n{epochs}run directory {res.run_dir}")  # closed forms have no epochs
-        print(metrics_table({"validation": res.validation_metrics, "test": res.test_metrics}))
-    return 0
+    ran = rundir.load_results(res.run_dir)
+    epochs = "" if ran.get("steps", 0) == 0 else f"best epoch {res.best_epoch}; "
+    print(f"\n{epochs}run directory {res.run_dir}")  # closed forms have no epochs
+    print(metrics_table({"validation": res.validation_metrics, "test": res.test_metrics}))
 
 
 # -- models -------------------------------------------------------------------------------------
