@@ -111,7 +111,6 @@ def main(argv: list[str] | None = None) -> int:
     rng = random.Random(0)
     histories = [rng.sample(range(a.items), a.history) for _ in range(1000)]
     bodies = [json.dumps({"items": h, "k": a.k}).encode() for h in histories]
-    inproc, served = [], []
     with tempfile.TemporaryDirectory() as tmp:
         run = fresh_run(Path(tmp) / "run", a.items, "multvae")
         rec = Recommender.load(run, precision=a.precision)
@@ -125,25 +124,7 @@ def main(argv: list[str] | None = None) -> int:
         proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env)
         try:
             wait_ready(port, proc)
-            client = Client(port)
-            for i in range(a.warmup):  # warm both sides
-                client.post("/v1/recommend", bodies[i % len(bodies)])
-                rec.recommend(histories[i % len(histories)], k=a.k)
-            # rounds of each side in turn, so that both see the machine's noise alike (not
-            # one call of each in turn: the other process's busy-waiting threads would slow it)
-            for _ in range(a.rounds):
-                for i in range(a.requests):
-                    h = histories[i % len(histories)]
-                    t0 = time.perf_counter()
-                    rec.recommend(h, k=a.k)
-                    inproc.append((time.perf_counter() - t0) * 1e3)
-                for i in range(a.requests):
-                    t0 = time.perf_counter()
-                    status, _ = client.post("/v1/recommend", bodies[i % len(bodies)])
-                    served.append((time.perf_counter() - t0) * 1e3)
-                    if status != 200:
-                        raise RuntimeError(f"the server answered {status}")
-            client.close()
+            inproc, served = _rounds(a, rec, Client(port), histories, bodies)
         finally:
             proc.terminate()
             proc.wait(30)
@@ -171,6 +152,31 @@ def main(argv: list[str] | None = None) -> int:
         print(f"| {label} | {res[key]['p50_ms']:.3f} | {res[key]['p99_ms']:.3f} |")
     print(f"| added by serving | {res['added_p50_ms']:+.3f} | {res['added_p99_ms']:+.3f} |")
     return 0
+
+
+def _rounds(a, rec, client, histories: list, bodies: list) -> tuple[list, list]:
+    """Milliseconds of each in-process and each served answer: both sides warmed, then
+    `a.rounds` rounds of `a.requests` answers a side."""
+    inproc, served = [], []
+    for i in range(a.warmup):  # warm both sides
+        client.post("/v1/recommend", bodies[i % len(bodies)])
+        rec.recommend(histories[i % len(histories)], k=a.k)
+    # rounds of each side in turn, so that both see the machine's noise alike (not one call
+    # of each in turn: the other process's busy-waiting threads would slow it)
+    for _ in range(a.rounds):
+        for i in range(a.requests):
+            h = histories[i % len(histories)]
+            t0 = time.perf_counter()
+            rec.recommend(h, k=a.k)
+            inproc.append((time.perf_counter() - t0) * 1e3)
+        for i in range(a.requests):
+            t0 = time.perf_counter()
+            status, _ = client.post("/v1/recommend", bodies[i % len(bodies)])
+            served.append((time.perf_counter() - t0) * 1e3)
+            if status != 200:
+                raise RuntimeError(f"the server answered {status}")
+    client.close()
+    return inproc, served
 
 
 if __name__ == "__main__":
