@@ -88,32 +88,13 @@ def main() -> int:
                 ),
             )
             for label, name, train, model in contenders:
-                t0 = time.perf_counter()
-                cfg = vaecf.TrainConfig(
-                    **{"seed": seed, "precision": a.precision, "progress": False, **train}
-                )
-                res = vaecf.train(
-                    ds,
-                    cfg,
-                    Path(tmp) / f"{label}-{seed}",
-                    models.config_from_dict(name, model),
-                    model=name,
-                )
-                seconds = time.perf_counter() - t0
-                saved = rundir.load_config(res.run_dir)["train"]
-                results[label].append(
-                    {
-                        "seed": seed,
-                        "test": res.test_metrics,
-                        "best_epoch": res.best_epoch,
-                        "seconds": seconds,
-                        "train": saved,
-                    }
-                )
+                out = Path(tmp) / f"{label}-{seed}"
+                results[label].append(_one(ds, out, name, train, model, seed, a.precision))
+                r = results[label][-1]
                 print(
                     f"seed {seed:6d} {label:>14s}  "
-                    + "  ".join(f"{k} {res.test_metrics[k]:.4f}" for k in KEYS)
-                    + f"  best epoch {res.best_epoch}  {seconds:.1f} s",
+                    + "  ".join(f"{k} {r['test'][k]:.4f}" for k in KEYS)
+                    + f"  best epoch {r['best_epoch']}  {r['seconds']:.1f} s",
                     file=sys.stderr,
                     flush=True,
                 )
@@ -132,6 +113,20 @@ def main() -> int:
     if a.json:
         a.json.write_text(json.dumps(results, indent=2, default=str))
     return 0
+
+
+def _one(ds, out: Path, name: str, train: dict, model: dict, seed: int, precision: str) -> dict:
+    """One contender trained on one split: its test metrics, best epoch, seconds, settings."""
+    t0 = time.perf_counter()
+    cfg = vaecf.TrainConfig(**{"seed": seed, "precision": precision, "progress": False, **train})
+    res = vaecf.train(ds, cfg, out, models.config_from_dict(name, model), model=name)
+    return {
+        "seed": seed,
+        "test": res.test_metrics,
+        "best_epoch": res.best_epoch,
+        "seconds": time.perf_counter() - t0,
+        "train": rundir.load_config(res.run_dir)["train"],
+    }
 
 
 if __name__ == "__main__":
