@@ -248,6 +248,12 @@ def _add_dataset_prepare(psub, name: str, spec) -> None:
 
 
 def register(sub) -> None:
+    _register_prepare(sub)
+    _register_download(sub)
+    _register_info(sub)
+
+
+def _register_prepare(sub) -> None:
     pp = sub.add_parser("prepare", help="turn raw interactions into a prepared dataset")
     psub = pp.add_subparsers(dest="source", required=True, metavar="SOURCE")
     pc = psub.add_parser(
@@ -287,6 +293,10 @@ def register(sub) -> None:
     for name, spec in registry.SPECS.items():
         _add_dataset_prepare(psub, name, spec)
 
+
+def _register_download(sub) -> None:
+    from vaecf.data import registry
+
     pdl = sub.add_parser(
         "download",
         help="fetch and verify a dataset's official files",
@@ -304,6 +314,10 @@ def register(sub) -> None:
     pdl.add_argument("--quiet", action="store_true", help="no progress bar")
     pdl.add_argument("--json", action="store_true", help="print the file records as JSON")
     pdl.set_defaults(fn=cmd_download)
+
+
+def _register_info(sub) -> None:
+    from vaecf.data import registry
 
     pi = sub.add_parser(
         "info", help="describe a prepared dataset, a registry dataset or a run (its model card)"

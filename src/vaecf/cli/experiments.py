@@ -165,6 +165,12 @@ def cmd_plot(a) -> int:
 
 
 def register(sub) -> None:
+    _register_tune(sub)
+    _register_compare(sub)
+    _register_plot(sub)
+
+
+def _register_tune(sub) -> None:
     from vaecf.specs import SPECS
 
     pt = sub.add_parser(
@@ -212,6 +218,8 @@ def register(sub) -> None:
     pt.add_argument("--json", action="store_true", help="print the result as JSON")
     pt.set_defaults(fn=cmd_tune)
 
+
+def _register_compare(sub) -> None:
     pc = sub.add_parser(
         "compare",
         help="compare models over split seeds: mean ± sd, paired t-tests, CSV/JSON/PNG",
@@ -244,6 +252,8 @@ def register(sub) -> None:
     pc.add_argument("--json", action="store_true", help="print the summary as JSON")
     pc.set_defaults(fn=cmd_compare)
 
+
+def _register_plot(sub) -> None:
     pp = sub.add_parser(
         "plot",
         help="training curves of runs: loss, NLL, KL, beta, validation metrics (PNG); a "

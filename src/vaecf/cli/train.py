@@ -252,6 +252,14 @@ def cmd_similar(a) -> int:
 
 
 def register(sub) -> None:
+    _register_train(sub)
+    _register_models(sub)
+    _register_evaluate(sub)
+    _register_recommend(sub)
+    _register_similar(sub)
+
+
+def _register_train(sub) -> None:
     from vaecf.config import TrainConfig
     from vaecf.specs import SPECS
 
@@ -303,6 +311,8 @@ def register(sub) -> None:
     )
     pt.set_defaults(fn=cmd_train)
 
+
+def _register_models(sub) -> None:
     pm = sub.add_parser(
         "models",
         help="list the models: name, family, what each is, its settings",
@@ -312,6 +322,8 @@ def register(sub) -> None:
     pm.add_argument("--json", action="store_true", help="print a JSON list")
     pm.set_defaults(fn=cmd_models)
 
+
+def _register_evaluate(sub) -> None:
     pe = sub.add_parser("evaluate", help="score a run's best model on a held-out split")
     pe.add_argument("run", help="run directory written by `vaecf train`")
     pe.add_argument("--data", help="prepared dataset (unset: the one the run was trained on)")
@@ -323,6 +335,8 @@ def register(sub) -> None:
     )
     pe.set_defaults(fn=cmd_evaluate)
 
+
+def _register_recommend(sub) -> None:
     pr = sub.add_parser(
         "recommend", help="top-k items for a history of item ids, or for a user of the run's data"
     )
@@ -345,6 +359,8 @@ def register(sub) -> None:
     pr.add_argument("--json", action="store_true", help="print JSON: items with scores, unknown")
     pr.set_defaults(fn=cmd_recommend)
 
+
+def _register_similar(sub) -> None:
     ps = sub.add_parser("similar", help="the items most similar to an item, under a model")
     ps.add_argument("run", help="run directory written by `vaecf train`")
     ps.add_argument("--item", required=True, help="a raw item id")
