@@ -8,7 +8,6 @@ import torch
 import vaecf
 from vaecf.data import synthetic
 from vaecf.data.matrix import CSR
-from vaecf.trainer import beta_at
 
 
 @pytest.fixture(scope="module")
@@ -34,10 +33,10 @@ def assert_same_weights(a, b):
 
 def test_beta_schedule():
     cfg = vaecf.TrainConfig(total_anneal_steps=1000, anneal_cap=0.2)
-    assert beta_at(0, cfg) == 0.0
-    assert beta_at(100, cfg) == pytest.approx(0.1)
-    assert beta_at(200, cfg) == pytest.approx(0.2)
-    assert beta_at(5000, cfg) == 0.2
+    assert cfg.beta_at(0) == 0.0
+    assert cfg.beta_at(100) == pytest.approx(0.1)
+    assert cfg.beta_at(200) == pytest.approx(0.2)
+    assert cfg.beta_at(5000) == 0.2
 
 
 def test_run_directory_contents(small_ds, tmp_path):

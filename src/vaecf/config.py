@@ -119,6 +119,12 @@ class TrainConfig(Compute):
     def to_dict(self) -> dict:
         return asdict(self)
 
+    def beta_at(self, step: int) -> float:
+        """KL weight of update `step` (0-based): min(anneal_cap, step / total_anneal_steps)."""
+        if self.total_anneal_steps is None:  # a model without KL annealing
+            return 0.0
+        return min(self.anneal_cap, step / self.total_anneal_steps)
+
 
 def from_dict(cls, d: dict):
     """Build a config dataclass from a dict, ignoring unknown keys (forward compatibility)."""

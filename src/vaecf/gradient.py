@@ -17,7 +17,6 @@ from tqdm.auto import tqdm
 from vaecf import footprint, graphs, memory, resume, rundir
 from vaecf import precision as prec
 from vaecf.background import CheckpointWriter, snapshot
-from vaecf.config import TrainConfig
 from vaecf.data.matrix import CSR, prefetch_batches
 from vaecf.models import Phase, first_layer
 from vaecf.models.base import LossModule
@@ -27,13 +26,6 @@ from vaecf.specs import FORECAST_MARGIN
 
 class TrainingDiverged(RuntimeError):
     """The loss stopped being finite: the run cannot go on as configured."""
-
-
-def beta_at(step: int, cfg: TrainConfig) -> float:
-    """KL weight of update `step` (0-based): min(anneal_cap, step / total_anneal_steps)."""
-    if cfg.total_anneal_steps is None:  # a model without KL annealing
-        return 0.0
-    return min(cfg.anneal_cap, step / cfg.total_anneal_steps)
 
 
 def make_optimizer(params, lr: float, device: torch.device):
@@ -135,7 +127,7 @@ class Trainer(Run):
             "loss": nll + term,
             "nll": nll,
             "kl": kl,
-            "beta": beta_at(self.step - 1, cfg),
+            "beta": cfg.beta_at(self.step - 1),
             "train_seconds": round(seconds, 4),
             "users_per_s": round(n * passes / seconds, 1),
         }
@@ -180,7 +172,7 @@ class Trainer(Run):
                 perm = torch.randperm(n, generator=self.gen)  # the same on every rank
                 steps = self._graph_steps(graph, perm) if graph else self._batches(perm)
                 for rows, batch in steps:
-                    beta = beta_at(self.step, cfg)
+                    beta = cfg.beta_at(self.step)
                     if batch is None:  # a full batch that fits: the graph's step
                         parts = graph(rows, beta)
                         self.graph_steps += 1

@@ -16,7 +16,7 @@ from vaecf import distributed, models, rundir
 from vaecf.config import ANNEAL_SETTINGS, GRADIENT_SETTINGS, PATIENCE, TrainConfig, from_dict
 from vaecf.data.prepare import PreparedDataset
 from vaecf.errors import ConfigError, RunError
-from vaecf.gradient import Trainer, TrainingDiverged, beta_at, make_optimizer
+from vaecf.gradient import Trainer, TrainingDiverged, make_optimizer
 from vaecf.models import Model
 from vaecf.run import ClosedFormFit, RunResult
 from vaecf.settings import flag
@@ -29,7 +29,6 @@ __all__ = [
     "RunResult",
     "Trainer",
     "TrainingDiverged",
-    "beta_at",
     "load_run_config",
     "make_optimizer",
     "model_name_of",
