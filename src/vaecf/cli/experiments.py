@@ -86,34 +86,7 @@ def cmd_compare(a) -> int:
     if a.data and a.runs:
         raise ConfigError("pass either --data (train every model) or run directories, not both")
     if a.data:
-        prepare = {
-            "user_col": a.user_col,
-            "item_col": a.item_col,
-            "rating_col": a.rating_col,
-            "sep": a.sep,
-            "header": not a.no_header,
-            "columns": a.columns,
-            "min_rating": a.min_rating,
-            "min_user_items": a.min_user_items,
-            "heldout_users": a.heldout_users,
-        }
-        if a.min_user_items is None:
-            del prepare["min_user_items"]  # PrepareSettings' default (5, as the paper)
-        if Path(a.data).is_dir():  # a prepared dataset: its split and settings are its own
-            given = [k for k, v in prepare.items() if v is not None and k != "header"]
-            given += ["no_header"] if a.no_header else []
-            if given:
-                raise ConfigError(
-                    f"--data {a.data} is a prepared dataset, which holds its own split; drop "
-                    + ", ".join(map(flag, given))
-                    + " (or pass the raw file to prepare one split per seed)"
-                )
-            prepare = {}
-        elif not (a.models and a.heldout_users):
-            raise ConfigError(
-                "--data needs --models and --heldout-users, and the columns as `vaecf prepare "
-                "csv` takes them (--user-col/--item-col, or --no-header --columns)"
-            )
+        prepare = _compare_prepare(a)
         if not a.models:
             raise ConfigError("--data needs --models (registry names or LABEL=FILE.toml)")
         entries = compare.parse_models(a.models)
@@ -142,6 +115,42 @@ def cmd_compare(a) -> int:
     for f in files.values():
         print(f"wrote {f}")
     return 0
+
+
+def _compare_prepare(a) -> dict:
+    """How `compare --data` prepares each seed's split: the flags for a raw file; nothing for
+    a prepared dataset (it holds its own split; split flags beside it are refused)."""
+    from vaecf.errors import ConfigError
+
+    prepare = {
+        "user_col": a.user_col,
+        "item_col": a.item_col,
+        "rating_col": a.rating_col,
+        "sep": a.sep,
+        "header": not a.no_header,
+        "columns": a.columns,
+        "min_rating": a.min_rating,
+        "min_user_items": a.min_user_items,
+        "heldout_users": a.heldout_users,
+    }
+    if a.min_user_items is None:
+        del prepare["min_user_items"]  # PrepareSettings' default (5, as the paper)
+    if Path(a.data).is_dir():  # a prepared dataset: its split and settings are its own
+        given = [k for k, v in prepare.items() if v is not None and k != "header"]
+        given += ["no_header"] if a.no_header else []
+        if given:
+            raise ConfigError(
+                f"--data {a.data} is a prepared dataset, which holds its own split; drop "
+                + ", ".join(map(flag, given))
+                + " (or pass the raw file to prepare one split per seed)"
+            )
+        prepare = {}
+    elif not (a.models and a.heldout_users):
+        raise ConfigError(
+            "--data needs --models and --heldout-users, and the columns as `vaecf prepare "
+            "csv` takes them (--user-col/--item-col, or --no-header --columns)"
+        )
+    return prepare
 
 
 # -- plot ---------------------------------------------------------------------------------------
