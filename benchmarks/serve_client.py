@@ -1,6 +1,7 @@
 """The server and the client the serving benchmarks share (serve_load.py, serve_hostile.py).
 
 `Server`: a real `vaecf serve` subprocess on 127.0.0.1, ready when /readyz answers 200.
+`pct`: a percentile of latencies in ms.
 `Connection`: one keep-alive HTTP/1.1 connection that speaks only what the load needs, so that
 the client's own CPU use, on the cores it shares with the server, stays small.
 """
@@ -8,6 +9,7 @@ the client's own CPU use, on the cores it shares with the server, stays small.
 from __future__ import annotations
 
 import asyncio
+import statistics
 import subprocess
 import sys
 import time
@@ -16,6 +18,13 @@ from pathlib import Path
 import httpx
 
 ML20M_ITEMS = 20_108  # the catalogue the benchmarks serve unless told otherwise (ML-20M's)
+
+
+def pct(xs: list[float], p: int, digits: int = 2) -> float | None:
+    """The p-th percentile of `xs` seconds, in ms rounded to `digits` (None under two values)."""
+    if len(xs) < 2:
+        return None
+    return round(statistics.quantiles(xs, n=100, method="inclusive")[p - 1] * 1e3, digits)
 
 
 def free_port() -> int:

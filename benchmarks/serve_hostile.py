@@ -31,7 +31,7 @@ import time
 from pathlib import Path
 
 import httpx
-from serve_client import ML20M_ITEMS, Connection, Server
+from serve_client import ML20M_ITEMS, Connection, Server, pct
 
 from vaecf.serve.fixtures import fresh_run
 
@@ -53,15 +53,8 @@ class Tally:
     def row(self, what: str, times: list[float]) -> str:
         n, st = sum(self.statuses.values()), self.statuses
         other = n - st[200] - st[503]
-        return (f"| {what} | {n} | {st[200]} | {st[503]} | {other} | {pct(times, 50)} | "
-                f"{pct(times, 99)} |")  # fmt: skip
-
-
-def pct(xs: list[float], p: int) -> float | None:
-    """The p-th percentile of `xs` in ms (None for fewer than 2)."""
-    if len(xs) < 2:
-        return None
-    return round(statistics.quantiles(xs, n=100, method="inclusive")[p - 1] * 1e3, 1)
+        return (f"| {what} | {n} | {st[200]} | {st[503]} | {other} | {pct(times, 50, 1)} | "
+                f"{pct(times, 99, 1)} |")  # fmt: skip
 
 
 class Hostile:
@@ -154,8 +147,8 @@ async def hostile(port: int, a, kill) -> dict:
         "similar": t["similar"].row(f"similar-items flood ({a.flood} connections, k=1000)",
                                     t["similar"].ok),
         "healthz": t["healthz"].row("/healthz every 20 ms (every answer)", t["healthz"].all),
-        "recommend_p99_ms": pct(t["recommend"].ok, 99),
-        "healthz_p99_ms": pct(t["healthz"].all, 99),
+        "recommend_p99_ms": pct(t["recommend"].ok, 99, 1),
+        "healthz_p99_ms": pct(t["healthz"].all, 99, 1),
         "healthz_not_200": sum(n for s, n in t["healthz"].statuses.items() if s != 200),
         "cuts": len(h.cuts),
         "cuts_408": h.cut_408,

@@ -26,14 +26,13 @@ import asyncio
 import json
 import os
 import random
-import statistics
 import sys
 import tempfile
 import time
 from pathlib import Path
 
 import httpx
-from serve_client import ML20M_ITEMS, Connection, Server
+from serve_client import ML20M_ITEMS, Connection, Server, pct
 
 from vaecf.bench import bench_infer
 from vaecf.serve.fixtures import fresh_run
@@ -46,13 +45,6 @@ def _bodies(seed: int, n_items: int) -> list[bytes]:
         json.dumps({"items": rng.sample(range(n_items), 50), "k": 100}).encode()
         for _ in range(1000)
     ]
-
-
-def _pct(xs: list[float], p: int) -> float | None:
-    """The p-th percentile of `xs` seconds, in ms (None under two values)."""
-    if len(xs) < 2:
-        return None
-    return round(statistics.quantiles(xs, n=100, method="inclusive")[p - 1] * 1e3, 2)
 
 
 async def load(
@@ -115,9 +107,9 @@ async def load(
         "errors": errors,
         "seconds": round(wall, 2),
         "req_per_s": round(len(latencies) / wall, 1),
-        "p50_ms": _pct(latencies, 50),
-        "p95_ms": _pct(latencies, 95),
-        "p99_ms": _pct(latencies, 99),
+        "p50_ms": pct(latencies, 50),
+        "p95_ms": pct(latencies, 95),
+        "p99_ms": pct(latencies, 99),
         "models_seen": len(models),
     }
     if reload_run is not None:
@@ -179,12 +171,12 @@ async def overload(
         "offered_per_s": round(i / wall, 1),
         "served": len(served),
         "served_per_s": round(len(served) / wall, 1),
-        "served_p50_ms": _pct(served, 50),
-        "served_p99_ms": _pct(served, 99),
+        "served_p50_ms": pct(served, 50),
+        "served_p99_ms": pct(served, 99),
         "refused_503": len(refused),
-        "refused_p99_ms": _pct(refused, 99),
+        "refused_p99_ms": pct(refused, 99),
         "failed": failed,
-        "healthz_p99_ms": _pct(health, 99),
+        "healthz_p99_ms": pct(health, 99),
         "healthz_probes": len(health),
         "healthz_not_200": unhealthy,
     }

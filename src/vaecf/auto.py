@@ -181,7 +181,8 @@ def chosen_cv(run_dir: Path) -> dict:
     fit = fits[0]
     chosen = {k: fit[k] for k in ("l2", "dropout", "popularity_exponent") if k in fit}
     for row in fit["grid"]:
-        if row["stage"] == "full" and "cv" in row and all(row[k] == v for k, v in chosen.items()):
+        at_chosen = all(row.get(k) == v for k, v in chosen.items())
+        if row["stage"] == "full" and "cv" in row and at_chosen:
             return {"cv": row["cv"], "cv_users": fit.get("cv_users")}
     return {}
 
