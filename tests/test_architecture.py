@@ -5,6 +5,7 @@ from another module."""
 from __future__ import annotations
 
 import ast
+import logging
 import re
 import sys
 from pathlib import Path
@@ -29,10 +30,18 @@ def layers() -> list[list[str]]:
 
 
 def test_the_layers_contract_holds():
-    """import-linter's own check (function-level imports count)."""
+    """import-linter's own check (function-level imports count). Its command configures
+    logging with `disable_existing_loggers` left on, which would silence vaecf's logger for
+    the later tests of this process: every logger's state is put back."""
     from importlinter.cli import lint_imports
 
-    assert lint_imports(config_filename=str(ROOT / "pyproject.toml")) == 0
+    loggers = logging.root.manager.loggerDict.values()
+    disabled = {lg: lg.disabled for lg in loggers if isinstance(lg, logging.Logger)}
+    try:
+        assert lint_imports(config_filename=str(ROOT / "pyproject.toml")) == 0
+    finally:
+        for lg, was in disabled.items():
+            lg.disabled = was
 
 
 def test_every_module_stands_on_a_layer(graph):
