@@ -202,6 +202,28 @@ def test_scorer_equals_the_models_eval_forward(kind, dtype):
     torch.testing.assert_close(got, want)
 
 
+@pytest.mark.parametrize("kind", ["multvae", "multdae"])
+@pytest.mark.parametrize("hidden", [(), (12,), (16, 12)])
+def test_one_history_in_numpy_equals_the_batched_scores(kind, hidden):
+    """A one-row batch on a CPU runs the small layers in numpy (models/onerow.py): the same
+    scores as that row in a batch, for weighted and empty histories alike."""
+    torch.manual_seed(0)
+    x = sp.random(6, 50, density=0.2, format="csr", random_state=1, dtype=np.float32)
+    x[2] = 0  # an empty history
+    x.eliminate_zeros()
+    x.data *= 3  # weights, not only ones: the L2 norm matters
+    model = build_model(50, ModelConfig(kind, latent_dim=8, hidden_dims=hidden)).eval()
+    scorer = Scorer(model)
+    assert scorer.one_row is not None and Scorer(model, precision="bf16").one_row is None
+    csr = CSR.from_scipy(x)
+    with torch.no_grad():
+        want = model(csr.batch(torch.arange(6)))[0]
+        for r in range(6):
+            got = scorer(csr.batch(torch.tensor([r])))
+            assert got.shape == (1, 50) and got.dtype == torch.float32
+            torch.testing.assert_close(got[0], want[r], atol=1e-5, rtol=1e-5)
+
+
 def test_fused_output_layer_with_an_offset_matches_autograd():
     """The hybrid's extra logits: loss and every gradient, the offset's included."""
     from vaecf.models.fused import linear_multinomial_nll

@@ -25,6 +25,7 @@ from vaecf.modelconfigs import ModelConfig
 from vaecf.models import first_layer
 from vaecf.models.base import Model, Phase, ScoreFn, l2_rows
 from vaecf.models.fused import linear_multinomial_nll
+from vaecf.models.onerow import OneRow
 
 # The paper's training settings (Liang et al. 2018, section 4 and its code).
 PAPER_TRAIN = {
@@ -296,7 +297,8 @@ class Scorer:
     batches of 256 and more: the same within noise; benchmarks/matmul.py). Half-width weights
     or a bf16/fp16 `precision` (autocast), and other devices, keep the nn.Linear layout, which
     their libraries prefer (bf16 on a CPU without native bf16 is 8x slower transposed).
-    Build a Scorer after the weights have changed, not before.
+    A one-row batch with float32 weights on a CPU reaches the output layer through `OneRow`
+    (numpy: models/onerow.py). Build a Scorer after the weights have changed, not before.
     """
 
     def __init__(self, model: MultAE, precision: str = "fp32"):
@@ -310,11 +312,15 @@ class Scorer:
             and precision in ("fp32", "tf32")
         )
         self.weight_t = out.weight.detach().t().contiguous() if transpose else None
+        self.one_row = OneRow(model) if OneRow.fits(model, precision) else None
 
     def __call__(self, batch: SparseBatch) -> torch.Tensor:
         """(B, n_items) logits; the model must be in eval mode."""
         net = self.model
-        h = net.decode_hidden(net.latent_mean(batch))
+        if self.one_row is not None and batch.batch_size == 1:
+            h = self.one_row(batch.indices, batch.values)
+        else:
+            h = net.decode_hidden(net.latent_mean(batch))
         if self.weight_t is None:
             return net.decoder[-1](h)
         return torch.addmm(self.bias, h, self.weight_t)
