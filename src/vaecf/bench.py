@@ -141,7 +141,7 @@ def bench_train(
 
     if data is None:
         data = synthetic_csr(users, items, nnz, seed)
-    users, items = data.shape
+    items = data.shape[1]
     csr = CSR.from_scipy(data, dev)
     torch.manual_seed(seed)
     net = models.build(model, items).to(dev).train()
@@ -158,13 +158,24 @@ def bench_train(
     gen = torch.Generator().manual_seed(seed)
     if graphed:
         r = _bench_graph(net, phase_steps, csr, data, precision, batch_size, steps, warmup, gen)
-        return dataclasses.replace(r, first_layer=kernel)
+    else:
+        timing = (steps, warmup, gen, progress)
+        r = _bench_eager(net, phase_steps, opts, scaler, csr, precision, batch_size, *timing)
+    return dataclasses.replace(r, first_layer=kernel)
+
+
+def _bench_eager(
+    net, phase_steps, opts, scaler, csr, precision, batch_size, steps, warmup, gen, progress
+) -> TrainBench:
+    """bench_train's timing of eager steps, with the median of each part (the batch's
+    gather, forward, backward, optimizer)."""
+    dev = csr.device
     parts = {"batch": [], "forward": [], "backward": [], "optimizer": []}
     flops = []
     for i in tqdm(
         range(warmup + steps), desc=f"train {precision}", disable=None if progress else True
     ):
-        rows = torch.randint(0, users, (batch_size,), generator=gen).to(dev)
+        rows = torch.randint(0, csr.n_rows, (batch_size,), generator=gen).to(dev)
         prec.synchronize(dev)
         t0 = time.perf_counter()
         batch = csr.batch(rows)
@@ -177,9 +188,7 @@ def bench_train(
             flops.append(step_flops(net, batch_size, batch.indices.numel()))
     step = sum(statistics.median(v) for v in parts.values())
     medians = {k: statistics.median(v) * 1e3 for k, v in parts.items()}
-    return dataclasses.replace(
-        _bench_result(precision, batch_size, step, flops, medians), first_layer=kernel
-    )
+    return _bench_result(precision, batch_size, step, flops, medians)
 
 
 def _timed_phases(net, phase_steps, opts, scaler, batch, precision, dev) -> tuple:

@@ -161,35 +161,12 @@ class EASE(Model):
         solver, plan = self._solver(x, dtype, device, single, cv)
         if log:
             log(f"{self.title}: {plan}")
-        x = x.astype(np.float64 if dtype == torch.float64 else np.float32)
-        gram_sp = (x.T @ x).tocsr()  # sparse: at most the sum of squared history lengths
-        gram_sp.sort_indices()
         # the selection's own scoring (several betas, or folds): anything but one B on the
         # validation users alone, which the caller's `validate` scores
         own = cv or len(betas) > 1
         if own and validation is None:
             raise ConfigError(f"{self.name}'s search needs the validation split")
-        reps = range(cfg.cv_repeats) if cv else ()
-        folds = [f for r in reps for f in cv_folds(train, cfg.cv_folds, x.dtype, 1000 * r)]
-        from vaecf.evaluate import metrics_with
-
-        search = Search(
-            x,
-            gram_sp,
-            torch.from_numpy(gram_sp.toarray()).to(device) if solver == "dense" else None,
-            validation,
-            folds,
-            betas,
-            metrics_with(select_metric),
-            select_metric,
-            device,
-            dtype,
-            self._emphasis(),
-            (cfg.neighbours, cfg.popular_share, cfg.popular_neighbours, cfg.neighbour_rank),
-            log,
-            self.title,
-            deadline,
-        )
+        search = self._search(x, train, solver, cv, betas, validation, select_metric, log, deadline)
         t_gram = time.perf_counter() - t0
         full = search.order(l2s, dropouts)
         fast = cfg.search == "fast" and validation is not None and self.n_items > cfg.coarse_items
@@ -207,6 +184,37 @@ class EASE(Model):
         if search.stopped:
             record["stopped"] = "budget"
         return record
+
+    def _search(self, x, train, solver, cv, betas, validation, select_metric, log, deadline):
+        """The search over lambda, p and beta on `x` (the training rows, and the fold-in rows
+        where they count): X^T X sparse, and dense for the dense solver; with `cv`, the
+        folds of `train` drawn cv_repeats times."""
+        cfg, device = self.config, self.weight.device
+        dtype = getattr(torch, cfg.solve_dtype)
+        x = x.astype(np.float64 if dtype == torch.float64 else np.float32)
+        gram_sp = (x.T @ x).tocsr()  # sparse: at most the sum of squared history lengths
+        gram_sp.sort_indices()
+        reps = range(cfg.cv_repeats) if cv else ()
+        folds = [f for r in reps for f in cv_folds(train, cfg.cv_folds, x.dtype, 1000 * r)]
+        from vaecf.evaluate import metrics_with
+
+        return Search(
+            x,
+            gram_sp,
+            torch.from_numpy(gram_sp.toarray()).to(device) if solver == "dense" else None,
+            validation,
+            folds,
+            betas,
+            metrics_with(select_metric),
+            select_metric,
+            device,
+            dtype,
+            self._emphasis(),
+            (cfg.neighbours, cfg.popular_share, cfg.popular_neighbours, cfg.neighbour_rank),
+            log,
+            self.title,
+            deadline,
+        )
 
     def _validated(self, search: Search, full, validate, single: bool, sparse: bool):
         """The full catalogue's points, each B set on the model and scored by `validate`
