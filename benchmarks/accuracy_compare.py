@@ -85,24 +85,7 @@ def main() -> None:
         return
     a.out.mkdir(parents=True, exist_ok=True)
     for name in a.datasets.split(","):
-        if name == "ml-latest-small":
-            path = a.data_root / "ml-latest-small" / "ratings.csv"
-            args = "--user-col userId --item-col movieId --rating-col rating --min-rating 4"
-            args += " --heldout-users 50"
-        elif name == "filmtrust":
-            path = a.data_root / "filmtrust" / "ratings.txt"  # the raw file: no header, spaces
-            args = "--no-header --columns user,item,rating --sep whitespace --min-rating 3"
-            args += " --heldout-users 150"
-        elif name == "ml-1m":
-            path = ml1m_csv(a.out, a.ml1m)
-            args = "--user-col user --item-col item --rating-col rating --min-rating 4"
-            args += " --heldout-users 600"
-        elif name == "demo":
-            path = demo_csv(a.out, a.demo_users, a.demo_items)
-            args = f"--user-col user_id --item-col item_id --heldout-users {a.demo_users // 10}"
-            args += " --epochs 20"
-        else:
-            sys.exit(f"unknown dataset {name}")
+        path, args = source(a, name)
         cmd = [
             sys.executable,
             "-m",
@@ -122,6 +105,28 @@ def main() -> None:
         print(f"== {name}: {' '.join(cmd)}", flush=True)
         subprocess.run(cmd, check=True)
     print(table(a.out, a.datasets.split(",")))
+
+
+def source(a, name: str) -> tuple[Path, str]:
+    """The ratings file of dataset `name` (made first for ml-1m and demo) and the `vaecf
+    compare` flags that read and split it."""
+    if name == "ml-latest-small":
+        path = a.data_root / "ml-latest-small" / "ratings.csv"
+        args = "--user-col userId --item-col movieId --rating-col rating --min-rating 4"
+        return path, args + " --heldout-users 50"
+    if name == "filmtrust":
+        path = a.data_root / "filmtrust" / "ratings.txt"  # the raw file: no header, spaces
+        args = "--no-header --columns user,item,rating --sep whitespace --min-rating 3"
+        return path, args + " --heldout-users 150"
+    if name == "ml-1m":
+        path = ml1m_csv(a.out, a.ml1m)
+        args = "--user-col user --item-col item --rating-col rating --min-rating 4"
+        return path, args + " --heldout-users 600"
+    if name == "demo":
+        path = demo_csv(a.out, a.demo_users, a.demo_items)
+        args = f"--user-col user_id --item-col item_id --heldout-users {a.demo_users // 10}"
+        return path, args + " --epochs 20"
+    sys.exit(f"unknown dataset {name}")
 
 
 def table(out: Path, datasets: list[str], metric: str = "ndcg@100") -> str:

@@ -50,7 +50,21 @@ def main() -> None:
     ap.add_argument("--train-args", default="", help='more `vaecf train` flags: "--solver sparse"')
     a = ap.parse_args()
     a.out.mkdir(parents=True, exist_ok=True)
-    rows = []
+    prep = a.out / "prep"
+    rows = prepare(a, prep) + train(a, prep) + score(a, prep)
+    counts = json.loads((prep / "manifest.json").read_text())["counts"]
+    print(
+        f"{a.items:,} items, {counts['n_train_users']:,} training users, "
+        f"{counts['nnz_train']:,} training interactions; {os.cpu_count()} CPUs"
+    )
+    print(f"{'stage':<16s} {'seconds':>9s} {'peak RSS GiB':>13s} {'solver':>7s} {'NDCG@100':>9s}")
+    for stage, s, rss, solver, ndcg in rows:
+        print(f"{stage:<16s} {s:9.1f} {rss:13.2f} {solver:>7s} {ndcg:>9s}")
+
+
+def prepare(a, prep: Path) -> list[tuple]:
+    """The synthetic CSV and its prepared split in `prep`, each made unless already there;
+    the preparation's row when timed."""
     csv = a.out / "data.csv"
     if not csv.is_file():
         from vaecf.data import synthetic
@@ -61,14 +75,18 @@ def main() -> None:
         )
         df.write_csv(csv)
         print(f"generated {df.height:,} interactions in {time.perf_counter() - t0:.0f} s")
-    prep = a.out / "prep"
-    if not (prep / "manifest.json").is_file():
-        cmd = [*VAECF, "prepare", "csv", "--path", str(csv), "--out", str(prep)]
-        cmd += ["--user-col", "user_id", "--item-col", "item_id"]
-        cmd += ["--heldout-users", str(a.heldout_users)]
-        s, rss = timed(cmd, a.out / "prepare.log")
-        rows.append(("prepare", s, rss, "", ""))
-    counts = json.loads((prep / "manifest.json").read_text())["counts"]
+    if (prep / "manifest.json").is_file():
+        return []
+    cmd = [*VAECF, "prepare", "csv", "--path", str(csv), "--out", str(prep)]
+    cmd += ["--user-col", "user_id", "--item-col", "item_id"]
+    cmd += ["--heldout-users", str(a.heldout_users)]
+    s, rss = timed(cmd, a.out / "prepare.log")
+    return [("prepare", s, rss, "", "")]
+
+
+def train(a, prep: Path) -> list[tuple]:
+    """One run per model not yet trained: its row (seconds, peak RSS, solver, test NDCG@100)."""
+    rows = []
     for name in a.models.split(","):
         run = a.out / "runs" / name
         if not (run / "results.json").is_file():
@@ -79,7 +97,12 @@ def main() -> None:
             first = json.loads((run / "metrics.jsonl").read_text().splitlines()[0])
             solver = first.get("solver", "")
             rows.append((f"train {name}", s, rss, solver, f"{res['test']['ndcg@100']:.4f}"))
-    histories = a.out / "histories.csv"  # the test users' fold-in histories, raw ids
+    return rows
+
+
+def score(a, prep: Path) -> list[tuple]:
+    """The test users' fold-in histories (raw ids) scored by each run not yet scored."""
+    histories = a.out / "histories.csv"
     if not histories.is_file():
         import polars as pl
 
@@ -88,6 +111,7 @@ def main() -> None:
         ds = PreparedDataset(prep)
         x = ds.split("test_tr").tocoo()
         pl.DataFrame({"user": x.row, "item": ds.items.id_of(x.col)}).write_csv(histories)
+    rows = []
     for name in a.models.split(","):
         scored = a.out / f"scores-{name}.csv"
         if not scored.is_file():
@@ -95,13 +119,7 @@ def main() -> None:
             cmd += ["--out", str(scored), "--user-col", "user", "--item-col", "item"]
             s, rss = timed(cmd, a.out / f"score-{name}.log")
             rows.append((f"score {name}", s, rss, "", ""))
-    print(
-        f"{a.items:,} items, {counts['n_train_users']:,} training users, "
-        f"{counts['nnz_train']:,} training interactions; {os.cpu_count()} CPUs"
-    )
-    print(f"{'stage':<16s} {'seconds':>9s} {'peak RSS GiB':>13s} {'solver':>7s} {'NDCG@100':>9s}")
-    for stage, s, rss, solver, ndcg in rows:
-        print(f"{stage:<16s} {s:9.1f} {rss:13.2f} {solver:>7s} {ndcg:>9s}")
+    return rows
 
 
 if __name__ == "__main__":

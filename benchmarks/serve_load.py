@@ -86,23 +86,24 @@ async def load(
             else:
                 errors += 1
 
-    async def reloader() -> dict:
-        await asyncio.sleep(1.0)
-        t = time.perf_counter()
-        async with httpx.AsyncClient(base_url=base, timeout=60) as client:
-            r = await client.post("/v1/admin/reload", json={"run": str(reload_run)})
-        return {"status": r.status_code, "seconds": round(time.perf_counter() - t, 2)}
-
     t0 = time.perf_counter()
     tasks = [worker(conn) for conn in conns]
     if reload_run is not None:
-        tasks.append(reloader())
+        tasks.append(_reload(base, reload_run))
     results = await asyncio.gather(*tasks)
     wall = time.perf_counter() - t0
     for conn in conns:
         conn.close()
-    out = {
-        "concurrency": concurrency,
+    out = {"concurrency": concurrency, **_summary(latencies, errors, wall)}
+    out["models_seen"] = len(models)
+    if reload_run is not None:
+        out["reload"] = results[-1]
+    return out
+
+
+def _summary(latencies: list[float], errors: int, wall: float) -> dict:
+    """A closed-loop row: requests answered, errors, seconds, rate and latency percentiles."""
+    return {
         "requests": len(latencies),
         "errors": errors,
         "seconds": round(wall, 2),
@@ -110,11 +111,16 @@ async def load(
         "p50_ms": pct(latencies, 50),
         "p95_ms": pct(latencies, 95),
         "p99_ms": pct(latencies, 99),
-        "models_seen": len(models),
     }
-    if reload_run is not None:
-        out["reload"] = results[-1]
-    return out
+
+
+async def _reload(base: str, run: Path) -> dict:
+    """After 1 s of load, a reload of `run` through the admin API: its status and seconds."""
+    await asyncio.sleep(1.0)
+    t = time.perf_counter()
+    async with httpx.AsyncClient(base_url=base, timeout=60) as client:
+        r = await client.post("/v1/admin/reload", json={"run": str(run)})
+    return {"status": r.status_code, "seconds": round(time.perf_counter() - t, 2)}
 
 
 async def overload(
