@@ -1,14 +1,13 @@
 """One history at a time on a CPU: the small layers of Mult-VAE and Mult-DAE in numpy.
 
 A batch-1 answer reads the output layer once and runs some twenty small operations before it
-(the history's L2 norm, the first layer's rows, the hidden layers). In a serving loop each
-PyTorch call among those costs 10-20 us (dispatch, Module hooks, caches cold after the output
-layer's read): on a 2-core Zen 3 about 0.45 ms of a 1.1 ms int8 answer, as long as reading the
-int8 output layer itself. The same arithmetic as numpy calls costs about a tenth of that, so a
-one-row batch goes through `OneRow` up to the output layer's input, and the output layer
-(PyTorch's: MKL's fp32 product or the int8 copy's kernel) does the rest. Only float32 weights
-on a CPU qualify (numpy has no bf16); the answers equal the batched path's within float32
-rounding (tests/test_serving_copy.py).
+(the history's L2 norm, the first layer's rows, the hidden layers). In a serving loop on a
+2-core Zen 3 each PyTorch call among those cost 10-20 us (dispatch, Module hooks, caches cold
+after the output layer's read); the same arithmetic as numpy calls makes an answer 0.28-0.41
+ms faster (int8: 1.64 -> 1.36 ms mean; benchmarks/README.md). So a one-row batch goes through
+`OneRow` up to the output layer's input, and the output layer (PyTorch's: MKL's fp32 product
+or the int8 copy's kernel) does the rest. Only float32 weights on a CPU qualify (numpy has no
+bf16); the answers equal the batched path's within float32 rounding (tests/test_model.py).
 """
 
 from __future__ import annotations
