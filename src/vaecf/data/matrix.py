@@ -99,7 +99,7 @@ class CSR:
         latency counts every small operation."""
         if rows.numel() == 1 and rows.device.type == "cpu":
             r = int(rows)
-            start, stop = self.indptr[r : r + 2].tolist()
+            start, stop = int(self.indptr[r]), int(self.indptr[r + 1])
             zeros = torch.zeros(stop - start + 1, dtype=torch.long)
             return SparseBatch(
                 self.indices[start:stop], zeros[:1], self.values[start:stop], zeros[1:], 1
