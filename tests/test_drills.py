@@ -233,6 +233,28 @@ def test_prepare_on_a_full_disk_fails_cleanly(runner, tmp_path, tmpfs):
     _assert_clean(t, SEED + 2)
 
 
+def test_a_run_copying_its_vocabulary_onto_a_full_disk_names_the_run(tmp_path, tmpfs):
+    """A train's copy of the dataset's items.parquet into its run: on a full disk the error
+    names the run's disk, not the dataset's file (shutil.copyfile's did), and the run's old
+    copy stays whole with no temp file beside it."""
+    from vaecf.errors import WriteError
+    from vaecf.rundir import copy_file
+
+    src = tmp_path / "items.parquet"
+    src.write_bytes(os.urandom(256 << 10))
+    dst = tmpfs.path / "run" / "items.parquet"
+    dst.parent.mkdir()
+    dst.write_bytes(b"old")
+    filler = tmpfs.fill(16 << 10)
+    with pytest.raises(WriteError, match="no space") as e:
+        copy_file(src, dst)
+    assert str(dst) in str(e.value) and str(src) not in str(e.value)
+    assert dst.read_bytes() == b"old" and sorted(dst.parent.iterdir()) == [dst]
+    filler.unlink()
+    copy_file(src, dst)
+    assert dst.read_bytes() == src.read_bytes()
+
+
 def test_train_on_a_full_disk_fails_cleanly(runner, tmp_path, tmpfs):
     d = TrainDrill(epochs=2)
     d.setup(tmp_path, runner, out_parent=tmpfs.path)

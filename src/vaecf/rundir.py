@@ -120,7 +120,7 @@ def start_run(run_dir: Path, model_name: str, model_config: dict, train: dict, d
         "n_train_users": c["n_train_users"],
     }
     write_config(run_dir, model_name, model_config, train, data, ds.manifest.get("vaecf_version"))
-    copy_items(run_dir, ds.path / "items.parquet")
+    copy_file(ds.path / "items.parquet", run_dir / ITEMS)
     copy_item_names(run_dir, ds.item_names_file())
     save_popularity(run_dir, ds.split("train").getnnz(axis=0))  # training users per item
 
@@ -146,10 +146,11 @@ def load_popularity(run_dir: str | os.PathLike, n_items: int) -> np.ndarray | No
     return counts
 
 
-def copy_items(run_dir: Path, items_parquet: Path) -> None:
-    tmp = run_dir / f".{ITEMS}.tmp"
-    shutil.copyfile(items_parquet, tmp)
-    os.replace(tmp, run_dir / ITEMS)
+def copy_file(src: Path, dst: Path) -> None:
+    """`src` copied over `dst` through a temp file beside it: a full disk raises a WriteError
+    naming `dst` (shutil.copyfile's error names the source), and `dst` stays as it was."""
+    with open(src, "rb") as fsrc, atomic_file(dst) as fdst:
+        shutil.copyfileobj(fsrc, fdst)
 
 
 def copy_item_names(run_dir: Path, item_names_parquet: Path | None) -> None:
@@ -157,9 +158,7 @@ def copy_item_names(run_dir: Path, item_names_parquet: Path | None) -> None:
     if item_names_parquet is None:
         (run_dir / ITEM_NAMES).unlink(missing_ok=True)
         return
-    tmp = run_dir / f".{ITEM_NAMES}.tmp"
-    shutil.copyfile(item_names_parquet, tmp)
-    os.replace(tmp, run_dir / ITEM_NAMES)
+    copy_file(item_names_parquet, run_dir / ITEM_NAMES)
 
 
 def load_item_names(run_dir: str | os.PathLike) -> dict | None:
