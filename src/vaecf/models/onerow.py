@@ -43,7 +43,7 @@ class OneRow:
 
     def __call__(self, indices: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
         """(1, d) float32: the output layer's input for the history (item indices, values)."""
-        v = values.numpy()
+        v = values.numpy().astype(np.float32, copy=False)  # as the batched path casts them
         v = v * (1.0 / max(float(v @ v), 1e-12) ** 0.5)  # tf.nn.l2_normalize (stays float32)
         h = v @ self.in_weight[indices.numpy(), : self.first_cols] + self.in_bias[: self.first_cols]
         if self.first_tanh:
