@@ -25,7 +25,8 @@ There, on x86, batches of up to INT8_KERNEL_ROWS go through fbgemm's dynamically
 product (`torch.ops.quantized.linear_dynamic`: the input quantized to 7-bit unsigned per call,
 so that AVX2's 16-bit pair sums cannot saturate; int32 accumulation): on that Zen 3 the layer
 takes 0.55 ms, and a whole batch-1 answer 1.75 ms (p99 2.4) against fp32's 4.6 (p99 6.2-7.3;
-`vaecf bench infer`, benchmarks/README.md). fbgemm reads its own packed copy of the
+`vaecf bench infer`, benchmarks/README.md; 25% less since the small layers of one history run
+in numpy, models/onerow.py). fbgemm reads its own packed copy of the
 int8 rows, so the layer then holds them twice (half the fp32 bytes, not a quarter). Elsewhere
 small batches go through the weight-only kernel (`torch._weight_int8pack_mm`); larger batches
 dequantize DEQ_ROWS weight rows at a time into an ordinary product; so do devices where a
