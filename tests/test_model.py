@@ -224,6 +224,34 @@ def test_one_history_in_numpy_equals_the_batched_scores(kind, hidden):
             torch.testing.assert_close(got[0], want[r], atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.parametrize("n_layers", [1, 3])
+def test_recvae_one_history_in_numpy_equals_the_batched_scores(n_layers):
+    """RecVAE's encoder for one history in numpy (swish, layer norms with their affine
+    weights, dense skips): the batched scores; the hybrid, whose scores add a path, keeps
+    PyTorch for one history too."""
+    from vaecf import models
+
+    torch.manual_seed(0)
+    cfg = {"hidden_dim": 16, "latent_dim": 6, "n_layers": n_layers}
+    model = models.build("recvae", 50, cfg).eval()
+    with torch.no_grad():
+        for norm in model.encoder.norms:  # not LayerNorm's initial ones and zeros
+            norm.weight.uniform_(0.5, 1.5)
+            norm.bias.uniform_(-0.2, 0.2)
+    x = sp.random(6, 50, density=0.2, format="csr", random_state=1, dtype=np.float32)
+    x[2] = 0  # an empty history
+    x.eliminate_zeros()
+    x.data *= 3
+    csr = CSR.from_scipy(x)
+    hybrid = models.build("recvae-edlae", 50, cfg).eval()
+    with torch.no_grad():
+        want = model.scores(csr.batch(torch.arange(6)))
+        for r in range(6):
+            one = csr.batch(torch.tensor([r]))
+            torch.testing.assert_close(model.scorer()(one)[0], want[r], atol=1e-5, rtol=1e-5)
+            assert torch.equal(hybrid.scorer()(one), hybrid.scores(one))
+
+
 def test_fused_output_layer_with_an_offset_matches_autograd():
     """The hybrid's extra logits: loss and every gradient, the offset's included."""
     from vaecf.models.fused import linear_multinomial_nll

@@ -1,13 +1,15 @@
-"""One history at a time on a CPU: the small layers of Mult-VAE and Mult-DAE in numpy.
+"""One history at a time on a CPU: the small layers of Mult-VAE, Mult-DAE and RecVAE in numpy.
 
 A batch-1 answer reads the output layer once and runs some twenty small operations before it
 (the history's L2 norm, the first layer's rows, the hidden layers). In a serving loop on a
 2-core Zen 3 each PyTorch call among those cost 10-20 us (dispatch, Module hooks, caches cold
 after the output layer's read); the same arithmetic as numpy calls makes an answer 0.28-0.41
-ms faster (int8: 1.64 -> 1.36 ms mean; benchmarks/README.md). So a one-row batch goes through
-`OneRow` up to the output layer's input, and the output layer (PyTorch's: MKL's fp32 product
-or the int8 copy's kernel) does the rest. Only float32 weights on a CPU qualify (numpy has no
-bf16); the answers equal the batched path's within float32 rounding (tests/test_model.py).
+ms faster for Mult-VAE (int8: 1.64 -> 1.36 ms mean) and 0.53-0.58 ms for RecVAE, whose encoder
+has five layers (benchmarks/README.md). So a one-row batch goes through `OneRow` (or
+`OneRowRecVAE`) up to the output layer's input, and the output layer (PyTorch's: MKL's fp32
+product or the int8 copy's kernel) does the rest. Only float32 weights on a CPU qualify (numpy
+has no bf16); the answers equal the batched path's within float32 rounding
+(tests/test_model.py).
 """
 
 from __future__ import annotations
@@ -43,9 +45,8 @@ class OneRow:
 
     def __call__(self, indices: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
         """(1, d) float32: the output layer's input for the history (item indices, values)."""
-        v = values.numpy().astype(np.float32, copy=False)  # as the batched path casts them
-        v = v * (1.0 / max(float(v @ v), 1e-12) ** 0.5)  # tf.nn.l2_normalize (stays float32)
-        h = v @ self.in_weight[indices.numpy(), : self.first_cols] + self.in_bias[: self.first_cols]
+        cols = self.first_cols
+        h = first_layer(indices, values, self.in_weight[:, :cols], self.in_bias[:cols])
         if self.first_tanh:
             h = np.tanh(h)
         for w, b, tanh in self.layers:
@@ -56,14 +57,61 @@ class OneRow:
 
     @staticmethod
     def fits(model, precision: str) -> bool:
-        """Whether `model`'s small layers can run here: float32 on a CPU, fp32/tf32 scoring."""
-        return (
-            precision in ("fp32", "tf32")
-            and model.in_weight.device.type == "cpu"
-            and all(
-                p.dtype == torch.float32
-                for m in [*model.encoder, *model.decoder[:-1]]
-                for p in m.parameters()
-            )
-            and model.in_weight.dtype == torch.float32
+        """Whether `model`'s small layers can run here (float32_on_cpu)."""
+        return float32_on_cpu([*model.encoder, *model.decoder[:-1]], precision) and (
+            model.in_weight.dtype == torch.float32 and model.in_weight.device.type == "cpu"
         )
+
+
+def first_layer(indices: torch.Tensor, values: torch.Tensor, weight, bias) -> np.ndarray:
+    """(d,) the history (item indices, values) L2-normalised times `weight` (n_items, d), plus
+    `bias`: the autoencoders' sparse first layer, before its activation."""
+    v = values.numpy().astype(np.float32, copy=False)  # as the batched path casts them
+    v = v * (1.0 / max(float(v @ v), 1e-12) ** 0.5)  # tf.nn.l2_normalize (stays float32)
+    return v @ weight[indices.numpy()] + bias
+
+
+def float32_on_cpu(modules, precision: str) -> bool:
+    """Whether these modules' parameters can run in numpy: float32 on a CPU, fp32/tf32 scoring
+    (numpy has no bf16)."""
+    params = [p for m in modules for p in m.parameters()]
+    return precision in ("fp32", "tf32") and all(
+        p.dtype == torch.float32 and p.device.type == "cpu" for p in params
+    )
+
+
+class OneRowRecVAE:
+    """RecVAE's mu for one history (its encoder at dropout 0: swish, layer norms and dense skip
+    connections), from numpy views of the encoder's weights; the decoder does the rest."""
+
+    def __init__(self, model):
+        enc = model.encoder
+        self.in_weight = enc.in_weight.detach().numpy()
+        self.in_bias = enc.in_bias.detach().numpy()
+        self.layers = [(m.weight.detach().numpy(), m.bias.detach().numpy()) for m in enc.layers]
+        self.norms = [
+            (n.weight.detach().numpy(), n.bias.detach().numpy(), n.eps) for n in enc.norms
+        ]
+        d = enc.latent_dim
+        self.out = enc.out.weight.detach()[:d].numpy(), enc.out.bias.detach()[:d].numpy()
+
+    def __call__(self, indices: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
+        """(1, latent_dim) float32: mu, the decoder's input for the history."""
+        h = _norm(_swish(first_layer(indices, values, self.in_weight, self.in_bias)), self.norms[0])
+        skip = h
+        for (w, b), norm in zip(self.layers, self.norms[1:]):
+            h = _norm(_swish(w @ h + b + skip), norm)
+            skip = skip + h
+        w, b = self.out
+        return torch.from_numpy((w @ h + b)[None])
+
+
+def _swish(x: np.ndarray) -> np.ndarray:
+    return x * (0.5 + 0.5 * np.tanh(0.5 * x))  # x * sigmoid(x), without exp's overflow
+
+
+def _norm(x: np.ndarray, norm) -> np.ndarray:
+    """nn.LayerNorm over x's one row: biased variance, then the affine weight and bias."""
+    weight, bias, eps = norm
+    c = x - x.mean()
+    return c * (1.0 / float(np.sqrt((c @ c) / len(c) + eps))) * weight + bias

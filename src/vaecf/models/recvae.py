@@ -26,9 +26,10 @@ from vaecf import specs
 from vaecf.data.matrix import SparseBatch
 from vaecf.modelconfigs import RecVAEConfig
 from vaecf.models import first_layer
-from vaecf.models.base import Model, Phase, l2_rows
+from vaecf.models.base import Model, Phase, ScoreFn, l2_rows
 from vaecf.models.fused import linear_multinomial_nll
 from vaecf.models.multvae import resolve_vae_train, wide
+from vaecf.models.onerow import OneRowRecVAE, float32_on_cpu
 
 PAPER_TRAIN = {"epochs": 50, "batch_size": 500, "lr": 5e-4}  # the authors' run.py defaults
 LOG_2PI = math.log(2 * math.pi)
@@ -97,6 +98,22 @@ class RecVAE(Model):
     def scores(self, batch: SparseBatch) -> torch.Tensor:
         mu, _ = self.encoder(batch, 0.0)
         return self.decoder(mu)  # (B, n_items) logits
+
+    def scorer(self, precision: str = "fp32") -> ScoreFn:
+        """The scores; one history on a CPU has its encoder run in numpy (models/onerow.py).
+        Subclasses that change `scores` (the hybrid) keep the batched path."""
+        batched = super().scorer(precision)
+        one_row = type(self).scores is RecVAE.scores and float32_on_cpu([self.encoder], precision)
+        if not one_row:
+            return batched
+        encode = OneRowRecVAE(self)
+
+        def fn(batch: SparseBatch) -> torch.Tensor:
+            if batch.batch_size == 1:
+                return self.decoder(encode(batch.indices, batch.values))
+            return batched(batch)
+
+        return fn
 
     def dense_scores(self, x: torch.Tensor) -> torch.Tensor:
         enc = self.encoder  # as Encoder.forward at dropout 0, the first layer dense
