@@ -4,7 +4,7 @@ A batch-1 answer reads the output layer once and runs some twenty small operatio
 (the history's L2 norm, the first layer's rows, the hidden layers). In a serving loop on a
 2-core Zen 3 each PyTorch call among those cost 10-20 us (dispatch, Module hooks, caches cold
 after the output layer's read); the same arithmetic as numpy calls makes an answer 0.28-0.41
-ms faster for Mult-VAE (int8: 1.64 -> 1.36 ms mean) and 0.53-0.58 ms for RecVAE, whose encoder
+ms faster for Mult-VAE (int8: 1.64 -> 1.36 ms mean) and 0.53-0.63 ms for RecVAE, whose encoder
 has five layers (benchmarks/README.md). So a one-row batch goes through `OneRow` (or
 `OneRowRecVAE`) up to the output layer's input, and the output layer (PyTorch's: MKL's fp32
 product or the int8 copy's kernel) does the rest. Only float32 weights on a CPU qualify (numpy
