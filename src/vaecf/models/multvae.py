@@ -25,7 +25,7 @@ from vaecf.modelconfigs import ModelConfig
 from vaecf.models import first_layer
 from vaecf.models.base import Model, Phase, ScoreFn, l2_rows
 from vaecf.models.fused import linear_multinomial_nll
-from vaecf.models.onerow import OneRow
+from vaecf.models.onerow import OneRow, float32_on_cpu
 
 # The paper's training settings (Liang et al. 2018, section 4 and its code).
 PAPER_TRAIN = {
@@ -312,7 +312,7 @@ class Scorer:
             and precision in ("fp32", "tf32")
         )
         self.weight_t = out.weight.detach().t().contiguous() if transpose else None
-        self.one_row = OneRow(model) if OneRow.fits(model, precision) else None
+        self.one_row = OneRow(model) if float32_on_cpu([model], precision) else None
 
     def __call__(self, batch: SparseBatch) -> torch.Tensor:
         """(B, n_items) logits; the model must be in eval mode."""

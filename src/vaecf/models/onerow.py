@@ -55,13 +55,6 @@ class OneRow:
                 h = np.tanh(h)
         return torch.from_numpy(h[None])
 
-    @staticmethod
-    def fits(model, precision: str) -> bool:
-        """Whether `model`'s small layers can run here (float32_on_cpu)."""
-        return float32_on_cpu([*model.encoder, *model.decoder[:-1]], precision) and (
-            model.in_weight.dtype == torch.float32 and model.in_weight.device.type == "cpu"
-        )
-
 
 def first_layer(indices: torch.Tensor, values: torch.Tensor, weight, bias) -> np.ndarray:
     """(d,) the history (item indices, values) L2-normalised times `weight` (n_items, d), plus
