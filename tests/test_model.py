@@ -162,9 +162,9 @@ def test_fused_output_layer_matches_autograd(precision):
 
 
 def test_fused_half_width_loss_is_the_float64_loss_of_its_rounded_logits():
-    """Under bf16 the logits are rounded once (the product's output); from there the
-    log-sum-exp and the softmax are float32: the loss must be the float64 loss of those
-    rounded logits to float32 accuracy, and the gradient buffer their softmax."""
+    """Under bf16 the product's output is rounded once; from there (on a CPU the bias added
+    in float32, the log-sum-exp and the softmax) all is float32: the loss must be the float64
+    loss of those logits to float32 accuracy."""
     from vaecf.models.fused import linear_multinomial_nll
 
     torch.manual_seed(2)
@@ -177,7 +177,7 @@ def test_fused_half_width_loss_is_the_float64_loss_of_its_rounded_logits():
         with torch.autocast("cpu", dtype=torch.bfloat16):
             fused = linear_multinomial_nll(h, lin.weight, lin.bias, batch)
         bf = torch.bfloat16
-        logits = torch.addmm(lin.bias.to(bf), h.to(bf), lin.weight.to(bf).t()).double()
+        logits = (h.to(bf) @ lin.weight.to(bf).t()).double() + lin.bias.double()
     x = torch.from_numpy(m.toarray()).double()
     want = (x.sum(1) * torch.logsumexp(logits, dim=1) - (x * logits).sum(1)).sum()
     assert fused.dtype == torch.float32
@@ -318,7 +318,9 @@ def test_an_explicit_hidden_layer_is_honoured_for_either_model():
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_the_gpus_whole_row_softmax_equals_the_chunked_one(dtype):
     """The GPU's softmax (whole rows, the log-sum-exp read off the largest probability) against
-    the CPU's chunked in-place sweep: equal in float32; in bf16 within bf16's rounding."""
+    the CPU's chunked in-place sweep: equal in float32; in bf16 within one bf16 step (2^-7
+    relative: the two round differently, and with native bf16 kernels torch.softmax's own
+    rounding can land on the neighbouring value)."""
     from vaecf.models.fused import softmax_chunked, softmax_whole
 
     torch.manual_seed(4)
@@ -328,5 +330,6 @@ def test_the_gpus_whole_row_softmax_equals_the_chunked_one(dtype):
     want = softmax_chunked(buffer, torch.float32)
     tol = 1e-6 if dtype == torch.float32 else 2**-8
     torch.testing.assert_close(lse, want, rtol=tol, atol=tol)
-    torch.testing.assert_close(probs.float(), buffer.float(), rtol=tol, atol=1e-7)
+    step = 1e-6 if dtype == torch.float32 else 2**-7
+    torch.testing.assert_close(probs.float(), buffer.float(), rtol=step, atol=1e-7)
     assert lse.dtype == torch.float32 and probs.dtype == dtype
