@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
 import resource
 import subprocess
 import sys
@@ -88,7 +87,9 @@ def main() -> int:
         print(json.dumps(one(a.one, a.items, a.ridge, a.dtype, a.search)))
         return 0
     what = f"9 + 2 lambdas on {a.search:,} validation users" if a.search else "one lambda"
-    print(f"CPU: {platform.processor() or platform.machine()}; kernel {a.dtype}, {what}")
+    from vaecf.bench import cpu_name
+
+    print(f"CPU: {cpu_name()}; kernel {a.dtype}, {what}")
     print("| users | items | interactions | fit s | peak RSS GiB | estimate GiB |")
     print("|---:|---:|---:|---:|---:|---:|")
     for users in (int(v) for v in a.users.split(",")):

@@ -19,7 +19,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import random
 import socket
 import subprocess
@@ -30,18 +29,9 @@ from pathlib import Path
 
 import numpy as np
 
+from vaecf.bench import cpu_name
 from vaecf.recommender import Recommender
 from vaecf.serve.fixtures import fresh_run
-
-
-def cpu_name() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown CPU"
 
 
 class Client:

@@ -19,7 +19,6 @@ from __future__ import annotations
 import argparse
 import ctypes
 import json
-import platform
 import subprocess
 import sys
 import tempfile
@@ -78,10 +77,11 @@ def main() -> None:
     import torch
 
     from vaecf import precision as prec
+    from vaecf.bench import cpu_name
     from vaecf.serve.fixtures import fresh_run
 
     native = prec.native_bf16(torch.device("cpu"))
-    cpu = platform.processor() or platform.machine()
+    cpu = cpu_name()
     print(f"{cpu}, native bf16: {native}, {a.model}, {a.items} items\n")
     print("| precision | MiB of tensors | MiB resident (load + calls) | after malloc_trim |")
     print("|---|---:|---:|---:|")

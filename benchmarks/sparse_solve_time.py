@@ -19,7 +19,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import statistics
 import subprocess
 import sys
@@ -98,13 +97,9 @@ def main() -> None:
             out = subprocess.run(cmd, env=env, check=True, capture_output=True, text=True)
             info = json.loads(out.stdout.strip().splitlines()[-1])
             times[label].append(info["seconds"])
-    cpu = platform.machine()
-    if Path("/proc/cpuinfo").is_file():
-        lines = Path("/proc/cpuinfo").read_text().splitlines()
-        names = [v.split(":", 1)[1].strip() for v in lines if v.startswith("model name")]
-        fam = [v.split(":", 1)[1].strip() for v in lines if v.startswith(("cpu family", "model\t"))]
-        cpu = f"{names[0] if names else cpu} (family/model {'/'.join(fam[:2])})"
-    print(f"CPU: {cpu}, {os.cpu_count()} CPUs")
+    from vaecf.bench import cpu_name
+
+    print(f"CPU: {cpu_name()}, {os.cpu_count()} CPUs")
     print(f"{info['items']:,} items, X^T X with {info['gram_nnz']:,} non-zeros")
     print("| tree | median s | per round |")
     print("|---|---:|---|")
