@@ -4,19 +4,20 @@
                                       [--users 136677 --items 20108 --nnz 10000000] [--steps 10]
                                       [--cuda-graphs false]
 
-Prints the operators by self time on the host (launch and Python overhead, the cost on a GPU
-when kernels are small) and, on a GPU, by device time, and counts the host-device
-synchronisations (the bench itself synchronises 4 times a step to split its breakdown; any
-more stall the queue). ML-20M shape and batch 500 by default. A replayed CUDA graph shows as
-one launch: `--cuda-graphs false` profiles the same step eagerly, kernel by kernel (their device
-times are what a replay runs; the launches are what it saves).
+Leaves out the model's set-up and 3 warm-up steps (allocations, caches). Prints the operators
+by self time on the host (launch and Python overhead, the cost on a GPU when kernels are small)
+and, on a GPU, by device time, and counts the host-device synchronisations (the bench itself
+synchronises 4 times a step to split its breakdown; any more stall the queue). ML-20M shape and
+batch 500 by default. A replayed CUDA graph shows as one launch: `--cuda-graphs false` profiles
+the same step eagerly, kernel by kernel (their device times are what a replay runs; the
+launches are what it saves).
 """
 
 from __future__ import annotations
 
 import argparse
 
-from torch.profiler import ProfilerActivity, profile
+from torch.profiler import ProfilerActivity, profile, schedule
 
 from vaecf import bench
 
@@ -39,9 +40,12 @@ def main() -> int:
         acts.append(ProfilerActivity.CUDA)
     kw = dict(device=a.device, model=a.model, progress=False, data=data)
     kw["cuda_graphs"] = a.cuda_graphs == "true"
-    bench.bench_train(a.precision, a.batch_size, steps=3, warmup=2, **kw)  # warm caches first
-    with profile(activities=acts) as prof:
-        r = bench.bench_train(a.precision, a.batch_size, steps=a.steps, warmup=0, **kw)
+    warmup = 3  # the model's set-up and the first steps (allocations, caches) are not profiled
+    when = schedule(skip_first=warmup - 1, wait=0, warmup=1, active=a.steps, repeat=1)
+    with profile(activities=acts, schedule=when) as prof:
+        r = bench.bench_train(
+            a.precision, a.batch_size, steps=a.steps, warmup=warmup, on_step=prof.step, **kw
+        )
     ev = prof.key_averages()
     print(f"{a.model} {a.precision} on {a.device}: {r.users_per_s:.0f} users/s, {r.step_ms:.2f} ms")
     print(ev.table(sort_by="self_cpu_time_total", row_limit=a.rows))

@@ -12,6 +12,7 @@ import dataclasses
 import platform
 import statistics
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -135,8 +136,10 @@ def bench_train(
     data: sp.csr_matrix | None = None,
     cuda_graphs: bool = True,
     kernel: str = "auto",
+    on_step: Callable[[], None] | None = None,
 ) -> TrainBench:
-    """Time whole training steps on `data` (default: `synthetic_csr(users, items, nnz)`).
+    """Time whole training steps on `data` (default: `synthetic_csr(users, items, nnz)`);
+    `on_step` is called after each step, warm-ups included (a profiler's `step`).
     A step is one update of every phase of the model's epoch (RecVAE: 3 encoder updates and 1
     decoder update), so users/s is users of an epoch per second for every model. Where
     training would replay its step as a CUDA graph (`graphs.graphs_apply`), the graph's step is
@@ -165,15 +168,27 @@ def bench_train(
     scaler = prec.grad_scaler(dev, precision)
     gen = torch.Generator().manual_seed(seed)
     if graphed:
-        r = _bench_graph(net, phase_steps, csr, data, precision, batch_size, steps, warmup, gen)
+        timing = (steps, warmup, gen, on_step)
+        r = _bench_graph(net, phase_steps, csr, data, precision, batch_size, *timing)
     else:
-        timing = (steps, warmup, gen, progress)
+        timing = (steps, warmup, gen, progress, on_step)
         r = _bench_eager(net, phase_steps, opts, scaler, csr, precision, batch_size, *timing)
     return dataclasses.replace(r, first_layer=kernel)
 
 
 def _bench_eager(
-    net, phase_steps, opts, scaler, csr, precision, batch_size, steps, warmup, gen, progress
+    net,
+    phase_steps,
+    opts,
+    scaler,
+    csr,
+    precision,
+    batch_size,
+    steps,
+    warmup,
+    gen,
+    progress,
+    on_step,
 ) -> TrainBench:
     """bench_train's timing of eager steps, with the median of each part (the batch's
     gather, forward, backward, optimizer)."""
@@ -190,6 +205,8 @@ def _bench_eager(
         prec.synchronize(dev)
         t1 = time.perf_counter()
         fwd, bwd, opt = _timed_phases(net, phase_steps, opts, scaler, batch, precision, dev)
+        if on_step is not None:
+            on_step()
         if i >= warmup:
             for k, v in zip(parts, (t1 - t0, fwd, bwd, opt)):
                 parts[k].append(v)
@@ -234,7 +251,7 @@ def _bench_result(precision, batch_size, step_s: float, flops: list, breakdown_m
 
 
 def _bench_graph(
-    net, phase_steps, csr, data, precision, batch_size, steps, warmup, gen
+    net, phase_steps, csr, data, precision, batch_size, steps, warmup, gen, on_step
 ) -> TrainBench:
     """bench_train's timing of a step replayed as CUDA graphs, one per phase (batches over the
     graphs' capacity are drawn again: training steps those eagerly)."""
@@ -260,6 +277,8 @@ def _bench_graph(
         for step in sequence:
             step(rows, 0.2)
         prec.synchronize(dev)
+        if on_step is not None:
+            on_step()
         if warmup > 0:
             warmup -= 1
             continue
