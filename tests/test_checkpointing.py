@@ -13,6 +13,7 @@ import torch
 from conftest import cpu_config
 
 import vaecf
+from vaecf import checkpoint
 from vaecf.background import CheckpointWriter, snapshot
 
 
@@ -70,6 +71,42 @@ def test_metrics_running_ahead_of_last_pt_are_dropped_on_resume(ds, tmp_path):
     rows = [json.loads(x) for x in (tmp_path / "r/metrics.jsonl").read_text().splitlines()]
     assert [r["epoch"] for r in rows] == [1, 2, 3, 4]
     assert rows[2]["loss"] != -1.0
+    assert res.test_metrics == full.test_metrics
+
+
+def test_a_run_directory_deleted_while_training_is_not_made_again(ds, tmp_path):
+    """Deleting the run directory under a training run stops it at the next epoch with an
+    error naming it; no checkpoint makes the directory again. (A one-hour checkpoint cadence:
+    no write is in flight when the callback deletes it.)"""
+    import shutil
+
+    out = tmp_path / "r"
+
+    def delete(row):
+        if row["epoch"] == 2:
+            shutil.rmtree(out)
+
+    with pytest.raises(vaecf.RunError, match="is gone"):
+        vaecf.train(ds, cfg(checkpoint_every=3600), out, small(), on_epoch=delete)
+    assert not out.exists()
+    with pytest.raises(vaecf.RunError, match="is gone.*last.pt was not written"):
+        checkpoint.save(out / "last.pt", {"epoch": 1})
+    assert not out.exists()
+
+
+def test_a_run_moved_while_training_continues_from_its_new_place(ds, tmp_path):
+    full = vaecf.train(ds, cfg(epochs=4), tmp_path / "full", small())
+    out, moved = tmp_path / "r", tmp_path / "moved"
+    vaecf.train(ds, cfg(epochs=2), out, small())  # last.pt at epoch 2
+
+    def move(row):
+        if row["epoch"] == 3:
+            out.rename(moved)
+
+    with pytest.raises(vaecf.RunError, match="moved run continues"):
+        vaecf.train(ds, cfg(epochs=4, checkpoint_every=3600), out, on_epoch=move, resume=True)
+    assert not out.exists()
+    res = vaecf.train(ds, cfg(epochs=4), moved, resume=True)
     assert res.test_metrics == full.test_metrics
 
 

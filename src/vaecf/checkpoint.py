@@ -37,11 +37,24 @@ class _HashingWriter:
 
 
 def save(path: str | os.PathLike, payload: dict) -> None:
-    """Write `payload` (tensors, numbers, strings, containers of them) to `path`, atomically."""
-    with atomic_file(path) as f:
-        w = _HashingWriter(f)
-        torch.save({"magic": MAGIC, **payload}, w)
-        f.write(FOOTER + w.h.digest())
+    """Write `payload` (tensors, numbers, strings, containers of them) to `path`, atomically,
+    into its existing directory: a run directory deleted or moved while its model trains is
+    not made again holding nothing but checkpoints (RunError)."""
+    path = Path(path)
+    try:
+        with atomic_file(path, make_parent=False) as f:
+            w = _HashingWriter(f)
+            torch.save({"magic": MAGIC, **payload}, w)
+            f.write(FOOTER + w.h.digest())
+    except FileNotFoundError:
+        if path.parent.is_dir():
+            raise
+        raise RunError(gone(path.parent) + f"; {path.name} was not written") from None
+
+
+def gone(run_dir: Path) -> str:
+    """The words for a run directory that vanished under a process writing it."""
+    return f"the run directory {run_dir} is gone (deleted or moved while it was being written)"
 
 
 def verify(path: str | os.PathLike) -> bool:

@@ -14,10 +14,11 @@ import scipy.sparse as sp
 import torch
 from tqdm.auto import tqdm
 
-from vaecf import footprint, graphs, memory, resume, rundir
+from vaecf import checkpoint, footprint, graphs, memory, resume, rundir
 from vaecf import precision as prec
 from vaecf.background import CheckpointWriter, snapshot
 from vaecf.data.matrix import CSR, prefetch_batches
+from vaecf.errors import RunError
 from vaecf.models import Phase, first_layer
 from vaecf.models.base import LossModule
 from vaecf.run import Run, RunResult
@@ -350,6 +351,11 @@ class Trainer(Run):
             timing["validation_s"] += self._val_seconds
         self.history.append(row)
         if self.ctx.is_main:
+            if not self.out.is_dir():  # its files would go on into the void, or recreate it
+                raise RunError(
+                    f"{checkpoint.gone(self.out)}: stopped after epoch {self.epoch}, writing "
+                    "nothing; a moved run continues from its last checkpoint with --resume"
+                )
             self._metrics_file.write(json.dumps(row) + "\n")
             self._metrics_file.flush()  # readable as it goes; fsync'd with last.pt
         due = time.perf_counter() - self._last_saved >= cfg.checkpoint_every

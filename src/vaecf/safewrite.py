@@ -88,15 +88,18 @@ def disk_full_in(e: BaseException, path: Path) -> bool:
 
 @contextlib.contextmanager
 def atomic_file(
-    path: str | os.PathLike, mode: str = "wb", newline: str | None = None
+    path: str | os.PathLike, mode: str = "wb", newline: str | None = None, make_parent=True
 ) -> Iterator[Any]:
     """Open a temp file beside `path`; on clean exit fsync and rename it over `path`.
 
     The file gets the mode an ordinary `open(path, "w")` would (0666 minus the umask). A full
     disk raises a WriteError naming `path`; the temp file is removed and `path` is untouched.
+    Its directory is created where missing, unless `make_parent` is False: then a missing
+    directory raises FileNotFoundError.
     """
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
+    if make_parent:
+        path.parent.mkdir(parents=True, exist_ok=True)
     tmp = None
     try:
         fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
