@@ -30,10 +30,10 @@ import numpy as np
 
 import vaecf
 from vaecf import models, trainer
-from vaecf.bench import machine
 from vaecf.data import synthetic
 from vaecf.data.matrix import CSR
 from vaecf.evaluate import evaluate_model, metrics_with
+from vaecf.hardware import machine
 
 METRIC = "ndcg@100"
 ROOT = Path(__file__).resolve().parents[1]

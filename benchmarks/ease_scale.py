@@ -16,7 +16,8 @@ import time
 import torch
 
 from vaecf import models
-from vaecf.bench import add_shape_arguments, device_name, synthetic_csr
+from vaecf.bench import add_shape_arguments, synthetic_csr
+from vaecf.hardware import device_name
 
 
 def main() -> int:

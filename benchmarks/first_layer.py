@@ -16,7 +16,7 @@ import argparse
 
 import torch
 
-from vaecf import bench
+from vaecf import bench, hardware
 from vaecf import precision as prec
 from vaecf.data.matrix import CSR
 from vaecf.models import first_layer
@@ -36,7 +36,8 @@ def main() -> int:
     torch.manual_seed(0)
     weight = torch.nn.init.xavier_uniform_(torch.empty(a.items, a.hidden, device=dev))
     print(
-        f"first layer {a.items} x {a.hidden}, {bench.device_name(dev)}, torch {torch.__version__}"
+        f"first layer {a.items} x {a.hidden}, {hardware.device_name(dev)}, "
+        f"torch {torch.__version__}"
     )
     print(
         f"{'batch':>6s} {'precision':>9s} "

@@ -21,7 +21,7 @@ import sys
 import time
 from pathlib import Path
 
-from vaecf.bench import machine
+from vaecf.hardware import machine
 
 MODELS = {
     "infae": ["--model", "infae"],

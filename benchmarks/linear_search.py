@@ -28,8 +28,8 @@ import torch
 
 import vaecf
 from vaecf import models
-from vaecf.bench import cpu_name
 from vaecf.data import synthetic
+from vaecf.hardware import cpu_name
 from vaecf.models.linear import spd_inverse
 
 

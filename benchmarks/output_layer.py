@@ -20,7 +20,7 @@ import time
 
 import torch
 
-from vaecf import bench
+from vaecf import bench, hardware
 from vaecf import precision as prec
 from vaecf.data.matrix import CSR
 from vaecf.models import fused
@@ -64,7 +64,8 @@ def main() -> int:
     w.requires_grad_()
     bias = torch.zeros(a.items, device=dev, requires_grad=True)
     print(
-        f"output layer {a.hidden} -> {a.items}, {bench.device_name(dev)}, torch {torch.__version__}"
+        f"output layer {a.hidden} -> {a.items}, {hardware.device_name(dev)}, "
+        f"torch {torch.__version__}"
     )
     print(
         f"{'batch':>6s} {'precision':>9s} {'multiple':>8s} {'width':>6s} {'layer ms':>9s} "

@@ -40,7 +40,8 @@ import numpy as np
 import polars as pl
 
 import vaecf
-from vaecf.bench import cpu_name, device_name, synthetic_csr
+from vaecf.bench import synthetic_csr
+from vaecf.hardware import cpu_name, device_name
 from vaecf.precision import resolve_device
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -29,7 +29,7 @@ from pathlib import Path
 
 import numpy as np
 
-from vaecf.bench import cpu_name
+from vaecf.hardware import cpu_name
 from vaecf.recommender import Recommender
 from vaecf.serve.fixtures import fresh_run
 

@@ -16,7 +16,7 @@ import argparse
 
 import torch
 
-from vaecf import bench
+from vaecf import bench, hardware
 
 
 def main() -> None:
@@ -31,7 +31,7 @@ def main() -> None:
     ap.add_argument("--warmup", type=int, default=3, help="untimed steps first (3)")
     a = ap.parse_args()
     gpu = torch.device(a.device).type == "cuda"
-    print(f"{bench.device_name(a.device)}; {a.users:,} users, {a.nnz:,} interactions, batch 500")
+    print(f"{hardware.device_name(a.device)}; {a.users:,} users, {a.nnz:,} interactions, batch 500")
     for items in (int(v) for v in a.items.split(",")):
         data = bench.synthetic_csr(a.users, items, a.nnz)
         for model in a.models.split(","):

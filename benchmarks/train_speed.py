@@ -24,7 +24,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from vaecf import bench
+from vaecf import bench, hardware
 from vaecf import precision as prec
 from vaecf.runtime import tune_cpu_allocator
 
@@ -88,7 +88,7 @@ def main() -> int:
     m = bench.synthetic_csr(a.users, a.items, a.nnz)
     print(
         f"{a.users} users x {a.items} items, {m.nnz} interactions, "
-        f"{torch.get_num_threads()} threads, {bench.device_name(dev)}, torch {torch.__version__}"
+        f"{torch.get_num_threads()} threads, {hardware.device_name(dev)}, torch {torch.__version__}"
     )
     print(
         f"{'batch':>6s} {'implementation':28s} {'users/s':>9s} {'vs dense':>9s} "

@@ -9,7 +9,6 @@ fold-in with the seen-item mask and top-100, for batch 1 and large batches.
 from __future__ import annotations
 
 import dataclasses
-import platform
 import statistics
 import time
 from collections.abc import Callable
@@ -36,44 +35,6 @@ def add_shape_arguments(ap) -> None:
     """--users, --items and --nnz of a benchmark's synthetic matrix (default: ML-20M's)."""
     for name in ("users", "items", "nnz"):
         ap.add_argument(f"--{name}", type=int, default=ML20M[name])
-
-
-def cpu_name() -> str:
-    """The CPU's model name and its family and model numbers (/proc/cpuinfo), for benchmark
-    tables: figures from different CPUs never compare, and a virtual machine's name alone ("AMD
-    EPYC") does not tell Zen 3 (family 25 model 1) from Zen 4 (25/17) or Zen 5 (26/2)."""
-    fields: dict[str, str] = {}
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                key, _, value = line.partition(":")
-                if not line.strip():  # the first processor's block is enough
-                    break
-                fields.setdefault(key.strip(), value.strip())
-    except OSError:
-        pass
-    name = fields.get("model name") or platform.processor() or "unknown CPU"
-    if "cpu family" in fields and "model" in fields:
-        name += f" family {fields['cpu family']} model {fields['model']}"
-    return name
-
-
-def machine() -> str:
-    """The CPU, its vector flags that decide the figures, the threads and torch, for the
-    caption of a benchmark table."""
-    flags = prec.cpu_flags()
-    decide = ("avx2", "avx512f", "avx512_bf16", "amx_bf16", "avx_vnni", "avx512_vnni", "amx_int8")
-    have = [f for f in decide if f in flags]  # bf16 training, int8 serving (VNNI: int8 x int8)
-    return (
-        f"{cpu_name()} ({', '.join(have) or 'no AVX2'}), {torch.get_num_threads()} threads, "
-        f"torch {torch.__version__}"
-    )
-
-
-def device_name(device: str | torch.device) -> str:
-    """The GPU's name for a CUDA device, else the CPU's, for benchmark tables."""
-    dev = torch.device(device)
-    return torch.cuda.get_device_name(dev) if dev.type == "cuda" else cpu_name()
 
 
 def synthetic_csr(users: int, items: int, nnz: int, seed: int = 0) -> sp.csr_matrix:

@@ -86,7 +86,7 @@ def cmd_demo(a) -> int:
 
 # -- bench --------------------------------------------------------------------------------------
 def cmd_bench(a) -> int:
-    from vaecf import bench
+    from vaecf import bench, hardware
 
     s = from_args({"train": BenchTrain, "infer": BenchInfer, "eval": BenchEval}[a.what], a)
     if a.what == "train":
@@ -136,14 +136,14 @@ def cmd_bench(a) -> int:
         cpu = prec.resolve_device(s.device).type == "cpu"
         print(format_infer(rows, roofline.read_bandwidth() if cpu else None, roofline.INT8_GOAL))
         if cpu:
-            print(bench.machine())
+            print(hardware.machine())
     return 0
 
 
 def print_rooflines(s, results) -> None:
     """On a CPU, each Mult-VAE/DAE step (fp32, and bf16 where native) against its dense
     products at this CPU's best rate."""
-    from vaecf import bench, models, roofline
+    from vaecf import hardware, models, roofline
     from vaecf import precision as prec
 
     dev = prec.resolve_device(s.device)
@@ -155,7 +155,7 @@ def print_rooflines(s, results) -> None:
             continue  # no goal where bf16 is emulated (its products alone take minutes)
         rows = roofline.products(net, r.batch_size, r.precision)
         print(roofline.format_step(r.step_ms, r.precision, r.batch_size, rows))
-    print(bench.machine())
+    print(hardware.machine())
 
 
 def register(sub) -> None:
