@@ -88,7 +88,10 @@ def disk_full_in(e: BaseException, path: Path) -> bool:
 
 @contextlib.contextmanager
 def atomic_file(
-    path: str | os.PathLike, mode: str = "wb", newline: str | None = None, make_parent=True
+    path: str | os.PathLike,
+    mode: str = "wb",
+    newline: str | None = None,
+    make_parent: bool = True,
 ) -> Iterator[Any]:
     """Open a temp file beside `path`; on clean exit fsync and rename it over `path`.
 
