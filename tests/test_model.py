@@ -161,6 +161,23 @@ def test_fused_output_layer_matches_autograd(precision):
         assert err(a, t) <= 1.25 * err(b, t)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_chunked_softmax_with_bias_equals_float64(dtype):
+    """The CPU's sweep against float64 over several chunks: softmax(logits + bias) in the
+    buffer, each row's log-sum-exp read off its largest probability."""
+    from vaecf.models.fused import softmax_chunked
+
+    torch.manual_seed(5)
+    logits, bias = torch.randn(120, 3000) * 4, torch.randn(3000)
+    buffer = logits.to(dtype)
+    z = buffer.double() + bias.double()
+    lse = softmax_chunked(buffer, torch.float32, bias)
+    p = torch.softmax(z, dim=1)
+    torch.testing.assert_close(lse.double(), torch.logsumexp(z, dim=1), rtol=1e-6, atol=1e-5)
+    step = 1e-6 if dtype == torch.float32 else 2**-8  # the buffer rounds to its dtype
+    torch.testing.assert_close(buffer.double(), p, rtol=step, atol=1e-7)
+
+
 def test_fused_half_width_loss_is_the_float64_loss_of_its_rounded_logits():
     """Under bf16 the product's output is rounded once; from there (on a CPU the bias added
     in float32, the log-sum-exp and the softmax) all is float32: the loss must be the float64
