@@ -123,6 +123,34 @@ def test_fit_from_a_file_guesses_the_id_columns(tmp_path, suffix):
     assert all(0 <= i < 20 for i in rec.recommend([0, 1, 2], k=3).item_ids)
 
 
+def test_fit_a_file_without_a_header_row_by_naming_its_columns(tmp_path):
+    """A header-less file (FilmTrust's, MovieLens' .dat) is refused with how to name its
+    columns, quoting its first line; named, it fits like a file with a header row."""
+    path = tmp_path / "ratings.txt"
+    _clusters().to_csv(path, sep=" ", header=False, index=False)
+    with pytest.raises(vaecf.DataError, match=r"no header row \(its first line, '1000 "):
+        vaecf.fit(path, sep="whitespace", model="ease")
+    rec = vaecf.fit(
+        path, sep="whitespace", columns=["user", "item", "rating"], model="ease", progress=False
+    )
+    assert all(0 <= i < 20 for i in rec.recommend([0, 1, 2], k=3).item_ids)
+    assert rec.recommend([0, 1, 2], k=3).unknown == []  # the ids are the file's, as integers
+    named = vaecf.fit(
+        path,
+        sep="whitespace",
+        user_col="who",
+        item_col="what",
+        columns=["who", "what", "stars"],
+        rating_col="stars",
+        min_rating=3,
+        model="popular",
+        progress=False,
+    )
+    assert named.recommend([0], k=3).item_ids
+    with pytest.raises(vaecf.DataError, match="header-less file"):
+        vaecf.fit(_clusters(), columns=["user", "item"])
+
+
 def test_save_and_out_are_normal_run_directories(tmp_path):
     rec = vaecf.fit(_clusters(), model="ease", progress=False, out=tmp_path / "kept")
     want = rec.recommend([0, 1, 2], k=5)

@@ -115,27 +115,23 @@ def _from_pandas(df) -> pl.DataFrame:
     return pl.DataFrame(cols)
 
 
-def _read(data, user_col, item_col, rating_col, min_rating, sep) -> pl.DataFrame:
+def _read(data, cols, min_rating, sep, columns) -> pl.DataFrame:
+    user_col, item_col, rating_col = cols
+    if columns is not None and not isinstance(data, (str, os.PathLike)):
+        raise DataError("columns= names a header-less file's columns; drop it for this data")
     if sp.issparse(data):
         return _from_matrix(data, rating_col, min_rating)
     if isinstance(data, (str, os.PathLike)):
         path = Path(data)
         if not path.is_file():
             raise DataError(f"{path} does not exist or is not a file (CSV, TSV or Parquet)")
-        if path.suffix.lower() in {".parquet", ".pq"}:
-            names = list(pl.read_parquet_schema(path))
-        else:
-            with open(path, encoding="utf-8", errors="replace", newline="") as f:
-                first = re.split(r"\r\n?|\n", f.readline(1 << 16))[0]
-            s = sep_for(path, sep)  # as read_table will read it
-            names = [
-                n.strip().strip('"') for n in (first.split() if s == WHITESPACE else first.split(s))
-            ]
+        names = _file_columns(path, sep) if columns is None else list(columns)
         user_col = _guess(names, user_col, _USER_NAMES, "user")
         item_col = _guess(names, item_col, _ITEM_NAMES, "item")
         if min_rating is not None and rating_col is None:
             rating_col = _guess(names, None, _RATING_NAMES, "rating")
-        return read_table(path, user_col, item_col, rating_col, sep)
+        header = columns is None
+        return read_table(path, user_col, item_col, rating_col, sep, header, columns)
     if isinstance(data, pl.LazyFrame):
         data = data.collect()
     if not isinstance(data, pl.DataFrame):
@@ -148,6 +144,23 @@ def _read(data, user_col, item_col, rating_col, min_rating, sep) -> pl.DataFrame
     if min_rating is not None and rating_col is None:
         rating_col = _guess(data.columns, None, _RATING_NAMES, "rating")
     return _frame_columns(data, user_col, item_col, rating_col)
+
+
+def _file_columns(path: Path, sep: str | None) -> list[str]:
+    """The column names in a file's header row; a first line of numbers is refused with how
+    to name the columns of a file that has no header row."""
+    if path.suffix.lower() in {".parquet", ".pq"}:
+        return list(pl.read_parquet_schema(path))
+    with open(path, encoding="utf-8", errors="replace", newline="") as f:
+        first = re.split(r"\r\n?|\n", f.readline(1 << 16))[0]
+    s = sep_for(path, sep)  # as read_table will read it
+    names = [n.strip().strip('"') for n in (first.split() if s == WHITESPACE else first.split(s))]
+    if names and all(re.fullmatch(r"[-+]?[0-9.]+(e[-+]?[0-9]+)?", n, re.I) for n in names):
+        raise DataError(
+            f"{path} has no header row (its first line, {first.strip()!r}, is data): name its "
+            'columns in order, e.g. columns=["user", "item", "rating"]'
+        )
+    return names
 
 
 def _names_frame(item_names) -> pl.DataFrame | None:
@@ -209,6 +222,7 @@ def fit(
     split_seed: int = 98765,
     item_names=None,
     sep: str | None = None,
+    columns: list[str] | None = None,
     out: str | os.PathLike | None = None,
     resume: bool = False,
     serve_precision: str = "fp32",
@@ -218,7 +232,9 @@ def fit(
 
     data: a pandas or Polars DataFrame, a scipy sparse matrix (rows are users, columns items,
         ids their indices; stored values are ratings), or the path of a CSV/TSV/Parquet file
-        with a header row (`sep`: its separator, one character or 'whitespace').
+        with a header row (`sep`: its separator, one character or 'whitespace'; `columns`: the
+        names of a file's columns in order where it has no header row, e.g. ["user", "item",
+        "rating"]).
     user_col, item_col: the id columns (default: a column named like user/userId/user_id, and
         item/itemId/movieId/...); rating_col and min_rating: keep rows rated >= min_rating
         (default: every row is an interaction; with min_rating alone, the column named like
@@ -245,7 +261,7 @@ def fit(
     t0 = time.perf_counter()
     train_cfg, model_cfg = _split_settings(model, settings)
     train_cfg.validate()  # before any work
-    frame = _read(data, user_col, item_col, rating_col, min_rating, sep)
+    frame = _read(data, (user_col, item_col, rating_col), min_rating, sep, columns)
     prep = _prepare_settings(frame, validation, test, min_rating, min_user_items, min_item_users)
     prep = replace(prep, seed=split_seed)
     names = _names_frame(item_names)
