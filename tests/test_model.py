@@ -6,6 +6,7 @@ import scipy.sparse as sp
 import torch
 import torch.nn.functional as F
 
+from vaecf import runtime
 from vaecf.data.matrix import CSR
 from vaecf.models.multvae import ModelConfig, MultDAE, MultVAE, Scorer, build_model
 
@@ -221,7 +222,7 @@ def test_scorer_equals_the_models_eval_forward(kind, dtype):
 
 @pytest.mark.parametrize("kind", ["multvae", "multdae"])
 @pytest.mark.parametrize("hidden", [(), (12,), (16, 12)])
-def test_one_history_in_numpy_equals_the_batched_scores(kind, hidden):
+def test_one_history_in_numpy_equals_the_batched_scores(kind, hidden, monkeypatch):
     """A one-row batch on a CPU runs the small layers in numpy (models/onerow.py): the same
     scores as that row in a batch, for weighted and empty histories alike."""
     torch.manual_seed(0)
@@ -232,13 +233,30 @@ def test_one_history_in_numpy_equals_the_batched_scores(kind, hidden):
     model = build_model(50, ModelConfig(kind, latent_dim=8, hidden_dims=hidden)).eval()
     scorer = Scorer(model)
     assert scorer.one_row is not None and Scorer(model, precision="bf16").one_row is None
+    # the output layer in numpy's BLAS (AMD CPUs) or PyTorch's (elsewhere): both are checked
+    monkeypatch.setattr(runtime, "numpy_gemv_faster", lambda: True)
+    numpy_out = Scorer(model)
+    assert numpy_out.one_row_out is not None
     csr = CSR.from_scipy(x)
     with torch.no_grad():
         want = model(csr.batch(torch.arange(6)))[0]
         for r in range(6):
-            got = scorer(csr.batch(torch.tensor([r])))
-            assert got.shape == (1, 50) and got.dtype == torch.float32
-            torch.testing.assert_close(got[0], want[r], atol=1e-5, rtol=1e-5)
+            for s in (scorer, numpy_out):
+                got = s(csr.batch(torch.tensor([r])))
+                assert got.shape == (1, 50) and got.dtype == torch.float32
+                torch.testing.assert_close(got[0], want[r], atol=1e-5, rtol=1e-5)
+
+
+def test_one_blas_thread_holds_numpy_blas_to_the_calling_thread_and_restores_it():
+    from threadpoolctl import threadpool_info
+
+    def blas_threads():
+        return [i["num_threads"] for i in threadpool_info() if i["user_api"] == "blas"]
+
+    before = blas_threads()
+    with runtime.one_blas_thread():
+        assert set(blas_threads()) == {1}
+    assert blas_threads() == before
 
 
 @pytest.mark.parametrize("n_layers", [1, 3])

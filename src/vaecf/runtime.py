@@ -5,14 +5,23 @@ returns them with munmap on free, so every step that allocates the (batch x item
 gradient of the (items x 600) layers pays for page faults on tens of MiB. `tune_cpu_allocator`
 uses mallopt(3) to keep such blocks in the heap (M_MMAP_MAX = 0) and not trim it after each
 step (M_TRIM_THRESHOLD), so freed buffers are reused warm. Set VAECF_MALLOPT=0 to skip it.
+
+One history's product with a float32 output layer (1 x d times d x n_items: a read of the
+layer) runs through numpy's BLAS on AMD CPUs, on one thread: PyTorch's MKL reaches ~28 GB/s
+there (Zen 5, 20,108 x 600: 1.65 ms with 2 threads), numpy's OpenBLAS 1.36 ms on one thread
+(0.73 on two, but its thread pool beside PyTorch's OpenMP threads on 2 cores turned a 2.4 ms
+answer into 8 ms: `one_blas_thread` keeps it to the calling thread). benchmarks/README.md.
 """
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import ctypes.util
+import functools
 import os
 import sys
+from collections.abc import Iterator
 
 M_TRIM_THRESHOLD, M_MMAP_MAX = -1, -4
 _tuned = False
@@ -34,3 +43,37 @@ def tune_cpu_allocator() -> bool:
         return False
     _tuned = bool(ok)
     return _tuned
+
+
+@functools.cache
+def cpu_vendor() -> str:
+    """The CPU's vendor_id (/proc/cpuinfo: GenuineIntel, AuthenticAMD, ...); "" elsewhere."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("vendor_id"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return ""
+
+
+def numpy_gemv_faster() -> bool:
+    """Whether one row times a float32 matrix is faster in numpy's BLAS on one thread than in
+    PyTorch's: on AMD CPUs (above)."""
+    return cpu_vendor() == "AuthenticAMD"
+
+
+@functools.cache
+def _numpy_blas():
+    from threadpoolctl import ThreadpoolController
+
+    return ThreadpoolController().select(user_api="blas")
+
+
+@contextlib.contextmanager
+def one_blas_thread() -> Iterator[None]:
+    """numpy's BLAS on the calling thread alone while inside (its pool's threads would contend
+    with PyTorch's for the cores)."""
+    with _numpy_blas().limit(limits=1):
+        yield

@@ -19,7 +19,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from vaecf import precision as prec
-from vaecf import specs
+from vaecf import runtime, specs
 from vaecf.data.matrix import SparseBatch
 from vaecf.modelconfigs import ModelConfig
 from vaecf.models import first_layer
@@ -298,7 +298,8 @@ class Scorer:
     or a bf16/fp16 `precision` (autocast), and other devices, keep the nn.Linear layout, which
     their libraries prefer (bf16 on a CPU without native bf16 is 8x slower transposed).
     A one-row batch with float32 weights on a CPU reaches the output layer through `OneRow`
-    (numpy: models/onerow.py). Build a Scorer after the weights have changed, not before.
+    (numpy: models/onerow.py), and on AMD CPUs goes through it in numpy too (vaecf.runtime).
+    Build a Scorer after the weights have changed, not before.
     """
 
     def __init__(self, model: MultAE, precision: str = "fp32"):
@@ -313,12 +314,20 @@ class Scorer:
         )
         self.weight_t = out.weight.detach().t().contiguous() if transpose else None
         self.one_row = OneRow(model) if float32_on_cpu([model], precision) else None
+        # one row's output layer in numpy too where its BLAS is the faster (vaecf.runtime)
+        one = self.one_row is not None and self.weight_t is not None
+        fast = one and runtime.numpy_gemv_faster()
+        self.one_row_out = (self.weight_t.numpy(), self.bias.numpy()) if fast else None
 
     def __call__(self, batch: SparseBatch) -> torch.Tensor:
         """(B, n_items) logits; the model must be in eval mode."""
         net = self.model
         if self.one_row is not None and batch.batch_size == 1:
             h = self.one_row(batch.indices, batch.values)
+            if self.one_row_out is not None:
+                w, b = self.one_row_out
+                with runtime.one_blas_thread():
+                    return torch.from_numpy((h.numpy() @ w) + b)
         else:
             h = net.decode_hidden(net.latent_mean(batch))
         if self.weight_t is None:

@@ -7,7 +7,8 @@ after the output layer's read); the same arithmetic as numpy calls makes an answ
 ms faster for Mult-VAE (int8: 1.64 -> 1.36 ms mean) and 0.53-0.63 ms for RecVAE, whose encoder
 has five layers (benchmarks/README.md). So a one-row batch goes through `OneRow` (or
 `OneRowRecVAE`) up to the output layer's input, and the output layer (PyTorch's: MKL's fp32
-product or the int8 copy's kernel) does the rest. Only float32 weights on a CPU qualify (numpy
+product or the int8 copy's kernel; for Mult-VAE/DAE in fp32 on AMD CPUs numpy's BLAS on one
+thread, `vaecf.runtime`) does the rest. Only float32 weights on a CPU qualify (numpy
 has no bf16); the answers equal the batched path's within float32 rounding
 (tests/test_model.py).
 """
