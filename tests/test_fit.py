@@ -4,6 +4,7 @@ says, within its budget, and continued with resume=True."""
 from __future__ import annotations
 
 import json
+import re
 import signal
 import subprocess
 import sys
@@ -62,7 +63,9 @@ def test_fit_pandas_recommends_within_taste_and_keeps_its_work_where_it_says(
     assert list(tdir.iterdir()) == [] and list(cwd.iterdir()) == []  # nothing left elsewhere
     (work,) = fits_home.iterdir()
     said = capsys.readouterr().out
-    assert f"kept in {work / 'run'}" in said and "within 60 s" in said
+    assert f"kept in {work / 'run'}" in said
+    # the default 60 s, less what reading and preparing the data took (more on a cold start)
+    assert 50 <= int(re.search(r"within (\d+) s", said).group(1)) <= 60
     assert vaecf.Recommender.load(work / "run").recommend([0, 1], k=3).item_ids == (
         rec.recommend([0, 1], k=3).item_ids
     )
