@@ -247,23 +247,16 @@ def test_one_history_in_numpy_equals_the_batched_scores(kind, hidden, monkeypatc
                 torch.testing.assert_close(got[0], want[r], atol=1e-5, rtol=1e-5)
 
 
-def test_numpy_blas_keeps_to_one_thread_unless_pytorchs_openmp_is_held():
-    """Two thread pools must not both be awake: numpy's BLAS runs on the calling thread alone,
-    except inside openmp_held, which holds PyTorch's OpenMP to one thread instead; both
-    restore what they changed."""
+def test_one_blas_thread_holds_numpy_blas_to_the_calling_thread_and_restores_it():
     from threadpoolctl import threadpool_info
 
-    def threads(api):
-        return [i["num_threads"] for i in threadpool_info() if i["user_api"] == api]
+    def blas_threads():
+        return [i["num_threads"] for i in threadpool_info() if i["user_api"] == "blas"]
 
-    blas, omp = threads("blas"), threads("openmp")
-    with runtime.numpy_blas():
-        assert set(threads("blas")) == {1}
-    with runtime.openmp_held():
-        assert set(threads("openmp")) <= {1}
-        with runtime.numpy_blas():
-            assert threads("blas") == blas
-    assert threads("blas") == blas and threads("openmp") == omp
+    before = blas_threads()
+    with runtime.one_blas_thread():
+        assert set(blas_threads()) == {1}
+    assert blas_threads() == before
 
 
 @pytest.mark.parametrize("n_layers", [1, 3])

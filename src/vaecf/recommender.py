@@ -10,7 +10,6 @@ raw scores, popularity's the training counts.
 
 from __future__ import annotations
 
-import contextlib
 import os
 import threading
 from collections.abc import Iterable, Mapping, Sequence
@@ -20,7 +19,7 @@ import numpy as np
 import torch
 
 from vaecf import precision as prec
-from vaecf import rundir, runtime
+from vaecf import rundir
 from vaecf.data.histories import UserHistories, run_histories
 from vaecf.data.matrix import SparseBatch
 from vaecf.data.vocab import Vocabulary
@@ -261,10 +260,7 @@ class Recommender:
         known = [sorted(set(r)) for r in known]
         if not known:
             return []
-        # one history whose scores run in numpy (vaecf.runtime): PyTorch on one thread meanwhile
-        one = len(known) == 1 and getattr(self.score_fn, "one_row_in_numpy", False)
-        with runtime.openmp_held() if one else contextlib.nullcontext():
-            idx, scores, n, cold = self.top_k(self._batch(known), k, exclude_history, mask)
+        idx, scores, n, cold = self.top_k(self._batch(known), k, exclude_history, mask)
         ids = self.items.array[idx]
         out = []
         for r in range(len(known)):

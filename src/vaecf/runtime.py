@@ -7,11 +7,10 @@ uses mallopt(3) to keep such blocks in the heap (M_MMAP_MAX = 0) and not trim it
 step (M_TRIM_THRESHOLD), so freed buffers are reused warm. Set VAECF_MALLOPT=0 to skip it.
 
 One history's product with a float32 output layer (1 x d times d x n_items: a read of the
-layer) runs through numpy's BLAS on AMD CPUs: PyTorch's MKL reaches ~28 GB/s there (Zen 5,
-20,108 x 600: 1.65 ms on 2 threads), numpy's OpenBLAS 0.67 ms on its 2 threads and 1.36 on one.
-Its pool and PyTorch's OpenMP threads must not both be awake on 2 cores (a 2.4 ms answer took
-8 ms): a one-row answer holds PyTorch to one thread (`openmp_held`) and gives OpenBLAS its
-pool; outside it, numpy's BLAS keeps to the calling thread (`numpy_blas`). benchmarks/README.md.
+layer) runs through numpy's BLAS on AMD CPUs, on one thread: PyTorch's MKL reaches ~28 GB/s
+there (Zen 5, 20,108 x 600: 1.65 ms with 2 threads), numpy's OpenBLAS 1.36 ms on one thread
+(0.73 on two, but its thread pool beside PyTorch's OpenMP threads on 2 cores turned a 2.4 ms
+answer into 8 ms: `one_blas_thread` keeps it to the calling thread). benchmarks/README.md.
 """
 
 from __future__ import annotations
@@ -22,7 +21,6 @@ import ctypes.util
 import functools
 import os
 import sys
-import threading
 from collections.abc import Iterator
 
 M_TRIM_THRESHOLD, M_MMAP_MAX = -1, -4
@@ -67,33 +65,15 @@ def numpy_gemv_faster() -> bool:
 
 
 @functools.cache
-def _pool(api: str):
+def _numpy_blas():
     from threadpoolctl import ThreadpoolController
 
-    return ThreadpoolController().select(user_api=api)
-
-
-_held = threading.local()
+    return ThreadpoolController().select(user_api="blas")
 
 
 @contextlib.contextmanager
-def openmp_held() -> Iterator[None]:
-    """PyTorch's OpenMP threads held to the calling thread while inside, so that numpy's BLAS
-    may use its own pool (`numpy_blas`) without the two pools spinning against each other."""
-    with _pool("openmp").limit(limits=1):
-        _held.on = True
-        try:
-            yield
-        finally:
-            _held.on = False
-
-
-@contextlib.contextmanager
-def numpy_blas() -> Iterator[None]:
-    """numpy's BLAS on its pool inside `openmp_held`, else on the calling thread alone (its
-    pool beside PyTorch's OpenMP threads turned 2.4 ms answers into 8 ms)."""
-    if getattr(_held, "on", False):
-        yield
-        return
-    with _pool("blas").limit(limits=1):
+def one_blas_thread() -> Iterator[None]:
+    """numpy's BLAS on the calling thread alone while inside (its pool's threads would contend
+    with PyTorch's for the cores)."""
+    with _numpy_blas().limit(limits=1):
         yield

@@ -203,7 +203,6 @@ class MultAE(Model):
             with prec.autocast(device, precision):
                 return scorer(batch)
 
-        fn.one_row_in_numpy = scorer.one_row_out is not None  # vaecf.runtime.openmp_held
         return fn
 
     def item_vectors(self) -> torch.Tensor:
@@ -327,7 +326,7 @@ class Scorer:
             h = self.one_row(batch.indices, batch.values)
             if self.one_row_out is not None:
                 w, b = self.one_row_out
-                with runtime.numpy_blas():
+                with runtime.one_blas_thread():
                     return torch.from_numpy((h.numpy() @ w) + b)
         else:
             h = net.decode_hidden(net.latent_mean(batch))
