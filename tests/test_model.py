@@ -236,7 +236,7 @@ def test_one_history_in_numpy_equals_the_batched_scores(kind, hidden, monkeypatc
     # the output layer in numpy's BLAS (AMD CPUs) or PyTorch's (elsewhere): both are checked
     monkeypatch.setattr(runtime, "numpy_gemv_faster", lambda: True)
     numpy_out = Scorer(model)
-    assert numpy_out.numpy_out is not None
+    assert numpy_out.one_row_out is not None
     csr = CSR.from_scipy(x)
     with torch.no_grad():
         want = model(csr.batch(torch.arange(6)))[0]
@@ -245,28 +245,18 @@ def test_one_history_in_numpy_equals_the_batched_scores(kind, hidden, monkeypatc
                 got = s(csr.batch(torch.tensor([r])))
                 assert got.shape == (1, 50) and got.dtype == torch.float32
                 torch.testing.assert_close(got[0], want[r], atol=1e-5, rtol=1e-5)
-        with runtime.openmp_held():  # serving: a whole batch's product in numpy
-            got = numpy_out(csr.batch(torch.arange(6)))
-        torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
 
 
-def test_numpy_blas_keeps_to_one_thread_unless_pytorchs_openmp_is_held():
-    """Two thread pools must not both be awake: numpy's BLAS runs on the calling thread alone,
-    except inside openmp_held, which holds PyTorch's OpenMP to one thread instead; both
-    restore what they changed."""
+def test_one_blas_thread_holds_numpy_blas_to_the_calling_thread_and_restores_it():
     from threadpoolctl import threadpool_info
 
-    def threads(api):
-        return [i["num_threads"] for i in threadpool_info() if i["user_api"] == api]
+    def blas_threads():
+        return [i["num_threads"] for i in threadpool_info() if i["user_api"] == "blas"]
 
-    blas, omp = threads("blas"), threads("openmp")
-    with runtime.numpy_blas():
-        assert set(threads("blas")) == {1}
-    with runtime.openmp_held():
-        assert set(threads("openmp")) <= {1}
-        with runtime.numpy_blas():
-            assert threads("blas") == blas
-    assert threads("blas") == blas and threads("openmp") == omp
+    before = blas_threads()
+    with runtime.one_blas_thread():
+        assert set(blas_threads()) == {1}
+    assert blas_threads() == before
 
 
 @pytest.mark.parametrize("n_layers", [1, 3])

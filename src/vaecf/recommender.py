@@ -10,7 +10,6 @@ raw scores, popularity's the training counts.
 
 from __future__ import annotations
 
-import contextlib
 import os
 import threading
 from collections.abc import Iterable, Mapping, Sequence
@@ -20,7 +19,7 @@ import numpy as np
 import torch
 
 from vaecf import precision as prec
-from vaecf import rundir, runtime
+from vaecf import rundir
 from vaecf.data.histories import UserHistories, run_histories
 from vaecf.data.matrix import SparseBatch
 from vaecf.data.vocab import Vocabulary
@@ -261,10 +260,7 @@ class Recommender:
         known = [sorted(set(r)) for r in known]
         if not known:
             return []
-        # products in numpy's BLAS on its threads, PyTorch on one meanwhile (vaecf.runtime)
-        held = getattr(self.score_fn, "numpy_products", False)
-        with runtime.openmp_held() if held else contextlib.nullcontext():
-            idx, scores, n, cold = self.top_k(self._batch(known), k, exclude_history, mask)
+        idx, scores, n, cold = self.top_k(self._batch(known), k, exclude_history, mask)
         ids = self.items.array[idx]
         out = []
         for r in range(len(known)):

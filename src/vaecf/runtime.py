@@ -6,14 +6,11 @@ gradient of the (items x 600) layers pays for page faults on tens of MiB. `tune_
 uses mallopt(3) to keep such blocks in the heap (M_MMAP_MAX = 0) and not trim it after each
 step (M_TRIM_THRESHOLD), so freed buffers are reused warm. Set VAECF_MALLOPT=0 to skip it.
 
-On AMD CPUs the float32 output layer's product runs faster in numpy's BLAS (OpenBLAS in
-numpy's wheels) than in PyTorch's MKL at every batch size (Zen 5, 600 x 20,108: one row 0.67
-against 1.65 ms, 256 rows 27 against 41 ms, both on 2 threads). The two libraries' thread pools
-must not both be awake on the same cores (one row's answer went from 2.4 ms to 8 ms; under
-micro-batched load, batches through one alternating with rows through the other lost 20%). So
-serving holds PyTorch to one thread for a whole scoring call (`openmp_held`) and gives numpy's
-BLAS its pool for the products (`numpy_blas`); elsewhere (training's validation, other callers)
-only one row's product goes through numpy, on the calling thread. benchmarks/README.md.
+One history's product with a float32 output layer (1 x d times d x n_items: a read of the
+layer) runs through numpy's BLAS on AMD CPUs, on one thread: PyTorch's MKL reaches ~28 GB/s
+there (Zen 5, 20,108 x 600: 1.65 ms with 2 threads), numpy's OpenBLAS 1.36 ms on one thread
+(0.73 on two, but its thread pool beside PyTorch's OpenMP threads on 2 cores turned a 2.4 ms
+answer into 8 ms: `one_blas_thread` keeps it to the calling thread). benchmarks/README.md.
 """
 
 from __future__ import annotations
@@ -24,7 +21,6 @@ import ctypes.util
 import functools
 import os
 import sys
-import threading
 from collections.abc import Iterator
 
 M_TRIM_THRESHOLD, M_MMAP_MAX = -1, -4
@@ -69,38 +65,15 @@ def numpy_gemv_faster() -> bool:
 
 
 @functools.cache
-def _pool(api: str):
+def _numpy_blas():
     from threadpoolctl import ThreadpoolController
 
-    return ThreadpoolController().select(user_api=api)
-
-
-_held = threading.local()
+    return ThreadpoolController().select(user_api="blas")
 
 
 @contextlib.contextmanager
-def openmp_held() -> Iterator[None]:
-    """PyTorch's OpenMP threads held to the calling thread while inside, so that numpy's BLAS
-    may use its own pool (`numpy_blas`) without the two pools spinning against each other."""
-    with _pool("openmp").limit(limits=1):
-        _held.on = True
-        try:
-            yield
-        finally:
-            _held.on = False
-
-
-def openmp_is_held() -> bool:
-    """Whether the calling thread is inside `openmp_held`."""
-    return getattr(_held, "on", False)
-
-
-@contextlib.contextmanager
-def numpy_blas() -> Iterator[None]:
-    """numpy's BLAS on its pool inside `openmp_held`, else on the calling thread alone (its
-    pool beside PyTorch's OpenMP threads turned 2.4 ms answers into 8 ms)."""
-    if openmp_is_held():
-        yield
-        return
-    with _pool("blas").limit(limits=1):
+def one_blas_thread() -> Iterator[None]:
+    """numpy's BLAS on the calling thread alone while inside (its pool's threads would contend
+    with PyTorch's for the cores)."""
+    with _numpy_blas().limit(limits=1):
         yield

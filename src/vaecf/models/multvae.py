@@ -203,7 +203,6 @@ class MultAE(Model):
             with prec.autocast(device, precision):
                 return scorer(batch)
 
-        fn.numpy_products = scorer.numpy_out is not None  # vaecf.runtime.openmp_held
         return fn
 
     def item_vectors(self) -> torch.Tensor:
@@ -299,8 +298,7 @@ class Scorer:
     or a bf16/fp16 `precision` (autocast), and other devices, keep the nn.Linear layout, which
     their libraries prefer (bf16 on a CPU without native bf16 is 8x slower transposed).
     A one-row batch with float32 weights on a CPU reaches the output layer through `OneRow`
-    (numpy: models/onerow.py). On AMD CPUs the output layer's product runs in numpy for one
-    row, and for any batch inside `runtime.openmp_held` (serving: vaecf.runtime).
+    (numpy: models/onerow.py), and on AMD CPUs goes through it in numpy too (vaecf.runtime).
     Build a Scorer after the weights have changed, not before.
     """
 
@@ -316,23 +314,22 @@ class Scorer:
         )
         self.weight_t = out.weight.detach().t().contiguous() if transpose else None
         self.one_row = OneRow(model) if float32_on_cpu([model], precision) else None
-        # the output layer's product in numpy where its BLAS is the faster (vaecf.runtime)
-        fast = self.one_row is not None and self.weight_t is not None
-        fast = fast and runtime.numpy_gemv_faster()
-        self.numpy_out = (self.weight_t.numpy(), self.bias.numpy()) if fast else None
+        # one row's output layer in numpy too where its BLAS is the faster (vaecf.runtime)
+        one = self.one_row is not None and self.weight_t is not None
+        fast = one and runtime.numpy_gemv_faster()
+        self.one_row_out = (self.weight_t.numpy(), self.bias.numpy()) if fast else None
 
     def __call__(self, batch: SparseBatch) -> torch.Tensor:
         """(B, n_items) logits; the model must be in eval mode."""
         net = self.model
-        one = self.one_row is not None and batch.batch_size == 1
-        if one:
+        if self.one_row is not None and batch.batch_size == 1:
             h = self.one_row(batch.indices, batch.values)
+            if self.one_row_out is not None:
+                w, b = self.one_row_out
+                with runtime.one_blas_thread():
+                    return torch.from_numpy((h.numpy() @ w) + b)
         else:
             h = net.decode_hidden(net.latent_mean(batch))
-        if self.numpy_out is not None and (one or runtime.openmp_is_held()):
-            w, b = self.numpy_out
-            with runtime.numpy_blas():
-                return torch.from_numpy((h.detach().numpy() @ w) + b)
         if self.weight_t is None:
             return net.decoder[-1](h)
         return torch.addmm(self.bias, h, self.weight_t)
