@@ -9,22 +9,14 @@ import platform
 import torch
 
 from vaecf import precision as prec
+from vaecf import runtime
 
 
 def cpu_name() -> str:
     """The CPU's model name and its family and model numbers (/proc/cpuinfo), for benchmark
     tables: figures from different CPUs never compare, and a virtual machine's name alone ("AMD
     EPYC") does not tell Zen 3 (family 25 model 1) from Zen 4 (25/17) or Zen 5 (26/2)."""
-    fields: dict[str, str] = {}
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                key, _, value = line.partition(":")
-                if not line.strip():  # the first processor's block is enough
-                    break
-                fields.setdefault(key.strip(), value.strip())
-    except OSError:
-        pass
+    fields = runtime.cpuinfo()
     name = fields.get("model name") or platform.processor() or "unknown CPU"
     if "cpu family" in fields and "model" in fields:
         name += f" family {fields['cpu family']} model {fields['model']}"

@@ -6,6 +6,7 @@ import contextlib
 
 import torch
 
+from vaecf import runtime
 from vaecf.errors import ConfigError
 from vaecf.settings import TRAIN_PRECISIONS
 
@@ -37,11 +38,7 @@ def synchronize(device: torch.device) -> None:
 
 def cpu_flags() -> set[str]:
     """This CPU's feature flags (/proc/cpuinfo; empty where there is none)."""
-    try:
-        with open("/proc/cpuinfo") as f:
-            return set(next(ln for ln in f if ln.startswith("flags")).split(":", 1)[1].split())
-    except (OSError, StopIteration):
-        return set()
+    return set(runtime.cpuinfo().get("flags", "").split())
 
 
 def native_bf16(device: torch.device) -> bool:

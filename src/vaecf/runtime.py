@@ -46,16 +46,25 @@ def tune_cpu_allocator() -> bool:
 
 
 @functools.cache
-def cpu_vendor() -> str:
-    """The CPU's vendor_id (/proc/cpuinfo: GenuineIntel, AuthenticAMD, ...); "" elsewhere."""
+def cpuinfo() -> dict[str, str]:
+    """The first processor's fields in /proc/cpuinfo (vendor_id, model name, cpu family, model,
+    flags, ...); empty where there is none."""
+    fields: dict[str, str] = {}
     try:
         with open("/proc/cpuinfo") as f:
             for line in f:
-                if line.startswith("vendor_id"):
-                    return line.split(":", 1)[1].strip()
+                if not line.strip():  # the end of the first processor's block
+                    break
+                key, _, value = line.partition(":")
+                fields.setdefault(key.strip(), value.strip())
     except OSError:
         pass
-    return ""
+    return fields
+
+
+def cpu_vendor() -> str:
+    """The CPU's vendor_id (GenuineIntel, AuthenticAMD, ...); "" where unknown."""
+    return cpuinfo().get("vendor_id", "")
 
 
 def numpy_gemv_faster() -> bool:
