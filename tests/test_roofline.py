@@ -40,38 +40,6 @@ def test_products_report_the_fastest_layout_and_the_ratio(monkeypatch):
     assert roofline.Product("p", 1000, 1000, 1000, 2.0, "NN").gflops == 1000.0
 
 
-def test_products_between_steps_time_each_best_layout_after_the_warm_up():
-    rows = [
-        roofline.Product("a", 16, 32, 8, 99.0, "NT"),
-        roofline.Product("b", 16, 32, 8, 99.0, "NT"),  # the same product: timed once a call
-        roofline.Product("c", 8, 16, 32, 99.0, "TN"),
-    ]
-    timer = roofline.ProductsBetweenSteps(rows, torch.float32, skip=2)
-    assert timer.measured() == rows and timer.rounds == 0  # nothing timed yet: as found
-    a, b = timer.operands[(8, 16, 32, "TN")]
-    assert a.shape == (8, 16) and b.shape == (16, 32)
-    assert not a.is_contiguous() and b.is_contiguous()  # "TN": A a transposed view
-    for _ in range(5):  # two warm-up steps, then three timed
-        timer()
-    assert timer.rounds == 3 and len(timer.times) == 2
-    got = timer.measured()
-    assert [(p.name, p.layout) for p in got] == [("a", "NT"), ("b", "NT"), ("c", "TN")]
-    assert got[0].ms == got[1].ms < 99.0 and 0 < got[2].ms < 99.0
-    text = roofline.format_step(1.0, "bf16", 16, got, timer.rounds)
-    assert "median of 3 timings between the steps" in text
-
-
-def test_bench_train_times_the_products_between_its_steps(capsys):
-    from vaecf.cli import main
-
-    args = ["bench", "train", "--device", "cpu", "--precision", "fp32", "--users", "300"]
-    args += ["--items", "200", "--nnz", "3000", "--batch-size", "50", "--steps", "4"]
-    assert main([*args, "--warmup", "2"]) == 0
-    out = capsys.readouterr().out
-    assert "median of 4 timings between the steps" in out
-    assert "step / products" in out and "output layer weight grad" in out
-
-
 def test_read_bandwidth_and_layer_bytes():
     assert roofline.read_bandwidth(8 << 20, reps=2) > 1e8  # any machine reads 100 MB/s
     assert roofline.layer_bytes(torch.nn.Linear(10, 20)) == (200 + 20) * 4

@@ -8,10 +8,6 @@ one "GFLOP/s" goal set on one CPU cannot be judged on another.
   over the four operand layouts; the step's time over their sum is what `vaecf bench train`
   reports (goal: fp32 <= 1.3, bf16 where native <= 1.5). The sparse first layer, the softmax and
   the optimizer are not products: they are what the ratio leaves room for.
-- `ProductsBetweenSteps`: those products timed again at their best layouts after each timed
-  step (bench_train's `on_step`), so that the step and its products are measured in the same
-  minutes: on a shared 2-vCPU VM the products' sum alone moved by a quarter from one run to the
-  next (43-57 ms, Zen 5), and timed apart from the step the ratio moved with it.
 - `read_bandwidth`: the bytes a second this machine reads from memory, which bounds a batch-1
   answer (reading the output layer once); `vaecf bench infer` reports p99 over that time
   (goal: <= 2 for int8).
@@ -19,7 +15,6 @@ one "GFLOP/s" goal set on one CPU cannot be judged on another.
 
 from __future__ import annotations
 
-import dataclasses
 import statistics
 import time
 from dataclasses import dataclass
@@ -62,31 +57,25 @@ def step_shapes(model, batch: int) -> list[tuple[str, int, int, int]]:
     return shapes
 
 
-def operands(m: int, k: int, n: int, layout: str, dtype: torch.dtype, gen=None) -> tuple:
-    """Random A (m x k) and B (k x n) in `dtype`, each a transposed view of a contiguous array
-    where `layout` ("NN", "NT", "TN" or "TT") says T."""
-    a_t, b_t = layout[0] == "T", layout[1] == "T"
-    a = torch.randn((k, m) if a_t else (m, k), generator=gen).to(dtype)
-    b = torch.randn((n, k) if b_t else (k, n), generator=gen).to(dtype)
-    return (a.t() if a_t else a), (b.t() if b_t else b)
-
-
 def best_product_ms(m: int, k: int, n: int, dtype: torch.dtype, reps: int = 3) -> tuple:
     """(median ms at the fastest layout, that layout) of A (m x k) @ B (k x n) in `dtype`, over
     A and B each stored as is or transposed (a transposed view of a contiguous array)."""
     gen = torch.Generator().manual_seed(0)
     best = (float("inf"), "")
-    for layout in ("NN", "NT", "TN", "TT"):
-        a, b = operands(m, k, n, layout, dtype, gen)
-        torch.mm(a, b)  # warm-up
-        times = []
-        for _ in range(reps):
-            t0 = time.perf_counter()
-            torch.mm(a, b)
-            times.append((time.perf_counter() - t0) * 1e3)
-        ms = statistics.median(times)
-        if ms < best[0]:
-            best = (ms, layout)
+    for a_t in (False, True):
+        for b_t in (False, True):
+            a = torch.randn((k, m) if a_t else (m, k), generator=gen).to(dtype)
+            b = torch.randn((n, k) if b_t else (k, n), generator=gen).to(dtype)
+            a, b = (a.t() if a_t else a), (b.t() if b_t else b)
+            torch.mm(a, b)  # warm-up
+            times = []
+            for _ in range(reps):
+                t0 = time.perf_counter()
+                torch.mm(a, b)
+                times.append((time.perf_counter() - t0) * 1e3)
+            ms = statistics.median(times)
+            if ms < best[0]:
+                best = (ms, ("T" if a_t else "N") + ("T" if b_t else "N"))
     return best
 
 
@@ -103,40 +92,6 @@ def products(model, batch: int, precision: str) -> list[Product]:
     return out
 
 
-class ProductsBetweenSteps:
-    """Times each of `rows`' products once, at its best layout, on every call after the first
-    `skip` (the warm-up steps): bench_train's `on_step`. `measured()` gives the rows with the
-    median of those times."""
-
-    def __init__(self, rows: list[Product], dtype: torch.dtype, skip: int = 0):
-        self.rows, self.skip = rows, skip
-        shapes = {(p.m, p.k, p.n, p.layout) for p in rows}
-        self.operands = {s: operands(*s, dtype) for s in shapes}
-        self.times: dict[tuple, list[float]] = {s: [] for s in shapes}
-
-    def __call__(self) -> None:
-        if self.skip > 0:
-            self.skip -= 1
-            return
-        for shape, (a, b) in self.operands.items():
-            t0 = time.perf_counter()
-            torch.mm(a, b)
-            self.times[shape].append((time.perf_counter() - t0) * 1e3)
-
-    @property
-    def rounds(self) -> int:
-        return min(len(t) for t in self.times.values())
-
-    def measured(self) -> list[Product]:
-        """The rows with each product's median time between the steps (as found, if none)."""
-        if not self.rounds:
-            return self.rows
-        return [
-            dataclasses.replace(p, ms=statistics.median(self.times[(p.m, p.k, p.n, p.layout)]))
-            for p in self.rows
-        ]
-
-
 def read_bandwidth(nbytes: int = 256 << 20, reps: int = 5) -> float:
     """Bytes a second this process reads from memory: a sum over a float32 array several times
     the size of any cache, median of `reps`."""
@@ -150,16 +105,12 @@ def read_bandwidth(nbytes: int = 256 << 20, reps: int = 5) -> float:
     return nbytes / statistics.median(times)
 
 
-def format_step(
-    step_ms: float, precision: str, batch: int, rows: list[Product], rounds: int = 0
-) -> str:
-    """The products' table and the step's ratio to their sum, against the goal; `rounds`: how
-    many times the products were timed between the steps (0: apart from them)."""
+def format_step(step_ms: float, precision: str, batch: int, rows: list[Product]) -> str:
+    """The products' table and the step's ratio to their sum, against the goal."""
     total = sum(p.ms for p in rows)
-    when = f", median of {rounds} timings between the steps" if rounds else ""
     lines = [
         f"{precision} step at batch {batch}: each dense product at this CPU's best measured rate "
-        f"for its shape (any layout){when}",
+        "for its shape (any layout)",
         f"  {'product':28s} {'m x k x n':>22s} {'layout':>6s} {'ms':>8s} {'GFLOP/s':>8s}",
     ]
     for p in rows:

@@ -90,10 +90,8 @@ def cmd_bench(a) -> int:
 
     s = from_args({"train": BenchTrain, "infer": BenchInfer, "eval": BenchEval}[a.what], a)
     if a.what == "train":
-        timed = []  # (result, its products' timer or None)
-        for p in s.precision or bench.default_precisions(s.device):
-            timer = roofline_timer(s, p)
-            r = bench.bench_train(
+        res = [
+            bench.bench_train(
                 p,
                 s.batch_size,
                 s.users,
@@ -105,14 +103,14 @@ def cmd_bench(a) -> int:
                 s.model,
                 progress=not a.json,
                 cuda_graphs=s.cuda_graphs,
-                on_step=timer,
             )
-            timed.append((r, timer))
+            for p in s.precision or bench.default_precisions(s.device)
+        ]
         if a.json:
-            print_json([train_row(r, timer) for r, timer in timed])
+            print_json([r.to_dict() for r in res])
         else:
-            print(format_train([r for r, _ in timed]))
-            print_rooflines([(r, timer) for r, timer in timed if timer is not None])
+            print(format_train(res))
+            print_rooflines(s, res)
         return 0
     if a.what == "eval":
         r = bench.bench_eval(s.items, s.users, s.history, s.batch_size, s.precision, s.device)
@@ -142,43 +140,22 @@ def cmd_bench(a) -> int:
     return 0
 
 
-def roofline_timer(s, precision: str):
-    """On a CPU, for a Mult-VAE/DAE step in fp32 (or bf16 where native): the step's dense
-    products at this CPU's best layouts, timed between the steps (roofline.ProductsBetweenSteps);
-    None elsewhere (no goal: emulated bf16's products alone would take minutes)."""
-    import torch
-
-    from vaecf import models, roofline
+def print_rooflines(s, results) -> None:
+    """On a CPU, each Mult-VAE/DAE step (fp32, and bf16 where native) against its dense
+    products at this CPU's best rate."""
+    from vaecf import hardware, models, roofline
     from vaecf import precision as prec
 
     dev = prec.resolve_device(s.device)
     if dev.type != "cpu" or s.model not in ("multvae", "multdae"):
-        return None
-    if precision != "fp32" and not (precision == "bf16" and prec.native_bf16(dev)):
-        return None
-    rows = roofline.products(models.build(s.model, s.items), s.batch_size, precision)
-    dtype = torch.bfloat16 if precision == "bf16" else torch.float32
-    return roofline.ProductsBetweenSteps(rows, dtype, skip=s.warmup)
-
-
-def train_row(r, timer) -> dict:
-    """A result as JSON, with the sum of its products and the step over it where timed."""
-    row = r.to_dict()
-    if timer is not None:
-        total = sum(p.ms for p in timer.measured())
-        row.update(products_ms=total, step_over_products=r.step_ms / total)
-    return row
-
-
-def print_rooflines(rooflines) -> None:
-    """Each timed step against its dense products at this CPU's best rate, and the machine."""
-    from vaecf import hardware, roofline
-
-    for r, timer in rooflines:
-        rows = timer.measured()
-        print(roofline.format_step(r.step_ms, r.precision, r.batch_size, rows, timer.rounds))
-    if rooflines:
-        print(hardware.machine())
+        return
+    net = models.build(s.model, s.items)
+    for r in results:
+        if r.precision != "fp32" and not (r.precision == "bf16" and prec.native_bf16(dev)):
+            continue  # no goal where bf16 is emulated (its products alone take minutes)
+        rows = roofline.products(net, r.batch_size, r.precision)
+        print(roofline.format_step(r.step_ms, r.precision, r.batch_size, rows))
+    print(hardware.machine())
 
 
 def register(sub) -> None:
