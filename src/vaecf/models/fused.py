@@ -86,7 +86,7 @@ class LinearMultinomialNLL(torch.autograd.Function):
             else:
                 logits, lse = softmax_whole(logits, acc)
             nll = (n_u.to(acc) * lse - s).sum()
-        ctx.save_for_backward(hc, wc, logits, n_u, indices, row_ids, values)
+        ctx.save_for_backward(hc, wc, logits, n_u, indices, row_ids, values, flat)
         ctx.dtypes = (h.dtype, weight.dtype, bias.dtype)
         ctx.n_items = n
         ctx.offset_dtype = offset.dtype if offset is not None else None
@@ -94,7 +94,7 @@ class LinearMultinomialNLL(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad):
-        hc, wc, probs, n_u, indices, row_ids, values = ctx.saved_tensors
+        hc, wc, probs, n_u, indices, row_ids, values, flat = ctx.saved_tensors
         acc = _acc(probs.dtype)
         scale = grad.to(acc)
         with torch.autocast(probs.device.type, enabled=False):
@@ -103,7 +103,7 @@ class LinearMultinomialNLL(torch.autograd.Function):
             if g.device.type == "cpu":
                 g.index_put_((row_ids, indices), picked, accumulate=True)
             else:  # atomics on distinct places: no sort (index_put_'s accumulate sorts on a GPU)
-                g.view(-1).index_add_(0, row_ids * g.shape[1] + indices, picked)
+                g.view(-1).index_add_(0, flat, picked)
             h_dt, w_dt, b_dt = ctx.dtypes  # g is now d loss / d logits (B, width)
             n = ctx.n_items  # the padding's rows of wc and columns of g are 0
             grad_h = (g @ wc).to(h_dt) if ctx.needs_input_grad[0] else None

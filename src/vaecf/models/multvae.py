@@ -25,6 +25,7 @@ from vaecf.modelconfigs import ModelConfig
 from vaecf.models import first_layer
 from vaecf.models.base import Model, Phase, ScoreFn, l2_rows
 from vaecf.models.fused import linear_multinomial_nll
+from vaecf.models.latent import sample_and_kl
 from vaecf.models.onerow import OneRow, float32_on_cpu
 
 # The paper's training settings (Liang et al. 2018, section 4 and its code).
@@ -257,14 +258,15 @@ class MultAE(Model):
         Data-parallel ranks pass denom = global batch / world so that averaged gradients are
         those of the global mean (an empty shard then contributes zero, not NaN)."""
         denom = batch.batch_size if denom is None else denom
-        z, mu, logvar = self._latent(batch)
+        if self.variational:  # the sample and its KL as one function (models/latent.py)
+            z, kl = sample_and_kl(self._encoded(batch), sample=self.training)
+        else:
+            z = self._encoded(batch)
         out = self.decoder[-1]
         nll = linear_multinomial_nll(self.decode_hidden(z), out.weight, out.bias, batch)
         total = nll
         parts = {"nll_sum": nll.detach()}
         if self.variational:
-            mu, logvar = wide(mu), wide(logvar)
-            kl = (0.5 * (-logvar + logvar.exp() + mu * mu - 1.0)).sum()
             total = total + beta * kl
             parts["kl_sum"] = kl.detach()
             parts["kl_term_sum"] = beta * parts["kl_sum"]
