@@ -129,7 +129,7 @@ class CSR:
         row_ids = torch.searchsorted(ends, pos, right=True)
         valid = row_ids < rows.numel()
         row_ids = row_ids.clamp_max(rows.numel() - 1)
-        src = torch.where(valid, starts[row_ids] + pos - offsets[row_ids], 0)
+        src = torch.where(valid, (starts - offsets)[row_ids] + pos, 0)  # slot -> non-zero
         values = torch.where(valid, self.values[src], 0.0)
         return SparseBatch(self.indices[src], offsets, values, row_ids, rows.numel())
 

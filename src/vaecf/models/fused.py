@@ -74,18 +74,15 @@ class LinearMultinomialNLL(torch.autograd.Function):
                 logits = torch.addmm(bc, hc, wc.t())  # (B, width): softmax 0 beyond n_items
             if offset is not None:  # logits of another path, added before the softmax
                 logits[:, :n].add_(offset.to(dtype))
-            b = logits.shape[0]
             flat = row_ids * width + indices  # each non-zero's place in the flattened logits
             picked = logits.view(-1)[flat].to(acc)  # before the overwrite
             if cpu:
                 picked += bc[indices]
-            picked *= values.to(acc)
-            s = torch.zeros(b, dtype=acc, device=h.device).index_add_(0, row_ids, picked)
-            if cpu:
                 lse = softmax_chunked(logits, acc, bc)
             else:
                 logits, lse = softmax_whole(logits, acc)
-            nll = (n_u.to(acc) * lse - s).sum()
+            # sum_u n_u lse_u - sum_ui x_ui logit_ui: two dot products, no per-row sums
+            nll = torch.dot(n_u.to(acc), lse) - torch.dot(picked, values.to(acc))
         ctx.save_for_backward(hc, wc, logits, n_u, indices, row_ids, values, flat)
         ctx.dtypes = (h.dtype, weight.dtype, bias.dtype)
         ctx.n_items = n
