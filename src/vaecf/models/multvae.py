@@ -119,14 +119,6 @@ class MultAE(Model):
     def weights(self) -> list[torch.Tensor]:
         return [self.in_weight] + [m.weight for m in [*self.encoder, *self.decoder]]
 
-    def encode(self, batch: SparseBatch) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """(mu, logvar) for Mult-VAE, (h, None) for Mult-DAE; each (B, latent_dim)."""
-        h = self._encoded(batch)
-        if not self.variational:
-            return h, None
-        d = self.config.latent_dim
-        return h[:, :d], h[:, d:]
-
     def _input_values(self, batch: SparseBatch) -> torch.Tensor:
         """(nnz,) the first layer's input: each history L2-normalised, then dropout."""
         v = batch.values
@@ -176,11 +168,13 @@ class MultAE(Model):
         return self.decoder[-1](self.decode_hidden(z))  # (B, n_items) logits
 
     def _latent(self, batch: SparseBatch):
-        mu, logvar = self.encode(batch)
-        z = mu
-        if self.variational and self.training:
-            z = mu + torch.randn_like(mu) * torch.exp(0.5 * logvar)
-        return z, (mu if self.variational else None), logvar
+        """(z, mu, logvar); mu and logvar are None for Mult-DAE, whose z is the encoding."""
+        h = self._encoded(batch)
+        if not self.variational:
+            return h, None, None
+        d = self.config.latent_dim
+        z, _ = sample_and_kl(h, sample=self.training)  # z = mu in eval
+        return z.to(h.dtype), h[:, :d], h[:, d:]
 
     def forward(self, batch: SparseBatch):
         """(logits (B, n_items), mu, logvar); mu and logvar are None for Mult-DAE."""
