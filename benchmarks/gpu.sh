@@ -2,7 +2,8 @@
 # What a CUDA GPU is checked and timed with, in one go (for a machine lent for a short while).
 #
 #     benchmarks/gpu.sh OUTDIR [tests] [bench] [first] [output] [speed] [profile] [large]
-#                              [graphs] [recvae] [items] [run] [suite]   (default: tests bench)
+#                              [graphs] [recvae] [items] [run] [b500] [suite]
+#                              (default: tests bench)
 #
 # tests: tests/test_cuda.py and the trainer's CUDA test (every model and precision on the GPU
 #        against the CPU, the linear solvers, serving precisions, resume, torchrun with NCCL);
@@ -12,6 +13,7 @@
 # graphs: 20 ML-20M epochs with and without CUDA graphs (run_time.py --variant);
 # recvae: 5 ML-20M epochs of RecVAE with and without graphs;
 # run:   the paper's whole ML-20M run (synthetic ML-20M shape, 200 epochs) at bf16;
+# b500:  batch 500's graphed step and 20 epochs, this code against BEFORE_SRC's (see below);
 # suite: core test files with the GPU visible (`auto` devices pick it); give it a call of its own.
 # first: the first layer's kernels timed alone at batches 500 and 24,576 (first_layer.py);
 # output: the fused output layer and its products with the logits padded to 1, 8 and 64 columns;
@@ -92,6 +94,20 @@ for part in $parts; do
         ;;
     items)
         timeout 300 $py benchmarks/train_items.py --device cuda 2>&1 | tee "$out/train_items.txt"
+        ;;
+    b500)
+        # the paper's batch, this code against an older one in one call: BEFORE_SRC is that
+        # commit's src (`git archive COMMIT src | tar -x -C .before`, carried: .before/src);
+        # the graphed step, each twice in turn, then 20 ML-20M epochs of each
+        for round in 1 2; do
+            for src in ${BEFORE_SRC:-} $PWD/src; do
+                echo "== $src"
+                PYTHONPATH=$src:$PYTHONPATH timeout 90 $py -m vaecf bench train --device cuda \
+                    --precision bf16 --batch-size 500 --steps 300 --warmup 30
+            done
+        done 2>&1 | tee "$out/b500_step.txt"
+        timeout 300 $py benchmarks/run_time.py --datasets ml-20m --device cuda --precision bf16 \
+            --epochs 20 ${BEFORE_SRC:+--before $BEFORE_SRC} 2>&1 | tee "$out/b500_run.txt"
         ;;
     run)
         timeout ${RUN_TIMEOUT:-590} $py benchmarks/run_time.py --datasets ml-20m --device cuda --precision bf16 \
