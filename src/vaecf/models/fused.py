@@ -23,6 +23,7 @@ from __future__ import annotations
 import torch
 
 _CHUNK_BYTES = 1 << 20  # rows per chunk so that one chunk's float32 copy fits in L2
+_SUM_BYTES = 4 << 20  # rows per chunk of the bias gradient's float32 column sums (CPU)
 GPU_MULTIPLE = 64  # the logits' row length on a GPU is a multiple of this (see above)
 
 
@@ -105,11 +106,25 @@ class LinearMultinomialNLL(torch.autograd.Function):
             n = ctx.n_items  # the padding's rows of wc and columns of g are 0
             grad_h = (g @ wc).to(h_dt) if ctx.needs_input_grad[0] else None
             grad_w = (g.t() @ hc)[:n].to(w_dt) if ctx.needs_input_grad[1] else None
-            grad_b = g.sum(0, dtype=acc)[:n].to(b_dt) if ctx.needs_input_grad[2] else None
+            grad_b = column_sums(g, acc)[:n].to(b_dt) if ctx.needs_input_grad[2] else None
             grad_o = (
                 g[:, :n].to(ctx.offset_dtype) if ctx.needs_input_grad[7] else None
             )  # d loss / d offset = d / d logits
         return grad_h, grad_w, grad_b, None, None, None, None, grad_o, None
+
+
+def column_sums(g: torch.Tensor, acc: torch.dtype) -> torch.Tensor:
+    """(width,) the sums of g's columns in `acc`. On a CPU a narrower g is summed a few MiB of
+    rows at a time: `sum(dtype=float32)` of the whole array first copies all of it to float32
+    (500 x 20,108 bf16 on Zen 5: 2.4 ms, against 1.0 in chunks of 50 rows); a GPU's reduction
+    converts as it reads."""
+    if g.dtype == acc or g.device.type != "cpu":
+        return g.sum(0, dtype=acc)
+    rows = max(1, _SUM_BYTES // (4 * g.shape[1]))
+    out = g[:rows].sum(0, dtype=acc)
+    for lo in range(rows, g.shape[0], rows):
+        out += g[lo : lo + rows].sum(0, dtype=acc)
+    return out
 
 
 def softmax_chunked(
