@@ -370,3 +370,13 @@ def test_the_gpus_whole_row_softmax_equals_the_chunked_one(dtype):
     step = 1e-6 if dtype == torch.float32 else 2**-7
     torch.testing.assert_close(probs.float(), buffer.float(), rtol=step, atol=1e-7)
     assert lse.dtype == torch.float32 and probs.dtype == dtype
+
+
+def test_column_sums_in_row_chunks_equal_float64():
+    from vaecf.models.fused import column_sums
+
+    g = torch.randn(130, 40_000).to(torch.bfloat16)  # 26 rows a chunk: five chunks, one short
+    got = column_sums(g, torch.float32)
+    assert got.dtype == torch.float32 and got.shape == (40_000,)
+    torch.testing.assert_close(got.double(), g.double().sum(0), rtol=1e-6, atol=1e-5)
+    assert torch.equal(column_sums(g.float(), torch.float32), g.float().sum(0))  # no chunks
