@@ -380,3 +380,17 @@ def test_column_sums_in_row_chunks_equal_float64():
     assert got.dtype == torch.float32 and got.shape == (40_000,)
     torch.testing.assert_close(got.double(), g.double().sum(0), rtol=1e-6, atol=1e-5)
     assert torch.equal(column_sums(g.float(), torch.float32), g.float().sum(0))  # no chunks
+
+
+def test_the_weight_gradient_in_pieces_equals_one_product():
+    from vaecf.models.fused import weight_grad
+
+    torch.manual_seed(0)
+    g = torch.randn(8, 9000).to(torch.bfloat16)  # 9,000 items: three pieces, one short
+    h = torch.randn(8, 16).to(torch.bfloat16)
+    got = weight_grad(g, h, 8990, torch.float32)  # the last 10 columns are padding
+    want = (g.t() @ h)[:8990].float()
+    assert got.dtype == torch.float32 and got.shape == (8990, 16)
+    torch.testing.assert_close(got, want, rtol=2**-7, atol=1e-6)  # bf16: at most one rounding
+    g32, h32 = g.float(), h.float()  # float32: one product, as before
+    assert torch.equal(weight_grad(g32, h32, 8990, torch.float32), (g32.t() @ h32)[:8990])
