@@ -11,7 +11,8 @@ the logits' gradient n_u * softmax - x, so one (B, n_items) array serves the who
 Under autocast (bf16/fp16) the products run in the autocast dtype and every reduction and the
 softmax run in float32 (float64 inputs stay float64). On a CPU the bias is added in those row
 chunks, in float32, not by the product (`addmm` copies the bias into all B rows first: a
-(B, n_items) pass, ~1 ms a step at batch 500 x 20,108 items in bf16).
+(B, n_items) pass, ~1 ms a step at batch 500 x 20,108 items in bf16), and backward takes the
+weight gradient and the bias's column sums in pieces (`weight_grad`, `column_sums`).
 
 On a GPU the logits' rows are padded to a multiple of 64 columns (weight rows of zeros, bias
 -inf, so the padding's softmax is exactly 0): with 20,108 items a bf16 row is 40,216 bytes, not
@@ -131,7 +132,7 @@ def weight_grad(g: torch.Tensor, hc: torch.Tensor, n: int, dtype: torch.dtype) -
 def column_sums(g: torch.Tensor, acc: torch.dtype) -> torch.Tensor:
     """(width,) the sums of g's columns in `acc`. On a CPU a narrower g is summed a few MiB of
     rows at a time: `sum(dtype=float32)` of the whole array first copies all of it to float32
-    (500 x 20,108 bf16 on Zen 5: 2.4 ms, against 1.0 in chunks of 50 rows); a GPU's reduction
+    (500 x 20,108 bf16 on Zen 5: 2.4 ms, against ~1.0 in chunks of 50-100 rows); a GPU's reduction
     converts as it reads."""
     if g.dtype == acc or g.device.type != "cpu":
         return g.sum(0, dtype=acc)
