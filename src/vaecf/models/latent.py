@@ -40,11 +40,7 @@ class GaussianSampleKL(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad_z, grad_kl):
-        mu, noise, var = ctx.saved_tensors
-        if grad_z is None:
-            grad_z = torch.zeros_like(mu)
-        if grad_kl is None:
-            grad_kl = torch.zeros((), dtype=mu.dtype, device=mu.device)
+        mu, noise, var = ctx.saved_tensors  # an unused output's gradient comes as zeros
         grad_mu = torch.addcmul(grad_z, mu, grad_kl)
         grad_logvar = 0.5 * torch.addcmul(grad_z * noise, var - 1.0, grad_kl)
         return torch.cat([grad_mu, grad_logvar], dim=1).to(ctx.h_dtype), None
