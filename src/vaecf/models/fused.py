@@ -132,8 +132,8 @@ def weight_grad(g: torch.Tensor, hc: torch.Tensor, n: int, dtype: torch.dtype) -
 def column_sums(g: torch.Tensor, acc: torch.dtype) -> torch.Tensor:
     """(width,) the sums of g's columns in `acc`. On a CPU a narrower g is summed a few MiB of
     rows at a time: `sum(dtype=float32)` of the whole array first copies all of it to float32
-    (500 x 20,108 bf16 on Zen 5: 2.4 ms, against ~1.0 in chunks of 50-100 rows); a GPU's reduction
-    converts as it reads."""
+    (in the step, where the gradient is warm from the products, -1.8 ms of the backward at 500 x
+    20,108 bf16 on Zen 5; benchmarks/README.md); a GPU's reduction converts as it reads."""
     if g.dtype == acc or g.device.type != "cpu":
         return g.sum(0, dtype=acc)
     rows = max(1, _SUM_BYTES // (4 * g.shape[1]))
