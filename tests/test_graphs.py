@@ -160,3 +160,28 @@ def test_no_graph_where_the_device_lacks_room_for_it(tmp_path, monkeypatch, caps
     assert "CUDA graphs off: the GPU has less than" in capsys.readouterr().out
     assert rundir.load_results(run.run_dir)["timing"]["graph_steps"] == 0
     assert run.test_metrics["ndcg@100"] > 0
+
+
+def test_the_dense_first_layer_padded_equals_the_unpadded(csr):
+    """On a GPU "dense" pads its rows to 16-byte multiples (first_layer.dense_width): the
+    product and the weight's gradient must be those of the unpadded array, in float32 and
+    (under autocast) bf16."""
+    assert first_layer.dense_width(20108, torch.bfloat16, torch.device("cuda")) == 20160
+    assert first_layer.dense_width(20108, torch.float32, torch.device("cuda")) == 20108
+    assert first_layer.dense_width(20112, torch.bfloat16, torch.device("cuda")) == 20112
+    assert first_layer.dense_width(20108, torch.bfloat16, torch.device("cpu")) == 20108
+    batch = csr.batch(torch.arange(50))
+    n = csr.shape[1]
+    probe = torch.linspace(-1, 1, 16)
+    for dtype in (torch.float32, torch.bfloat16):
+        got = []
+        for width in (n, n + 61):
+            w = torch.randn(n, 16, generator=torch.Generator().manual_seed(5), requires_grad=True)
+            with torch.autocast("cpu", dtype, enabled=dtype != torch.float32):
+                out = first_layer.dense_product(batch, w, batch.values, width)
+            (out.float() * probe).sum().backward()
+            got.append((out.detach(), w.grad))
+        (a, ga), (b, gb) = got
+        assert a.shape == b.shape == (50, 16) and ga.shape == gb.shape == (n, 16)
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(ga, gb, rtol=1e-5, atol=1e-5)

@@ -31,11 +31,14 @@ GPU_MULTIPLE = 64  # the logits' row length on a GPU is a multiple of this (see 
 
 def padded(t: torch.Tensor, dtype: torch.dtype, rows: int, fill: float = 0.0) -> torch.Tensor:
     """`t` in `dtype` with its first dimension extended to `rows` by `fill` (`t` itself, cast,
-    when it already has `rows`)."""
-    if t.shape[0] == rows:
+    when it already has `rows`): one pass over `t` (the cast into the new array's first rows),
+    the fill written to the extra rows alone."""
+    n = t.shape[0]
+    if n == rows:
         return t.to(dtype)
-    out = t.new_full((rows, *t.shape[1:]), fill, dtype=dtype)
-    out[: t.shape[0]] = t
+    out = t.new_empty((rows, *t.shape[1:]), dtype=dtype)
+    out[:n] = t
+    out[n:] = fill
     return out
 
 
