@@ -17,7 +17,7 @@ Columns: the process's wall time; the time in training steps (the sum of metrics
 `train_seconds`); wall / steps; the other phases from results.json's `timing` where the code
 records it (setup, validation, checkpoint waits, test; start-up = wall - total: imports, reading
 the data, exit); and the bytes the process wrote (`wchar` of /proc/self/io); the first layer's
-kernel and the test NDCG@100 from results.json.
+kernel, the rows trained on an epoch and the test NDCG@100 from results.json.
 
 `--datasets ml-20m` adds a synthetic set of ML-20M's shape (136,677 users, 20,108 items, 10M
 interactions; 10,000 + 10,000 held-out users as in the paper): the paper's whole ML-20M run.
@@ -120,6 +120,7 @@ def run(
         "bytes": wchar,
         "ndcg": (results.get("test") or {}).get("ndcg@100", float("nan")),
         "first_layer": results.get("first_layer", {}).get("kernel", "-"),
+        "rows": results.get("train_rows", 0),
     }
 
 
@@ -167,7 +168,7 @@ def main() -> int:
     print(
         f"{head[0]:>17s} {head[1]:>7s}"
         + "".join(f"{h:>11s}" for h in head[2:])
-        + "   written  graph steps  first layer  test NDCG@100"
+        + "   written  rows/epoch  graph steps  first layer  test NDCG@100"
     )
     for name, label, r in rows:
 
@@ -177,7 +178,7 @@ def main() -> int:
         print(
             f"{name:>17s} {label:>7s}{r['wall']:11.1f}{r['steps']:11.1f}"
             f"{r['wall'] / r['steps']:11.2f}{fmt('setup_s')}{fmt('validation_s')}"
-            f"{fmt('checkpoint_wait_s')}{r['bytes'] / 2**20:9.0f} MiB"
+            f"{fmt('checkpoint_wait_s')}{r['bytes'] / 2**20:9.0f} MiB{r['rows']:12,d}"
             f"{r['timing'].get('graph_steps', '-'):>13}{r['first_layer']:>13s}{r['ndcg']:15.4f}"
         )
     return 0
