@@ -14,7 +14,8 @@
 # recvae: 5 ML-20M epochs of RecVAE with and without graphs;
 # run:   the paper's whole ML-20M run (synthetic ML-20M shape, 200 epochs) at bf16, with
 #        vaecf's default rows and with the paper's (--preset paper);
-# b500:  batch 500's graphed step and 20 epochs, this code against BEFORE_SRC's (see below);
+# b500:  batch 500's graphed step part by part, then the step and 20 epochs, this code against
+#        BEFORE_SRC's (see below);
 # suite: core test files with the GPU visible (`auto` devices pick it); give it a call of its own.
 # first: the first layer's kernels timed alone at batches 500 and 24,576 (first_layer.py);
 # output: the fused output layer and its products with the logits padded to 1, 8 and 64 columns;
@@ -99,7 +100,9 @@ for part in $parts; do
     b500)
         # the paper's batch, this code against an older one in one call: BEFORE_SRC is that
         # commit's src (`git archive COMMIT src | tar -x -C .before`, carried: .before/src);
-        # the graphed step, each twice in turn, then 20 ML-20M epochs of each
+        # the graphed step, each twice in turn, then 20 ML-20M epochs of each; first, this
+        # code's replay part by part (probe_b500_parts.py)
+        timeout 120 $py benchmarks/probe_b500_parts.py 2>&1 | tee "$out/b500_parts.txt"
         for round in 1 2; do
             for src in ${BEFORE_SRC:-} $PWD/src; do
                 echo "== $src"

@@ -100,6 +100,13 @@ SMOKE: dict[str, list[tuple[str, str]]] = {
             "--head-timeout 0.2",
         )
     ],
+    "probe_b500_parts.py": [
+        (
+            "eager kernels beside a replay",
+            "--device cpu --users 3000 --items 200 --nnz 30000 --replays 2 --precision fp32 "
+            "--kernel bag",
+        )
+    ],
     "first_layer.py": [
         ("bag", "--users 300 --items 200 --nnz 3000 --batch-size 50 --precision fp32 --hidden 8")
     ],
