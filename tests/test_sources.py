@@ -193,14 +193,16 @@ def test_headerless_errors_say_what_to_do(tmp_path):
     p = _text_file(tmp_path, "r.txt", "1 10 3\n1 11\n")
     with pytest.raises(DataError, match=r"line 2: 2 field\(s\) where 3 \(user, item, rating\)"):
         read_table(p, "user", "item", "rating", sep="whitespace", header=False, columns=COLS)
-    with pytest.raises(DataError, match="--no-header needs --columns"):
+    with pytest.raises(DataError, match=r"--no-header \(header=False\) needs --columns"):
         read_table(p, "user", "item", header=False)
     with pytest.raises(DataError, match="add --no-header"):
         read_table(p, "user", "item", columns=COLS)
     with pytest.raises(DataError, match="distinct, non-empty"):
         read_table(p, "user", "item", header=False, columns=["user", "user"])
     c = _text_file(tmp_path, "r.csv", "1,10\n2,11\n")
-    with pytest.raises(DataError, match=r"line 1: 2 field\(s\), but --columns names 3"):
+    with pytest.raises(
+        DataError, match=r"line 1: 2 field\(s\), but --columns \(columns=\) names 3"
+    ):
         read_table(c, "user", "item", header=False, columns=COLS)
     c3 = _text_file(tmp_path, "r3.csv", "1,10,3\n2,11\n")
     with pytest.raises(DataError, match="data row 2: 'rating' is missing"):
@@ -235,3 +237,23 @@ def test_filmtrust_raw_file_prepares_in_one_call(tmp_path):
     # 35,497 rows (mixed CRLF/LF); user, item and rating found by their --columns names
     assert (c["n_rows"], c["n_users"], c["n_items"]) == (35497, 1119, 1478)
     assert ds.manifest["source"]["header_columns"] == COLS
+
+
+def test_a_file_read_as_one_column_names_the_separator_that_splits_it(tmp_path):
+    """A wrong separator reads each line as one field: the error names the one that splits it,
+    as a flag and as a keyword (and following the advice reads the file)."""
+    for text, words in (
+        ("1 10 3\n2 11 4\n", "--sep whitespace (sep='whitespace')"),
+        ("1\t10\t3\n2\t11\t4\n", "--sep '\\t' (sep='\\t')"),
+        ("1;10;3\n2;11;4\n", "--sep ';' (sep=';')"),
+    ):
+        p = _text_file(tmp_path, "r.csv", text)
+        with pytest.raises(DataError) as e:
+            read_table(p, "user", "item", header=False, columns=COLS)
+        assert words in str(e.value), str(e.value)
+        sep = words.split("(sep=")[1].rstrip(")").strip("'")  # "\\t" is read as a tab
+        got = read_table(p, "user", "item", "rating", sep=sep, header=False, columns=COLS)
+        assert got.height == 2
+    headed = _text_file(tmp_path, "h.csv", "user;item\n1;10\n")
+    with pytest.raises(DataError, match=r"its fields look separated by ';': pass --sep ';'"):
+        read_table(headed, "user", "item")

@@ -40,6 +40,7 @@ from vaecf.data.sources import (
     int_if_possible,
     read_table,
     sep_for,
+    sep_hint,
 )
 from vaecf.errors import ConfigError, DataError
 
@@ -155,12 +156,20 @@ def _file_columns(path: Path, sep: str | None) -> list[str]:
         first = re.split(r"\r\n?|\n", f.readline(1 << 16))[0]
     s = sep_for(path, sep)  # as read_table will read it
     names = [n.strip().strip('"') for n in (first.split() if s == WHITESPACE else first.split(s))]
-    if names and all(re.fullmatch(r"[-+]?[0-9.]+(e[-+]?[0-9]+)?", n, re.I) for n in names):
+    if len(names) == 1 and (hint := sep_hint(first, s)).startswith("; its fields"):
+        if all(map(_number, re.split(r"[\t;| ]+", first.strip()))):
+            hint += ', and name its columns in order, e.g. columns=["user", "item", "rating"]'
+        raise DataError(f"{path}'s first line, {first.strip()!r}, reads as one column{hint}")
+    if names and all(map(_number, names)):
         raise DataError(
             f"{path} has no header row (its first line, {first.strip()!r}, is data): name its "
             'columns in order, e.g. columns=["user", "item", "rating"]'
         )
     return names
+
+
+def _number(text: str) -> bool:
+    return re.fullmatch(r"[-+]?[0-9.]+(e[-+]?[0-9]+)?", text, re.I) is not None
 
 
 def _names_frame(item_names) -> pl.DataFrame | None:

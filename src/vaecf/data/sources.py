@@ -9,6 +9,7 @@ paper's pandas code does) and as strings otherwise. A read that fails names the 
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 
 import polars as pl
@@ -23,13 +24,26 @@ WHITESPACE = "whitespace"  # --sep whitespace: fields split on runs of spaces an
 _SEP_NAMES = {"\\t": "\t", "tab": "\t", "space": " ", "ws": WHITESPACE}
 
 
+def sep_hint(line: str, sep: str | None) -> str:
+    """Words for a line that reads as one field with separator `sep`: the separator that would
+    split it (tab, ';', '|', then runs of spaces), or a question about the separator."""
+    for cand, name in (("\t", "'\\t'"), (";", "';'"), ("|", "'|'"), (WHITESPACE, "whitespace")):
+        fields = line.split() if cand == WHITESPACE else line.split(cand)
+        if cand != sep and len(fields) > 1:
+            return (
+                f"; its fields look separated by {name}: pass --sep {name} "
+                f"(sep={name if cand != WHITESPACE else repr(name)})"
+            )
+    return "; is --sep (sep=) right?"
+
+
 def sep_for(path: Path, sep: str | None) -> str:
     if sep is not None:
         sep = _SEP_NAMES.get(sep, sep)
         if sep != WHITESPACE and (len(sep) != 1 or sep in '\r\n"'):
             raise DataError(
-                f"--sep {sep!r} is not a field separator: give one character (',', ';', '|', "
-                "'\\t' or tab, space), or 'whitespace' for runs of spaces and tabs"
+                f"--sep (sep=) {sep!r} is not a field separator: give one character (',', ';', "
+                "'|', '\\t' or tab, space), or 'whitespace' for runs of spaces and tabs"
             )
         return sep
     return "\t" if path.suffix.lower() in {".tsv", ".tab"} else ","
@@ -40,7 +54,6 @@ def text_source(path: Path, sniff: int = 1 << 20):
     ends lines with a bare CR (old Mac files, or CR mixed with LF), which CSV readers take
     for one long line. CRLF and LF are read as they are."""
     import io
-    import re
 
     with open(path, "rb") as f:
         head = f.read(sniff)
@@ -56,20 +69,24 @@ def check_columns(header: bool, columns, is_parquet: bool = False) -> list[str] 
     if header:
         if columns:
             raise DataError(
-                "--columns names the columns of a file without a header row; add --no-header "
-                "(or drop --columns and use the file's own header names)"
+                "--columns (columns=) names the columns of a file without a header row; add "
+                "--no-header (header=False), or drop --columns and use the file's own header names"
             )
         return None
     if is_parquet:
-        raise DataError("--no-header applies to CSV/TSV text files; Parquet names its columns")
+        raise DataError(
+            "--no-header (header=False) applies to CSV/TSV text files; Parquet names its columns"
+        )
     if not columns:
         raise DataError(
-            "--no-header needs --columns to name the file's columns in order, "
-            "e.g. --columns user,item,rating"
+            "--no-header (header=False) needs --columns (columns=) to name the file's columns in "
+            "order, e.g. --columns user,item,rating (columns=['user', 'item', 'rating'])"
         )
     columns = list(columns)
     if any(not c for c in columns) or len(set(columns)) != len(columns):
-        raise DataError(f"--columns {','.join(columns)!r}: give distinct, non-empty names")
+        raise DataError(
+            f"--columns (columns=) {','.join(columns)!r}: give distinct, non-empty names"
+        )
     return columns
 
 
@@ -83,8 +100,8 @@ def resolve_columns(user_col, item_col, rating_col, columns) -> tuple[str, str, 
         rating_col = "rating"
     if not user_col or not item_col:
         raise DataError(
-            "say which columns hold users and items: --user-col and --item-col "
-            "(or --no-header --columns user,item[,rating,...])"
+            "say which columns hold users and items: --user-col and --item-col (user_col=, "
+            "item_col=), or --no-header --columns user,item[,rating,...] (header=False, columns=)"
         )
     return user_col, item_col, rating_col
 
@@ -113,7 +130,7 @@ def _whitespace_frame(src, path: Path, columns: list[str] | None) -> pl.DataFram
         n, fields = bad.row(0)
         raise DataError(
             f"{path}, line {n}: {len(fields)} field(s) where {len(columns)} "
-            f"({', '.join(columns)}) are expected; fix the file or pass the right --sep"
+            f"({', '.join(columns)}) are expected; fix the file or pass the right --sep (sep=)"
         )
     return f.select(pl.col("line").list.get(i).alias(c) for i, c in enumerate(columns))
 
@@ -155,7 +172,9 @@ def read_table(
     """
     path = Path(path)
     if not path.is_file():
-        raise DataError(f"{path} does not exist or is not a file; pass --path to a CSV/TSV/Parquet")
+        raise DataError(
+            f"{path} does not exist or is not a file; pass the path of a CSV/TSV/Parquet"
+        )
     is_parquet = path.suffix.lower() in {".parquet", ".pq"}
     columns = check_columns(header, columns, is_parquet)
     if path.stat().st_size == 0:
@@ -167,11 +186,16 @@ def read_table(
     lf, names = _scan(path, sep, header, columns, is_parquet)
     missing = [c for c in wanted if c not in names]
     if missing:
-        hint = " (is --sep right?)" if len(names) == 1 and not is_parquet else ""
+        hint = sep_hint(names[0], sep) if len(names) == 1 and not is_parquet else ""
         raise DataError(
             f"{path}: no column(s) {missing}; the file has columns {names}{hint}. "
-            "Pass the right --user-col/--item-col/--rating-col"
-            + ("" if columns else " (or --no-header --columns if it has no header row)")
+            "Pass the right --user-col/--item-col/--rating-col (user_col=, item_col=, rating_col=)"
+            + (
+                ""
+                if columns
+                else "; --no-header --columns (header=False, columns=) if the file "
+                "has no header row"
+            )
             + "."
         )
     try:
@@ -183,7 +207,7 @@ def read_table(
             where = csv_bad_line(path, sep, None if columns is None else len(columns))
         where = where or f": {str(e).splitlines()[0][:200]}"
         raise DataError(
-            f"cannot parse {path}{where}; fix the file or pass the right --sep"
+            f"cannot parse {path}{where}; fix the file or pass the right --sep (sep=)"
         ) from None
     if df.height == 0:
         raise DataError(f"{path} has {'a header but ' if header else ''}no rows")
@@ -215,9 +239,11 @@ def _scan(path: Path, sep, header: bool, columns, is_parquet: bool):
         names = lf.collect_schema().names()
         if columns is not None and sep != WHITESPACE:
             if len(names) != len(columns):
+                first = ",".join(names) if len(names) > 1 else _first_line(path)
                 raise DataError(
-                    f"{path}, line 1: {len(names)} field(s), but --columns names "
-                    f"{len(columns)} ({', '.join(columns)}); is --sep right?"
+                    f"{path}, line 1: {len(names)} field(s), but --columns (columns=) names "
+                    f"{len(columns)} ({', '.join(columns)})"
+                    + (sep_hint(first, sep) if len(names) == 1 else "; is --sep (sep=) right?")
                 )
             lf, names = lf.rename(dict(zip(names, columns))), columns
     except (pl.exceptions.PolarsError, OSError) as e:
@@ -263,7 +289,7 @@ def _ratings(s: pl.Series, path: Path, rating_col: str) -> pl.Series:
         )
         raise DataError(
             f"{path}, data row {row + 1}: {rating_col!r} is {what}; "
-            "fix the file or drop --rating-col to treat every row as a positive"
+            "fix the file or drop --rating-col (rating_col=) to treat every row as a positive"
         )
     return r
 
@@ -280,13 +306,18 @@ def csv_bad_line(path: Path, sep: str, n_fields: int | None = None) -> str | Non
         r = csv.reader(f, delimiter=sep, quotechar='"', strict=True)
         try:
             want = len(next(r, [])) if n_fields is None else n_fields  # the header row
-            what = "the header has" if n_fields is None else "--columns names"
+            what = "the header has" if n_fields is None else "--columns (columns=) names"
             for row in r:
                 if row and len(row) != want:
                     return f", line {r.line_num}: {len(row)} field(s) where {what} {want}"
         except csv.Error as e:
             return f", line {r.line_num}: {e}"
     return None
+
+
+def _first_line(path: Path) -> str:
+    with open(path, encoding="utf-8", errors="replace", newline="") as f:
+        return re.split(r"\r\n?|\n", f.readline(1 << 16))[0]
 
 
 def _first_non_utf8_line(path: Path) -> int | None:
