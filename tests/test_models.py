@@ -845,25 +845,36 @@ def _log_normal64(z, mu, logvar):
 
 
 def test_recvae_prior_and_kl_match_float64():
+    """An encoder step's KL parts (models/latent.py's composite prior) against the formulas in
+    numpy float64: the mixture of N(0, 1), the old posterior and N(0, e^10), weighted per user
+    by gamma x |history|."""
     torch.manual_seed(0)
-    m = models.build("recvae", 40, {"hidden_dim": 16, "latent_dim": 6, "n_layers": 2}).double()
+    cfg = {"hidden_dim": 16, "latent_dim": 6, "n_layers": 2, "dropout": 0.0}
+    m = models.build("recvae", 40, cfg).double().train()
+    m.log_weights = torch.log(torch.tensor([0.15, 0.75, 0.10], dtype=torch.float64))  # exact
+    with torch.no_grad():  # an old posterior that differs from the encoder
+        for p in m.prior_encoder.parameters():
+            p.add_(torch.randn_like(p) * 0.3)
     x = sp.random(5, 40, density=0.2, format="csr", random_state=1, dtype=np.float64)
     x.data[:] = 1
     batch = CSR.from_scipy(x).batch(torch.arange(5))
     batch.values = batch.values.double()
-    z = torch.randn(5, 6, dtype=torch.float64)
-    mu, logvar = torch.randn(5, 6, dtype=torch.float64), torch.randn(5, 6, dtype=torch.float64)
+    torch.manual_seed(4)
+    _, parts = m.loss(batch, 0.0, 5, m.phases()[0])
+    torch.manual_seed(4)  # the same noise: dropout 0 draws nothing before it
+    mu, logvar = (t.detach() for t in m.encoder(batch, 0.0))
+    z = (mu + torch.randn_like(mu) * torch.exp(0.5 * logvar)).numpy()
     post_mu, post_logvar = (t.detach().numpy() for t in m.prior_encoder(batch, 0.0))
-    zn = z.numpy()
     w = [0.15, 0.75, 0.10]
     dens = (
-        w[0] * np.exp(_log_normal64(zn, 0, 0))
-        + w[1] * np.exp(_log_normal64(zn, post_mu, post_logvar))
-        + w[2] * np.exp(_log_normal64(zn, 0, 10.0))
+        w[0] * np.exp(_log_normal64(z, 0, 0))
+        + w[1] * np.exp(_log_normal64(z, post_mu, post_logvar))
+        + w[2] * np.exp(_log_normal64(z, 0, 10.0))
     )
-    assert np.allclose(m.log_prior(batch, z).detach().numpy(), np.log(dens), atol=1e-10)
-    kl = (_log_normal64(zn, mu.numpy(), logvar.numpy()) - np.log(dens)).sum(1)
-    assert np.allclose(m.kl_per_user(batch, z, mu, logvar).detach().numpy(), kl, atol=1e-9)
+    kl = (_log_normal64(z, mu.numpy(), logvar.numpy()) - np.log(dens)).sum(1)
+    assert parts["kl_sum"].item() == pytest.approx(kl.sum(), rel=1e-10)
+    weight = m.config.gamma * np.asarray(x.sum(1)).ravel()
+    assert parts["kl_term_sum"].item() == pytest.approx((weight * kl).sum(), rel=1e-10)
 
 
 def test_recvae_phases_move_only_their_parameters(ds, tmp_path):

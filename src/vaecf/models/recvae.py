@@ -28,20 +28,15 @@ from vaecf.modelconfigs import RecVAEConfig
 from vaecf.models import first_layer
 from vaecf.models.base import Model, Phase, ScoreFn, l2_rows
 from vaecf.models.fused import linear_multinomial_nll
-from vaecf.models.multvae import resolve_vae_train, wide
+from vaecf.models.latent import composite_sample_kl
+from vaecf.models.multvae import resolve_vae_train
 from vaecf.models.onerow import OneRowRecVAE, float32_on_cpu
 
 PAPER_TRAIN = {"epochs": 50, "batch_size": 500, "lr": 5e-4}  # the authors' run.py defaults
-LOG_2PI = math.log(2 * math.pi)
 
 
 def swish(x: torch.Tensor) -> torch.Tensor:
     return x * torch.sigmoid(x)
-
-
-def log_normal(z: torch.Tensor, mu, logvar) -> torch.Tensor:
-    """Element-wise log N(z; mu, exp(logvar))."""
-    return -0.5 * (logvar + LOG_2PI + (z - mu) ** 2 * torch.exp(-logvar))
 
 
 class Encoder(nn.Module):
@@ -171,48 +166,30 @@ class RecVAE(Model):
         """Summed multinomial NLL of the decoder's logits (fused with the output layer)."""
         return linear_multinomial_nll(z, w, b, batch)
 
-    def log_prior(self, batch: SparseBatch, z: torch.Tensor) -> torch.Tensor:
-        """(B, latent) log density of z under the composite prior, per dimension."""
-        with torch.no_grad():
-            post_mu, post_logvar = (wide(t) for t in self.prior_encoder(batch, 0.0))
-        zero = torch.zeros((), dtype=z.dtype, device=z.device)
-        parts = torch.stack(
-            [
-                log_normal(z, zero, zero),
-                log_normal(z, post_mu, post_logvar),
-                log_normal(z, zero, zero + self.config.wide_logvar),
-            ],
-            dim=-1,
-        ) + self.log_weights.to(z.dtype)
-        return torch.logsumexp(parts, dim=-1)
-
-    def kl_per_user(
-        self, batch: SparseBatch, z: torch.Tensor, mu: torch.Tensor, logvar: torch.Tensor
-    ) -> torch.Tensor:
-        """(B,) one-sample KL estimate: sum over dims of log q(z|x) - log p(z)."""
-        return (log_normal(z, mu, logvar) - self.log_prior(batch, z)).sum(dim=1)
-
     def loss(
         self, batch: SparseBatch, beta: float, denom: float, phase: Phase | None = None
     ) -> tuple[torch.Tensor, dict]:
         decoder_phase = phase is not None and phase.name == "decoder"
         with torch.set_grad_enabled(torch.is_grad_enabled() and not decoder_phase):
             mu, logvar = self.encoder(batch, 0.0 if decoder_phase else self.config.dropout)
-        z = mu
-        if self.training:
-            z = mu + torch.randn_like(mu) * torch.exp(0.5 * logvar)
+        if decoder_phase:
+            z = mu + torch.randn_like(mu) * torch.exp(0.5 * logvar) if self.training else mu
+        else:  # the sample and its KL against the composite prior as one function
+            with torch.no_grad():
+                prior_mu, prior_logvar = self.prior_encoder(batch, 0.0)
+            c = self.config
+            z, kl, term = composite_sample_kl(
+                mu, logvar, prior_mu, prior_logvar, self.log_weights, c.wide_logvar,
+                c.gamma * batch.row_sums(), sample=self.training,
+            )  # fmt: skip
+            z = z.to(mu.dtype)
         w, b = self.decoder.weight, self.decoder.bias
         if phase is not None and phase.name == "encoder":
             w, b = w.detach(), b.detach()  # the decoder does not move: skip its gradient
         nll = self.nll(z, w, b, batch, phase)
         parts = {"nll_sum": nll.detach()}
-        total = nll
-        if not decoder_phase:
-            z, mu, logvar = wide(z), wide(mu), wide(logvar)
-            kl = self.kl_per_user(batch, z, mu, logvar)  # (B,)
-            weight = self.config.gamma * batch.row_sums().to(kl.dtype)
-            term = (weight * kl).sum()
-            total = total + term
-            parts["kl_sum"] = kl.sum().detach()
-            parts["kl_term_sum"] = term.detach()
-        return total / max(denom, 1), parts
+        if decoder_phase:
+            return nll / max(denom, 1), parts
+        parts["kl_sum"] = kl.detach()
+        parts["kl_term_sum"] = term.detach()
+        return (nll + term) / max(denom, 1), parts
