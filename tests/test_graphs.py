@@ -31,6 +31,25 @@ def test_padded_batch_holds_the_batch_then_zeros(csr):
     assert torch.all(padded.row_ids[total:] == rows.numel() - 1)
     exact = csr.padded_batch(rows, total)
     assert torch.equal(exact.indices, eager.indices) and torch.equal(exact.row_ids, eager.row_ids)
+    # each row's sum and inverse L2 norm, read from the matrix's, equal the batch's own
+    assert eager.row_stats is None and padded.row_stats is not None
+    torch.testing.assert_close(padded.row_sums(), eager.row_sums(), rtol=0, atol=0)
+    torch.testing.assert_close(padded.inverse_norms(), eager.inverse_norms(), rtol=0, atol=0)
+
+
+def test_the_matrix_row_statistics_equal_each_batch_computing_its_own():
+    """Ratings rather than ones (sums in another order: float32 rounding apart), and an empty
+    row (sum 0, inverse norm 1e6, as the batch computes it)."""
+    m = synthetic_csr(50, 40, 600, seed=4)
+    m.data = np.random.default_rng(0).uniform(0.5, 5.0, m.nnz).astype(np.float32)
+    m = m.tolil()
+    m[7, :] = 0
+    csr = CSR.from_scipy(m.tocsr())
+    rows = torch.tensor([7, 3, 49, 0, 3])
+    eager, padded = csr.batch(rows), csr.padded_batch(rows, 4096)
+    assert padded.row_sums()[0] == 0 and padded.inverse_norms()[0] == pytest.approx(1e6)
+    torch.testing.assert_close(padded.row_sums(), eager.row_sums(), rtol=1e-6, atol=0)
+    torch.testing.assert_close(padded.inverse_norms(), eager.inverse_norms(), rtol=1e-6, atol=0)
 
 
 @pytest.mark.parametrize(

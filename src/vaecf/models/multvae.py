@@ -121,9 +121,8 @@ class MultAE(Model):
 
     def _input_values(self, batch: SparseBatch) -> torch.Tensor:
         """(nnz,) the first layer's input: each history L2-normalised, then dropout."""
-        v = batch.values
-        inv_norm = torch.rsqrt(batch.row_sums(v * v).clamp_min(1e-12))  # tf.nn.l2_normalize
-        return F.dropout(v * inv_norm[batch.row_ids], self.config.dropout, self.training)
+        v = batch.values * batch.inverse_norms()[batch.row_ids]  # tf.nn.l2_normalize
+        return F.dropout(v, self.config.dropout, self.training)
 
     def first_layer_input(self):
         return self.in_weight, self._input_values

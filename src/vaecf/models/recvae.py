@@ -58,9 +58,8 @@ class Encoder(nn.Module):
         nn.init.uniform_(self.in_bias, -bound, bound)
 
     def input_values(self, batch: SparseBatch, dropout: float) -> torch.Tensor:
-        v = batch.values
-        inv_norm = torch.rsqrt(batch.row_sums(v * v).clamp_min(1e-12))
-        return F.dropout(v * inv_norm[batch.row_ids], dropout, self.training and dropout > 0)
+        v = batch.values * batch.inverse_norms()[batch.row_ids]
+        return F.dropout(v, dropout, self.training and dropout > 0)
 
     def forward(self, batch: SparseBatch, dropout: float) -> tuple[torch.Tensor, torch.Tensor]:
         v = self.input_values(batch, dropout)
