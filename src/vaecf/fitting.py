@@ -36,6 +36,7 @@ from vaecf.data.sources import (
     RATING,
     USER,
     WHITESPACE,
+    first_line,
     ids_of_floats,
     int_if_possible,
     read_table,
@@ -152,8 +153,7 @@ def _file_columns(path: Path, sep: str | None) -> list[str]:
     to name the columns of a file that has no header row."""
     if path.suffix.lower() in {".parquet", ".pq"}:
         return list(pl.read_parquet_schema(path))
-    with open(path, encoding="utf-8", errors="replace", newline="") as f:
-        first = re.split(r"\r\n?|\n", f.readline(1 << 16))[0]
+    first = first_line(path)
     s = sep_for(path, sep)  # as read_table will read it
     names = [n.strip().strip('"') for n in (first.split() if s == WHITESPACE else first.split(s))]
     if len(names) == 1 and (hint := sep_hint(first, s)).startswith("; its fields"):

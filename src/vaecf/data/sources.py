@@ -239,7 +239,7 @@ def _scan(path: Path, sep, header: bool, columns, is_parquet: bool):
         names = lf.collect_schema().names()
         if columns is not None and sep != WHITESPACE:
             if len(names) != len(columns):
-                first = ",".join(names) if len(names) > 1 else _first_line(path)
+                first = ",".join(names) if len(names) > 1 else first_line(path)
                 raise DataError(
                     f"{path}, line 1: {len(names)} field(s), but --columns (columns=) names "
                     f"{len(columns)} ({', '.join(columns)})"
@@ -315,7 +315,8 @@ def csv_bad_line(path: Path, sep: str, n_fields: int | None = None) -> str | Non
     return None
 
 
-def _first_line(path: Path) -> str:
+def first_line(path: Path) -> str:
+    """A text file's first line, without its ending (any of LF, CRLF, CR)."""
     with open(path, encoding="utf-8", errors="replace", newline="") as f:
         return re.split(r"\r\n?|\n", f.readline(1 << 16))[0]
 

@@ -80,8 +80,9 @@ def product(batch: SparseBatch, weight: torch.Tensor, v: torch.Tensor, kernel: s
 
 
 def dense_product(batch: SparseBatch, weight: torch.Tensor, v: torch.Tensor, width: int):
-    """ "dense": the batch scattered into a (B, width) array in the compute dtype (width >=
-    n_items: zero columns beyond), times the weight with as many rows (zero rows beyond)."""
+    """The "dense" kernel: the batch scattered into a (B, width) array in the compute dtype
+    (width >= n_items: zero columns beyond), times the weight with as many rows (zero rows
+    beyond)."""
     dt = compute_dtype(weight)
     x = torch.zeros(batch.batch_size * width, dtype=dt, device=weight.device)
     x.index_add_(0, batch.row_ids * width + batch.indices, v.to(dt))  # positions are unique
