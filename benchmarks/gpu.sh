@@ -32,9 +32,17 @@ mkdir -p "$out"
 export PYTHONPATH=${PYTHONPATH:+$PYTHONPATH:}$PWD/src PYTHONUNBUFFERED=1
 parts=${*:-tests bench}
 py=${PYTHON:-python3}
-# what the device's image lacks travels as wheels (polars 1.x cp312 manylinux, tomli_w): the
-# runs below need both, so say so at once rather than after minutes of device time
-$py -c "import polars, tomli_w" || { echo "missing polars or tomli_w: carry their wheels"; exit 2; }
+# what the device's image lacks travels as wheels (polars 1.x cp312 manylinux, tomli_w; made by
+# benchmarks/gpu_kit.sh into .whl/, carried): the runs below need both, so say so at once rather
+# than after minutes of device time
+if ! $py -c "import polars, tomli_w" 2>/dev/null && ls .whl/*.whl >/dev/null 2>&1; then
+    $py -m pip install -q --no-index --target /tmp/vaecf-wheels .whl/*.whl &&
+        export PYTHONPATH=/tmp/vaecf-wheels:$PYTHONPATH
+fi
+$py -c "import polars, tomli_w" || {
+    echo "missing polars or tomli_w: make .whl with benchmarks/gpu_kit.sh and carry it"
+    exit 2
+}
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$out/gpu.txt"
 $py -c "import torch; print('torch', torch.__version__, torch.version.cuda)" | tee -a "$out/gpu.txt"
 all=(--precision fp32 --precision tf32 --precision bf16 --precision fp16)
