@@ -368,6 +368,31 @@ def test_tune_resume_does_not_requeue_a_trial_killed_halfway_through_its_draw(ti
     assert sum(t.state.name == "COMPLETE" for t in after) == 3
 
 
+def test_tune_resume_requeues_a_trial_whose_retry_was_killed_before_drawing(tiny, tmp_path):
+    """Found by the tune kill drill in the suite (seed 76212): trial 1 killed while training,
+    --resume queued its parameters as trial 2, and a second kill came after Optuna opened
+    trial 2 but before it took them; the next --resume counted trial 2 as trial 1's retry and
+    ran neither: trial 1's parameters were lost. Now they are queued once more."""
+    from vaecf.experiments import study as study_mod
+    from vaecf.experiments import tune
+
+    study_dir = tmp_path / "study"
+    tune.tune(tiny, study_dir, "ease", trials=1, seed=1, space=l2_space, log=lambda s: None)
+    study = _study(study_dir)
+    killed = study.ask()
+    killed.suggest_categorical("l2", L2_CHOICES)
+    killed.set_user_attr("run_dir", "trials/0001")  # killed while training
+    storage = optuna.storages.RDBStorage(f"sqlite:///{study_dir / 'study.db'}")
+    study_mod.recover(study, storage, lambda s: None, lambda p: True)  # the first --resume
+    retry = study.ask()  # ... opened the queued retry and was killed before its draw
+    assert retry.user_attrs["retry_of"] == killed.number and retry.params == {}
+    tune.tune(tiny, study_dir, "ease", trials=3, resume=True, space=l2_space, log=lambda s: None)
+    after = _study(study_dir).trials
+    again = [t for t in after[3:] if t.user_attrs.get("retry_of") == killed.number]
+    assert len(again) == 1 and again[0].params == killed.params
+    assert again[0].state.name == "COMPLETE"
+
+
 def test_tune_resumes_after_sigkill(tiny, tmp_path):
     """SIGKILL a real `vaecf tune` in its third trial; --resume keeps the finished trials once,
     marks the killed one failed, continues its run directory and completes the study."""

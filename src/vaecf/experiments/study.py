@@ -86,7 +86,8 @@ def recover(study, storage, log, complete: Callable[[dict], bool]) -> None:
     interrupted trial's parameters once more (its run directory is continued). A trial killed
     before it had drawn all its parameters (`complete(params)` false) has nothing to repeat:
     it is not queued again (a queued trial would draw the missing ones afresh under the old
-    one's name); a new trial takes its place."""
+    one's name); a new trial takes its place. A retry itself killed before it had drawn its
+    queued parameters does not count as the retry: the original's are queued again."""
     from optuna.trial import TrialState
 
     trials = study.get_trials(deepcopy=False)
@@ -96,7 +97,11 @@ def recover(study, storage, log, complete: Callable[[dict], bool]) -> None:
             storage.set_trial_state_values(t._trial_id, TrialState.FAIL)
             log(f"trial {t.number} was left running by a stopped tune: marked failed")
     trials = study.get_trials(deepcopy=False)
-    retried = {t.user_attrs.get("retry_of") for t in trials}
+    retried = {
+        t.user_attrs.get("retry_of")
+        for t in trials
+        if t.params or not (t.state == TrialState.FAIL and "interrupted" in t.user_attrs)
+    }
     for t in trials:
         if (
             t.state == TrialState.FAIL
