@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
 # What a CUDA GPU is checked and timed with, in one go (for a machine lent for a short while).
 #
-#     benchmarks/gpu.sh OUTDIR [tests] [bench] [first] [output] [speed] [profile] [large]
-#                              [graphs] [recvae] [items] [run] [b500] [suite]
+#     benchmarks/gpu.sh OUTDIR [tests] [quick] [bench] [first] [output] [speed] [profile]
+#                              [large] [graphs] [recvae] [items] [run] [b500] [suite]
 #                              (default: tests bench)
 #
 # tests: tests/test_cuda.py and the trainer's CUDA test (every model and precision on the GPU
 #        against the CPU, the linear solvers, serving precisions, resume, torchrun with NCCL);
+# quick: the part of tests/test_cuda.py that the training step's kernels touch (~2 minutes);
 # bench: training users/s beside the dense-input PyTorch reference on the same GPU (ML-20M
 #        shape, batch 500, every precision), RecVAE's step, and inference latency/throughput;
 # items: Mult-VAE and RecVAE training at 100,000 and 500,000 items (users/s, peak GPU memory);
@@ -48,6 +49,13 @@ $py -c "import torch; print('torch', torch.__version__, torch.version.cuda)" | t
 all=(--precision fp32 --precision tf32 --precision bf16 --precision fp16)
 for part in $parts; do
     case $part in
+    quick)
+        # what the GPU path's changes since the last lend touch: the first layer's kernels and the
+        # fused loss against the CPU, graphed steps replaying eager ones, bf16 runs against the CPU
+        timeout ${TESTS_TIMEOUT:-240} $py -m pytest tests/test_cuda.py -q -rA \
+            -k "graphed_step or first_layer_kernels or (trains_like and bf16)" 2>&1 |
+            tee "$out/tests_quick.log" | grep -E "passed|failed|error|PASSED|FAILED"
+        ;;
     tests)
         timeout ${TESTS_TIMEOUT:-420} $py -m pytest tests/test_cuda.py tests/test_graphs.py \
             tests/test_trainer.py::test_cuda_matches_cpu_closely -q -s -rA 2>&1 |
