@@ -7,7 +7,7 @@
 #
 # tests: tests/test_cuda.py and the trainer's CUDA test (every model and precision on the GPU
 #        against the CPU, the linear solvers, serving precisions, resume, torchrun with NCCL);
-# quick: the part of tests/test_cuda.py that the training step's kernels touch (~2 minutes);
+# quick: the part of tests/test_cuda.py that the training step's kernels touch (~3 minutes);
 # bench: training users/s beside the dense-input PyTorch reference on the same GPU (ML-20M
 #        shape, batch 500, every precision), RecVAE's step, and inference latency/throughput;
 # items: Mult-VAE and RecVAE training at 100,000 and 500,000 items (users/s, peak GPU memory);
@@ -51,9 +51,11 @@ for part in $parts; do
     case $part in
     quick)
         # what the GPU path's changes since the last lend touch: the first layer's kernels and the
-        # fused loss against the CPU, graphed steps replaying eager ones, bf16 runs against the CPU
-        timeout ${TESTS_TIMEOUT:-240} $py -m pytest tests/test_cuda.py -q -rA \
-            -k "graphed_step or first_layer_kernels or (trains_like and bf16)" 2>&1 |
+        # fused loss against the CPU, graphed steps replaying eager ones, bf16 runs against the CPU,
+        # the epoch's last batch as a graph of its own, resume
+        timeout ${TESTS_TIMEOUT:-300} $py -m pytest tests/test_cuda.py -q -rA \
+            -k "graphed_step or first_layer_kernels or (trains_like and bf16) or smaller or resume" \
+            2>&1 |
             tee "$out/tests_quick.log" | grep -E "passed|failed|error|PASSED|FAILED"
         ;;
     tests)

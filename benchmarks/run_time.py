@@ -113,10 +113,13 @@ def run(
     wchar = int(p.stderr.rsplit("__wchar__", 1)[1].split()[0])
     rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
     results = json.loads((out / "results.json").read_text())
+    timing = results.get("timing", {})
+    if "total_s" in timing:  # imports, reading the data, exit
+        timing["startup_s"] = wall - timing["total_s"]
     return {
         "wall": wall,
         "steps": sum(r["train_seconds"] for r in rows),
-        "timing": results.get("timing", {}),
+        "timing": timing,
         "bytes": wchar,
         "ndcg": (results.get("test") or {}).get("ndcg@100", float("nan")),
         "first_layer": results.get("first_layer", {}).get("kernel", "-"),
@@ -164,7 +167,8 @@ def main() -> int:
     dev = resolve_device(a.device)
     on = device_name(dev) + (f" (CPU {cpu_name()})" if dev.type == "cuda" else "")
     print(f"\nvaecf train, {a.epochs} epochs, precision {a.precision}, on {on}")
-    head = ("data", "code", "wall s", "steps s", "wall/steps", "setup", "valid.", "ckpt wait")
+    head = ("data", "code", "wall s", "steps s", "wall/steps", "start-up", "setup", "valid.")
+    head += ("ckpt wait", "test")
     print(
         f"{head[0]:>17s} {head[1]:>7s}"
         + "".join(f"{h:>11s}" for h in head[2:])
@@ -177,8 +181,9 @@ def main() -> int:
 
         print(
             f"{name:>17s} {label:>7s}{r['wall']:11.1f}{r['steps']:11.1f}"
-            f"{r['wall'] / r['steps']:11.2f}{fmt('setup_s')}{fmt('validation_s')}"
-            f"{fmt('checkpoint_wait_s')}{r['bytes'] / 2**20:9.0f} MiB{r['rows']:12,d}"
+            f"{r['wall'] / r['steps']:11.2f}{fmt('startup_s')}{fmt('setup_s')}"
+            f"{fmt('validation_s')}{fmt('checkpoint_wait_s')}{fmt('test_s')}"
+            f"{r['bytes'] / 2**20:9.0f} MiB{r['rows']:12,d}"
             f"{r['timing'].get('graph_steps', '-'):>13}{r['first_layer']:>13s}{r['ndcg']:15.4f}"
         )
     return 0

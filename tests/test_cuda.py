@@ -206,6 +206,25 @@ def test_resume_continues_the_run(ds, root, name):
     assert ndcg(resumed) == pytest.approx(ndcg(full), abs=5e-3)
 
 
+@pytest.mark.parametrize("name", ["multvae", "recvae"])
+def test_the_epochs_last_smaller_batch_replays_a_graph_of_its_own(ds, root, name):
+    """At batch 70 the 1,200 training users leave a last batch of 10 an epoch: it replays a
+    second graph (every step of the run is a replay), captured mid-run without changing the
+    state, and the run lands where the eager one does."""
+    if not DEVICE.startswith("cuda"):
+        pytest.skip("CUDA graphs need a GPU")
+    kw = dict(model=name, model_config=model_config(name))
+    graphed = vaecf.train(ds, cfg(DEVICE, batch_size=70), root / f"rest-graph-{name}", **kw)
+    eager = vaecf.train(
+        ds, cfg(DEVICE, batch_size=70, cuda_graphs=False), root / f"rest-eager-{name}", **kw
+    )
+    results = json.loads((graphed.run_dir / "results.json").read_text())
+    assert results["train_rows"] % 70 == 10
+    assert results["timing"]["graph_steps"] == results["steps"]
+    print(f"{name} graphed {ndcg(graphed):.4f} eager {ndcg(eager):.4f}")
+    assert ndcg(graphed) == pytest.approx(ndcg(eager), abs=0.03)
+
+
 CV = dict(selection="cv", popularity_grid=[0.0, 0.1, 0.25])
 
 

@@ -6,6 +6,7 @@ selection on validation, then the test.
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import time
@@ -53,8 +54,9 @@ class Trainer(Run):
         self.scaler = prec.grad_scaler(self.device, cfg.precision)
         self.step_module: torch.nn.Module = LossModule(self.model)  # DDP-wrapped in fit()
         self._best_state: dict | None = None  # a best model not yet written to best.pt
-        # each phase's graph by its name; False: no graphs; None: not yet decided
-        self._graph: dict[str, graphs.GraphedStep] | bool | None = None
+        self._best_weights: dict | None = None  # the last best model's weights (host copies)
+        # the run's CUDA graphs; False: no graphs; None: not yet decided
+        self._graph: graphs.StepGraphs | bool | None = None
         self.graph_steps = 0  # steps of this process replayed as a CUDA graph
         self._val_seconds = 0.0  # the last validation's time, for the budget's forecast
 
@@ -133,10 +135,9 @@ class Trainer(Run):
             "users_per_s": round(n * passes / seconds, 1),
         }
 
-    def _graphed(self, phase: Phase):
-        """The phase's full-batch step as a CUDA graph, captured at the phase's first use (after
-        a resume has loaded its state: the graph holds the parameters and Adam's state
-        tensors), or None where graphs do not apply (`graphs.graphs_apply`)."""
+    def _graphed(self) -> graphs.StepGraphs | None:
+        """The run's CUDA graphs of its steps (`graphs.StepGraphs`), or None where graphs do not
+        apply (`graphs.graphs_apply`) or the GPU lacks room for a full batch's."""
         if self._graph is None:  # decided once for the run
             cfg = self.cfg
             why = self._why_no_graph
@@ -148,37 +149,35 @@ class Trainer(Run):
             if why is not None:
                 self._graph = False
             else:
-                self._graph = {}
-                self._row_nnz = self.train_csr.row_nnz().cpu()
-                self._capacity = graphs.graph_capacity(self._row_nnz.numpy(), cfg.batch_size)
+                self._graph = graphs.StepGraphs(
+                    self.model, self.train_csr, cfg.batch_size, cfg.precision, self._graph_room
+                )
                 if cfg.progress and self.ctx.is_main:
-                    n = f"{self._capacity:,}"
+                    n = f"{self._graph.capacity:,}"
                     tqdm.write(f"CUDA graphs: full batches (up to {n} interactions) as one graph")
-        if self._graph is False:
-            return None
-        if phase.name not in self._graph:
-            c, opts = self.cfg, [self.opts[g] for g in phase.groups]
-            self._graph[phase.name] = graphs.GraphedStep(
-                self.model, opts, self.train_csr, c.batch_size, c.precision, self._capacity, phase
-            )
-        return self._graph[phase.name]
+        return self._graph or None
+
+    def _graph_room(self, rows: int) -> bool:
+        """Whether the GPU has room for another graph's step of `rows` rows."""
+        need = footprint.graph_step_bytes(self.model, rows, self.ds.n_items)
+        return memory.available_bytes(self.device) >= need
 
     def _run_phases(self, totals: torch.Tensor) -> None:
         cfg, ctx, n = self.cfg, self.ctx, self.train_csr.n_rows
         for phase in self.model.phases():
             self.model.begin_phase(phase)
             opts = [self.opts[g] for g in phase.groups]
-            graph = self._graphed(phase)
+            graphed = self._graphed()
             for _ in range(phase.passes):
                 perm = torch.randperm(n, generator=self.gen)  # the same on every rank
-                steps = self._graph_steps(graph, perm) if graph else self._batches(perm)
-                for rows, batch in steps:
+                steps = graphed.steps(phase, opts, perm) if graphed else self._batches(perm)
+                for rows, step in steps:
                     beta = cfg.beta_at(self.step)
-                    if batch is None:  # a full batch that fits: the graph's step
-                        parts = graph(rows, beta)
+                    if isinstance(step, graphs.GraphedStep):  # a batch that fits its graph
+                        parts = step(rows, beta)
                         self.graph_steps += 1
                     else:
-                        parts = self._eager_step(batch, beta, rows.numel() / ctx.world, phase, opts)
+                        parts = self._eager_step(step, beta, rows.numel() / ctx.world, phase, opts)
                     self.step += 1
                     if phase.log:
                         totals[0] += parts["nll_sum"]
@@ -198,18 +197,6 @@ class Trainer(Run):
             self.scaler.step(o)
         self.scaler.update()
         return parts
-
-    def _graph_steps(self, graph: graphs.GraphedStep, perm: torch.Tensor):
-        """(rows on the device, None) for the full batches whose non-zeros fit the graph (their
-        totals read from a host copy of the row lengths: nothing waits on the GPU), (rows,
-        batch) for the others (the last, smaller batch), which run eagerly."""
-        size = self.cfg.batch_size
-        lens = self._row_nnz[perm].split(size)
-        for rows, ln in zip(perm.to(self.device).split(size), lens):
-            if rows.numel() == size and graph.fits(int(ln.sum())):
-                yield rows, None
-            else:
-                yield rows, self.train_csr.batch(rows)
 
     def fit(self) -> RunResult:
         cfg = self.cfg
@@ -255,17 +242,22 @@ class Trainer(Run):
             self.stopped = self.stopped or self._done()
             if show and self.stopped in ("patience", "budget"):
                 tqdm.write(self._stop_line())
-            self.writer.flush()  # best.pt and last.pt are on disk before the test
-            timing["checkpoint_wait_s"] = self.writer.wait_seconds
+            timing["graph_steps"] = self.graph_steps
+            written = functools.partial(self._written, timing)  # the test runs meanwhile
+            return self.finish(timing, t_setup, self._best_weights, written)
         finally:
             bar.close()
             if self.ctx.is_main:
                 self._metrics_file.close()
             self.writer.close()
+
+    def _written(self, timing: dict) -> None:
+        """Wait for the last checkpoints (best.pt, then last.pt) to be on disk; their figures
+        into `timing`."""
+        self.writer.flush()
+        timing["checkpoint_wait_s"] = self.writer.wait_seconds
         timing["checkpoint_bytes"] = self.writer.bytes_written
         timing["checkpoint_writes"] = self.writer.writes
-        timing["graph_steps"] = self.graph_steps
-        return self.finish(timing, t_setup)
 
     def _prepare_model(self) -> None:
         """A new run: the model's data-dependent parts, if it has any (what they chose goes on
@@ -385,8 +377,10 @@ class Trainer(Run):
         if val[cfg.select_metric] > self.best["value"]:
             self.best = {"epoch": self.epoch, "value": val[cfg.select_metric], "metrics": val}
             if self.ctx.is_main:  # written with the next last.pt (see _save_last)
+                self._best_state = self._best_weights = None  # the old copy freed first
                 state = {"model": self.model.state_dict(), "epoch": self.epoch, "metrics": val}
                 self._best_state = snapshot(state)
+                self._best_weights = self._best_state["model"]  # the test's, without best.pt
         if show:
             tqdm.write(_epoch_line(row, cfg.select_metric, self.best["epoch"] == self.epoch))
 

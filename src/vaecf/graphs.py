@@ -10,21 +10,23 @@ graph per phase, each stepping that phase's optimizers.
 
 A graph replays fixed shapes and must not wait on the GPU, so the batch is gathered into a fixed
 number of non-zero slots (`CSR.padded_batch`: the padding adds exactly zero to every sum).
-Full batches whose non-zeros fit replay the graph; the epoch's last, smaller batch and any batch
-over the capacity run eagerly, as without graphs. Capturing runs a few warm-up steps; the
-parameters, Adam's state and the RNG are put back afterwards, so a capture changes nothing in
-the run's state.
+Full batches whose non-zeros fit replay the graph; the epoch's last, smaller batch (the same
+size every epoch) replays a graph of its own where the GPU has room for it (`StepGraphs`); a
+batch over the capacity runs eagerly, as without graphs. Capturing runs a few warm-up steps;
+the parameters, Adam's state and the RNG are put back afterwards, so a capture changes nothing
+in the run's state.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Iterator
 
 import numpy as np
 import torch
 
 from vaecf import precision as prec
-from vaecf.data.matrix import CSR
+from vaecf.data.matrix import CSR, SparseBatch
 
 _WARMUP = 3  # steps on a side stream before capture (PyTorch's recipe)
 _ROUND = 4096  # capacities are multiples of this
@@ -148,3 +150,46 @@ class GraphedStep:
                         before = saved["state"].get((i, k))
                         v.copy_(before) if before is not None else v.zero_()
         torch.cuda.set_rng_state(saved["rng"], self.device)
+
+
+class StepGraphs:
+    """A run's training steps as CUDA graphs, each phase's captured at its first use (after a
+    resume has loaded the state: a graph holds the parameters and Adam's state tensors): one
+    for full batches of `batch_size` rows of `csr` and, where `room(rows)` says the GPU can
+    hold another, one for the epoch's last, smaller batch."""
+
+    def __init__(
+        self, model, csr: CSR, batch_size: int, precision: str, room: Callable[[int], bool]
+    ):
+        self.model, self.csr, self.batch_size, self.precision = model, csr, batch_size, precision
+        self.room = room
+        self.row_nnz = csr.row_nnz().cpu()  # batch totals read here: nothing waits on the GPU
+        self.capacity = graph_capacity(self.row_nnz.numpy(), batch_size)
+        self.graphs: dict[tuple, GraphedStep | None] = {}
+
+    def graph(self, phase, opts: list, rows: int) -> GraphedStep | None:
+        """The phase's graph for batches of `rows` rows (None: they run eagerly)."""
+        key = (phase.name, rows)
+        if key not in self.graphs:
+            full = rows == self.batch_size
+            if full or self.room(rows):
+                cap = self.capacity if full else graph_capacity(self.row_nnz.numpy(), rows)
+                self.graphs[key] = GraphedStep(
+                    self.model, opts, self.csr, rows, self.precision, cap, phase
+                )
+            else:
+                self.graphs[key] = None
+        return self.graphs[key]
+
+    def steps(
+        self, phase, opts: list, perm: torch.Tensor
+    ) -> Iterator[tuple[torch.Tensor, GraphedStep | SparseBatch]]:
+        """(rows on the device, the graph to replay) for each batch of the permutation `perm`
+        whose non-zeros fit its graph, (rows, the batch) for the others, which run eagerly."""
+        lens = self.row_nnz[perm].split(self.batch_size)
+        for rows, ln in zip(perm.to(self.csr.device).split(self.batch_size), lens):
+            graph = self.graph(phase, opts, rows.numel())
+            if graph is not None and graph.fits(int(ln.sum())):
+                yield rows, graph
+            else:
+                yield rows, self.csr.batch(rows)

@@ -130,14 +130,23 @@ class Run:
             dist=self.ctx,
         )
 
-    def finish(self, timing: dict | None = None, t_start: float | None = None) -> RunResult:
+    def finish(
+        self,
+        timing: dict | None = None,
+        t_start: float | None = None,
+        weights: dict | None = None,
+        written: Callable[[], None] | None = None,
+    ) -> RunResult:
         """Score the test split with the selected model and write results.json (with the run's
-        time budget, `timing`, where given)."""
+        time budget, `timing`, where given). `weights`: the selected model's state dict where
+        the caller holds it (else best.pt's); `written`: called before results.json is, to wait
+        for checkpoints still being written (the test runs meanwhile)."""
         t0 = time.perf_counter()
-        self.ctx.barrier()  # best.pt is written
+        self.ctx.barrier()  # best.pt is written, or its weights are in `weights`
         if self.ctx.is_main:
-            ck = checkpoint.load(self.out / rundir.BEST, map_location=self.device)
-            self.model.load_state_dict(ck["model"])
+            if weights is None:
+                weights = checkpoint.load(self.out / rundir.BEST, map_location=self.device)["model"]
+            self.model.load_state_dict(weights)
         if self.ctx.enabled:  # the other ranks need not see rank 0's filesystem
             for t in self.model.state_dict().values():
                 torch.distributed.broadcast(t, 0)
@@ -162,6 +171,9 @@ class Run:
             results["train_rows"] = self.train_csr.n_rows
         if timing is not None:
             timing["test_s"] = time.perf_counter() - t0
+        if written is not None:
+            written()
+        if timing is not None:
             timing["total_s"] = time.perf_counter() - (t_start or t0)
             results["timing"] = {k: round(v, 4) for k, v in timing.items()}
         if self.ctx.is_main:
