@@ -662,6 +662,17 @@ def test_a_mistyped_choice_gets_one_line_and_the_nearest_choice(capsys):
     assert "did you mean 'train'?" in capsys.readouterr().err
 
 
+def test_vaecf_alone_lists_the_verbs_and_where_to_start(capsys):
+    from vaecf.cli import main
+
+    assert main([]) == 2
+    err = capsys.readouterr().err
+    verbs = ("prepare", "train", "evaluate", "recommend", "serve", "demo", "tune", "compare")
+    listed = {line.split()[0] for line in err.splitlines() if line.startswith("    ")}
+    assert listed >= set(verbs), err
+    assert err.rstrip().endswith("start with `vaecf demo`; `vaecf VERB --help` for a verb's flags")
+
+
 def test_recommend_text_abridges_unknown_ids_and_says_when_nothing_is_left(ws, capsys):
     from vaecf.cli import main
 

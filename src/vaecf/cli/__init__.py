@@ -56,7 +56,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    if not (sys.argv[1:] if argv is None else argv):  # `vaecf` alone: what it can do
+        parser.print_help(sys.stderr)
+        print("\nstart with `vaecf demo`; `vaecf VERB --help` for a verb's flags", file=sys.stderr)
+        return 2
+    args = parser.parse_args(argv)
     from vaecf.errors import VaecfError
 
     try:
