@@ -200,6 +200,10 @@ def queries(ws, env, popular, manifest_text) -> dict:
                 "item_id", "--rating-col", "rating", "--min-rating", MIN_RATING,
                 "--heldout-users", 50, "--out", ws.data,
             ],
+            "prepare_by_names": [  # the columns found by their names: the same dataset
+                "prepare", "csv", "--path", ws.csv, "--min-rating", MIN_RATING,
+                "--heldout-users", 50, "--out", ws.data,
+            ],
             "info_json": ["info", ws.data, "--json"],
             "eval_test": ["evaluate", ws.run, "--json"],
             "eval_validation": ["evaluate", ws.run, "--split", "validation", "--json"],
@@ -239,6 +243,15 @@ def test_prepare_rating_filter_is_applied(ws):
     assert m["settings"]["min_rating"] == MIN_RATING
     assert m["settings"]["heldout_users"] == 50
     assert m["source"]["columns"] == {"user": "user_id", "item": "item_id", "rating": "rating"}
+
+
+def test_prepare_finds_the_columns_by_name_and_says_which(ws, queries, manifest_text):
+    r = queries["prepare_by_names"]
+    assert r.returncode == 0, str(r)
+    first, second = r.stdout.splitlines()
+    assert first == "columns found by name: users 'user_id', items 'item_id', ratings 'rating'"
+    assert second.startswith(f"prepared {ws.data}:")
+    assert (ws.data / "manifest.json").read_text() == manifest_text  # reused as it was
 
 
 def test_prepare_again_with_same_settings_reuses_the_dataset(ws, queries, manifest_text):

@@ -126,6 +126,15 @@ def test_fit_from_a_file_guesses_the_id_columns(tmp_path, suffix):
     assert all(0 <= i < 20 for i in rec.recommend([0, 1, 2], k=3).item_ids)
 
 
+@pytest.mark.parametrize(
+    "user,item", [("reviewerID", "asin"), ("customer_id", "article_id"), ("user", "SKU")]
+)
+def test_fit_finds_the_id_columns_as_public_datasets_name_them(user, item):
+    df = pl.DataFrame(_clusters().to_dict("list")).rename({"userId": user, "movieId": item})
+    rec = vaecf.fit(df.with_columns(pl.col(item).cast(str)), model="popular", progress=False)
+    assert rec.recommend(["0", "1"], k=3).unknown == []
+
+
 def test_fit_a_file_without_a_header_row_by_naming_its_columns(tmp_path):
     """A header-less file (FilmTrust's, MovieLens' .dat) is refused with how to name its
     columns, quoting its first line; named, it fits like a file with a header row."""

@@ -663,6 +663,26 @@ def test_missing_column_with_wrong_separator_hints_at_sep(tmp_path):
     assert ds.manifest["counts"]["n_users"] == 8
 
 
+def test_columns_not_given_are_found_by_name_or_refused_with_the_list(tmp_path):
+    """As vaecf.fit reads a file: MovieLens' userId/movieId/rating found without flags (the
+    ratings where --min-rating asks for them); unknown names are refused with the columns."""
+    path = _write(tmp_path / "r.csv", "userId,movieId,rating\n" + "\n".join(_rows()) + "\n")
+    settings = PrepareSettings(min_rating=4, heldout_users=1)
+    ds = prepare_csv(path, tmp_path / "out", settings=settings)
+    assert ds.manifest["source"]["columns"] == {
+        "user": "userId",
+        "item": "movieId",
+        "rating": "rating",
+    }
+    assert ds.manifest["counts"]["n_users"] == 8
+    odd = _write(tmp_path / "odd.csv", "who,what,grade\n" + "\n".join(_rows()) + "\n")
+    with pytest.raises(DataError, match=r"--user-col \(user_col=\) \(the columns: \['who'"):
+        prepare_csv(odd, tmp_path / "odd")
+    with pytest.raises(DataError, match=r"holds the ratings: --rating-col \(rating_col=\)"):
+        prepare_csv(odd, tmp_path / "odd", "who", "what", settings=settings)
+    assert not (tmp_path / "odd").exists()
+
+
 def test_empty_file(tmp_path):
     path = _write(tmp_path / "r.csv", "")
     with pytest.raises(DataError, match="empty"):

@@ -18,7 +18,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import re
 import shutil
 import time
 from dataclasses import fields, replace
@@ -32,34 +31,21 @@ from vaecf.data.prepare import PreparedDataset, PrepareSettings, fingerprint, pr
 from vaecf.data.registry import home
 from vaecf.data.sources import (
     ITEM,
+    ITEM_NAMES,
     NAME,
     RATING,
+    RATING_NAMES,
     USER,
-    WHITESPACE,
-    first_line,
+    USER_NAMES,
+    guess_column,
     ids_of_floats,
     int_if_possible,
     read_table,
-    sep_for,
-    sep_hint,
+    resolve_columns,
 )
 from vaecf.errors import ConfigError, DataError
 
 MAX_VALIDATION_USERS = 10_000  # the paper's held-out count on ML-20M; a share stops growing here
-_USER_NAMES = ("user", "userid", "uid", "customer", "customerid", "visitorid")
-_ITEM_NAMES = ("item", "itemid", "iid", "movieid", "product", "productid", "track", "trackid")
-_RATING_NAMES = ("rating", "ratings", "score", "stars", "value")  # looked for with min_rating
-
-
-def _guess(columns: list[str], given: str | None, known: tuple[str, ...], what: str) -> str:
-    if given is not None:
-        if given not in columns:
-            raise DataError(f"{what}_col={given!r} is not a column; the columns: {columns}")
-        return given
-    for c in columns:
-        if re.sub(r"[^a-z0-9]", "", c.lower()) in known:
-            return c
-    raise DataError(f"say which column holds the {what}s: {what}_col=... (the columns: {columns})")
 
 
 def _from_matrix(m, rating_col, min_rating) -> pl.DataFrame:
@@ -78,8 +64,8 @@ def _from_matrix(m, rating_col, min_rating) -> pl.DataFrame:
 
 
 def _frame_columns(df: pl.DataFrame, user_col, item_col, rating_col) -> pl.DataFrame:
-    user_col = _guess(df.columns, user_col, _USER_NAMES, "user")
-    item_col = _guess(df.columns, item_col, _ITEM_NAMES, "item")
+    user_col = guess_column(df.columns, user_col, USER_NAMES, "user")
+    item_col = guess_column(df.columns, item_col, ITEM_NAMES, "item")
     if rating_col is not None and rating_col not in df.columns:
         raise DataError(f"rating_col={rating_col!r} is not a column; the columns: {df.columns}")
     out = {USER: df.get_column(user_col), ITEM: df.get_column(item_col)}
@@ -127,11 +113,9 @@ def _read(data, cols, min_rating, sep, columns) -> pl.DataFrame:
         path = Path(data)
         if not path.is_file():
             raise DataError(f"{path} does not exist or is not a file (CSV, TSV or Parquet)")
-        names = _file_columns(path, sep) if columns is None else list(columns)
-        user_col = _guess(names, user_col, _USER_NAMES, "user")
-        item_col = _guess(names, item_col, _ITEM_NAMES, "item")
-        if min_rating is not None and rating_col is None:
-            rating_col = _guess(names, None, _RATING_NAMES, "rating")
+        user_col, item_col, rating_col = resolve_columns(
+            path, sep, user_col, item_col, rating_col, columns, min_rating is not None
+        )
         header = columns is None
         return read_table(path, user_col, item_col, rating_col, sep, header, columns)
     if isinstance(data, pl.LazyFrame):
@@ -144,32 +128,8 @@ def _read(data, cols, min_rating, sep, columns) -> pl.DataFrame:
             )
         data = _from_pandas(data)
     if min_rating is not None and rating_col is None:
-        rating_col = _guess(data.columns, None, _RATING_NAMES, "rating")
+        rating_col = guess_column(data.columns, None, RATING_NAMES, "rating")
     return _frame_columns(data, user_col, item_col, rating_col)
-
-
-def _file_columns(path: Path, sep: str | None) -> list[str]:
-    """The column names in a file's header row; a first line of numbers is refused with how
-    to name the columns of a file that has no header row."""
-    if path.suffix.lower() in {".parquet", ".pq"}:
-        return list(pl.read_parquet_schema(path))
-    first = first_line(path)
-    s = sep_for(path, sep)  # as read_table will read it
-    names = [n.strip().strip('"') for n in (first.split() if s == WHITESPACE else first.split(s))]
-    if len(names) == 1 and (hint := sep_hint(first, s)).startswith("; its fields"):
-        if all(map(_number, re.split(r"[\t;| ]+", first.strip()))):
-            hint += ', and name its columns in order, e.g. columns=["user", "item", "rating"]'
-        raise DataError(f"{path}'s first line, {first.strip()!r}, reads as one column{hint}")
-    if names and all(map(_number, names)):
-        raise DataError(
-            f"{path} has no header row (its first line, {first.strip()!r}, is data): name its "
-            'columns in order, e.g. columns=["user", "item", "rating"]'
-        )
-    return names
-
-
-def _number(text: str) -> bool:
-    return re.fullmatch(r"[-+]?[0-9.]+(e[-+]?[0-9]+)?", text, re.I) is not None
 
 
 def _names_frame(item_names) -> pl.DataFrame | None:

@@ -21,11 +21,18 @@ class DataPlaces:
 # -- prepare ------------------------------------------------------------------------------------
 def add_columns_options(p) -> None:
     """How a raw interactions file's columns are found (prepare csv, compare --data)."""
-    p.add_argument("--user-col", help="name of the user id column (with --columns: user)")
-    p.add_argument("--item-col", help="name of the item id column (with --columns: item)")
+    p.add_argument(
+        "--user-col",
+        help="the user id column (unset: found by name: user, userId, customer_id, reviewerID...)",
+    )
+    p.add_argument(
+        "--item-col",
+        help="the item id column (unset: found by name: item, movieId, product_id, asin, sku...)",
+    )
     p.add_argument(
         "--rating-col",
-        help="name of the rating column, needed by --min-rating (with --columns: rating, if named)",
+        help="the rating column, which --min-rating reads (unset: a column named rating, score, "
+        "stars...; without --min-rating, with --columns: one named rating)",
     )
     p.add_argument(
         "--sep",
@@ -64,8 +71,15 @@ def cmd_prepare(a) -> int:
     if a.json:
         print_json({"path": str(ds.path), **ds.manifest})
     else:
-        print(_prepared_summary(ds))
+        print(_found_columns(a, ds.manifest["source"]["columns"]) + _prepared_summary(ds))
     return 0
+
+
+def _found_columns(a, used: dict) -> str:
+    """A line naming the columns that were found by name rather than given, if any."""
+    given = {"user": a.user_col, "item": a.item_col, "rating": a.rating_col}
+    found = [f"{w}s {used[w]!r}" for w in given if used.get(w) and not given[w]]
+    return f"columns found by name: {', '.join(found)}\n" if found else ""
 
 
 def _prepared_summary(ds) -> str:

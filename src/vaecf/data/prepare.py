@@ -182,9 +182,11 @@ def prepare_csv(
     """Prepare a CSV/TSV/Parquet file of interactions (cached by fingerprint at `out`).
 
     A text file's header row names its columns; for a file without one, `header=False` and
-    `columns` names them in order (then `user_col`/`item_col`/`rating_col` default to the
-    columns named user, item and rating). `sep`: one character, or 'whitespace' for runs of
-    spaces and tabs (FilmTrust's `ratings.txt`, MovieLens-100K's `u.data`).
+    `columns` names them in order. `user_col`/`item_col` not given are found by name
+    (`sources.resolve_columns`: userId, customer_id, asin, ...), and so is `rating_col` where
+    `settings.min_rating` is set (rating, score, stars, ...). `sep`: one character, or
+    'whitespace' for runs of spaces and tabs (FilmTrust's `ratings.txt`, MovieLens-100K's
+    `u.data`).
 
     `item_names`: a CSV/TSV/Parquet file naming items: `name_col` holds the name, `name_id_col`
     (default: `item_col`) the item id; read with `sep` when given, else by its own suffix.
@@ -192,15 +194,12 @@ def prepare_csv(
     settings = settings or PrepareSettings()
     settings.validate()
     columns = check_columns(header, columns, Path(path).suffix.lower() in {".parquet", ".pq"})
-    user_col, item_col, rating_col = resolve_columns(user_col, item_col, rating_col, columns)
-    if settings.min_rating is not None and rating_col is None:
-        raise DataError(
-            f"{spelled('min_rating')} needs {spelled('rating_col')} to say which column holds "
-            "the ratings"
-        )
     path, out = Path(path), Path(out)
     if not path.is_file():
         raise DataError(f"{path} does not exist or is not a file; pass --path to a CSV/TSV/Parquet")
+    user_col, item_col, rating_col = resolve_columns(
+        path, sep, user_col, item_col, rating_col, columns, settings.min_rating is not None
+    )
     source = {
         "path": str(path.resolve()),
         "sha256": sha256_file(path),

@@ -15,6 +15,7 @@ from pathlib import Path
 import polars as pl
 
 from vaecf.errors import DataError
+from vaecf.settings import spelled
 
 USER, ITEM, RATING = "user_id", "item_id", "rating"
 NAME = "name"  # an item's display name (item names files; read_lastfm(names=True))
@@ -90,20 +91,80 @@ def check_columns(header: bool, columns, is_parquet: bool = False) -> list[str] 
     return columns
 
 
-def resolve_columns(user_col, item_col, rating_col, columns) -> tuple[str, str, str | None]:
-    """--user-col/--item-col/--rating-col, defaulting to the --columns named user, item and
-    rating when a header-less file's columns are named that way."""
-    named = set(columns or ())
-    user_col = user_col or ("user" if "user" in named else None)
-    item_col = item_col or ("item" if "item" in named else None)
-    if rating_col is None and "rating" in named:
-        rating_col = "rating"
-    if not user_col or not item_col:
-        raise DataError(
-            "say which columns hold users and items: --user-col and --item-col (user_col=, "
-            "item_col=), or --no-header --columns user,item[,rating,...] (header=False, columns=)"
-        )
+# id and rating columns found by name where none is named (lower case, without separators), as
+# public datasets spell them: MovieLens userId/movieId, Amazon reviewerID/asin, H&M
+# customer_id/article_id, Yelp business_id, Goodreads book_id, Last.fm artist, the Million Song
+# Dataset's song; each with or without "id"
+_USERS = ("user", "customer", "visitor", "reviewer", "member", "client", "account")
+_ITEMS = ("item", "movie", "product", "track", "article", "business", "book", "artist", "song")
+_ITEMS += ("video", "post")
+USER_NAMES = (*_USERS, *(u + "id" for u in _USERS), "uid")
+ITEM_NAMES = (*_ITEMS, *(i + "id" for i in _ITEMS), "iid", "sku", "asin", "isbn")
+RATING_NAMES = ("rating", "ratings", "score", "stars", "value")  # looked for with min_rating
+
+
+def resolve_columns(
+    path: Path, sep: str | None, user_col, item_col, rating_col, columns, want_rating=False
+) -> tuple[str, str, str | None]:
+    """--user-col/--item-col/--rating-col, each not given found by name (`guess_column`) among
+    the file's columns: its header row's, or a header-less file's --columns (there a column
+    named rating is the ratings). The ratings are looked for where `want_rating` (a
+    --min-rating to apply)."""
+    rating_col = rating_col or ("rating" if "rating" in (columns or ()) else None)
+    if user_col and item_col and (rating_col or not want_rating):
+        return user_col, item_col, rating_col  # read_table checks that they exist
+    names = file_columns(path, sep) if columns is None else list(columns)
+    user_col = guess_column(names, user_col, USER_NAMES, "user")
+    item_col = guess_column(names, item_col, ITEM_NAMES, "item")
+    if rating_col is None and want_rating:
+        rating_col = guess_column(names, None, RATING_NAMES, "rating")
     return user_col, item_col, rating_col
+
+
+def guess_column(columns: list[str], given: str | None, known: tuple[str, ...], what: str) -> str:
+    """`given`, checked to be one of `columns`; else the first of `columns` whose name, in
+    lower case without separators, is one of `known`."""
+    flag = spelled(f"{what}_col")
+    if given is not None:
+        if given not in columns:
+            raise DataError(f"{flag} {given!r} is not a column; the columns: {columns}")
+        return given
+    for c in columns:
+        if re.sub(r"[^a-z0-9]", "", c.lower()) in known:
+            return c
+    raise DataError(f"say which column holds the {what}s: {flag} (the columns: {columns})")
+
+
+def file_columns(path: Path, sep: str | None) -> list[str]:
+    """The column names in a file's header row; a first line of numbers is refused with how
+    to name the columns of a file that has no header row."""
+    if path.suffix.lower() in {".parquet", ".pq"}:
+        try:
+            return list(pl.read_parquet_schema(path))
+        except (pl.exceptions.PolarsError, OSError) as e:
+            raise DataError(f"cannot read {path} as Parquet: {e}") from None
+    if path.stat().st_size == 0:
+        raise DataError(f"{path} is empty; pass a file with a header row and interactions")
+    first = first_line(path)
+    s = sep_for(path, sep)  # as read_table will read it
+    names = [n.strip().strip('"') for n in (first.split() if s == WHITESPACE else first.split(s))]
+    name_them = (
+        "name its columns in order, e.g. --no-header --columns user,item,rating (header=False, "
+        'columns=["user", "item", "rating"])'
+    )
+    if len(names) == 1 and (hint := sep_hint(first, s)).startswith("; its fields"):
+        if all(map(_number, re.split(r"[\t;| ]+", first.strip()))):
+            hint += f", and {name_them}"
+        raise DataError(f"{path}'s first line, {first.strip()!r}, reads as one column{hint}")
+    if names and all(map(_number, names)):
+        raise DataError(
+            f"{path} has no header row (its first line, {first.strip()!r}, is data): {name_them}"
+        )
+    return names
+
+
+def _number(text: str) -> bool:
+    return re.fullmatch(r"[-+]?[0-9.]+(e[-+]?[0-9]+)?", text, re.I) is not None
 
 
 def _whitespace_frame(src, path: Path, columns: list[str] | None) -> pl.DataFrame:
