@@ -85,8 +85,14 @@ def test_score_cli_writes_atomically_and_checks_columns(run, tmp_path, capsys):
     (out.parent / ".recs.csv.abc123.tmp").write_bytes(b"half a file")
     assert main([*args, "-k", "3", "--out", str(out), "--quiet"]) == 0
     assert [p.name for p in out.parent.iterdir()] == ["recs.csv"]
-    assert main(["score", str(run), "--input", str(src), "--out", str(out), "--quiet"]) == 2
-    assert "--user-col" in capsys.readouterr().err
+    flagged = out.read_bytes()  # without the flags, uid and movie are found by name
+    assert main(["score", str(run), "--input", str(src), "-k", "3", "--out", str(out)]) == 0
+    assert out.read_bytes() == flagged
+    odd = tmp_path / "odd.parquet"
+    interactions(12).rename({"uid": "who", "movie": "what"}).write_parquet(odd)
+    assert main(["score", str(run), "--input", str(odd), "--out", str(out), "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert "--user-col (user_col=)" in err and "'who'" in err
     with pytest.raises(DataError, match="does not exist"):
         score_file(Recommender.load(run), tmp_path / "nope.csv", "u", "i", tmp_path / "o.parquet")
 

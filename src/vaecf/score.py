@@ -32,6 +32,7 @@ import numpy as np
 import polars as pl
 import torch
 
+from vaecf.data.sources import ITEM_NAMES, USER_NAMES, guess_column
 from vaecf.data.vocab import INT_ID
 from vaecf.errors import DataError, WriteError
 from vaecf.evaluate import SCORE_BUDGET
@@ -53,7 +54,11 @@ PART_ROW_BYTES = 10
 CSV_ROW_BYTES = 40
 
 
-def scan_interactions(path: str | os.PathLike, user_col: str, item_col: str) -> pl.LazyFrame:
+def scan_interactions(
+    path: str | os.PathLike, user_col: str | None, item_col: str | None
+) -> tuple[pl.LazyFrame, str, str]:
+    """(the file's user and item columns, without nulls, lazily; their names): those named, or
+    found by name as `vaecf prepare csv` finds them (`sources.guess_column`)."""
     path = Path(path)
     if not path.is_file():
         raise DataError(f"{path} does not exist; pass an interaction file (.csv or .parquet)")
@@ -68,13 +73,9 @@ def scan_interactions(path: str | os.PathLike, user_col: str, item_col: str) -> 
         names = lf.collect_schema().names()
     except Exception as e:
         raise DataError(f"{path} is not a readable {suffix[1:]} file ({e})") from None
-    missing = [c for c in (user_col, item_col) if c not in names]
-    if missing:
-        raise DataError(
-            f"{path} has no column {', '.join(map(repr, missing))}; its columns: "
-            f"{', '.join(names)} (choose them with --user-col and --item-col)"
-        )
-    return lf.select(user_col, item_col).drop_nulls()
+    user_col = guess_column(names, user_col, USER_NAMES, "user")
+    item_col = guess_column(names, item_col, ITEM_NAMES, "item")
+    return lf.select(user_col, item_col).drop_nulls(), user_col, item_col
 
 
 def _cast_ids(col: pl.Expr, given: pl.DataType, vocab: pl.DataType) -> pl.Expr:
@@ -124,8 +125,8 @@ def check_disk(out: Path, n_users: int, k: int) -> int:
 def score_file(
     rec: Recommender,
     path: str | os.PathLike,
-    user_col: str,
-    item_col: str,
+    user_col: str | None,
+    item_col: str | None,
     out: str | os.PathLike,
     k: int = 100,
     exclude_seen: bool = True,
@@ -133,7 +134,8 @@ def score_file(
     batch_users: int = 1024,
     progress: Callable[[int], None] | None = None,
 ) -> dict:
-    """Write top-`k` recommendations for every user of `path` to `out` (.parquet or .csv).
+    """Write top-`k` recommendations for every user of `path` to `out` (.parquet or .csv);
+    its user and item columns `user_col` and `item_col`, or found by name (None).
     `progress(n)` is called after every n users scored. Returns {"users", "rows", "chunks",
     "cold_users", "out"}: cold users had no known item and got the popularity ranking."""
     if chunk_rows < 1 or batch_users < 1:
@@ -141,7 +143,7 @@ def score_file(
     out = Path(out)
     if out.suffix.lower() not in (".parquet", ".csv"):
         raise DataError(f"--out {out}: give a .parquet or .csv file name")
-    lf = scan_interactions(path, user_col, item_col)
+    lf, user_col, item_col = scan_interactions(path, user_col, item_col)
     out.parent.mkdir(parents=True, exist_ok=True)
     with writer_lock(out, "vaecf score"):
         sweep_temps(out)  # what a killed run left beside `out` (its parts, its temp file)

@@ -46,8 +46,8 @@ def cmd_serve(a) -> int:
 class ScoreSettings(Scoring):
     """`vaecf score`: the history file's columns, k, and how much is read and scored at once."""
 
-    user_col: str = setting("user_id", "user column")
-    item_col: str = setting("item_id", "item column")
+    user_col: str | None = setting(None, "user column (unset: found by name, as prepare csv does)")
+    item_col: str | None = setting(None, "item column (unset: found by name, as prepare csv does)")
     k: int = setting(100, "items per user", flag="-k")
     chunk_rows: int = setting(2_000_000, "interactions read at once")
     batch_users: int = setting(1024, "users per scoring call")
