@@ -563,6 +563,8 @@ def test_out_that_is_not_a_dataset_is_refused(csv_file, tmp_path):
 def test_prepared_dataset_errors(tmp_path, csv_file):
     with pytest.raises(DataError, match="no manifest.json"):
         PreparedDataset(tmp_path)
+    with pytest.raises(DataError, match=r"it is a file: prepare it first, `vaecf prepare csv"):
+        PreparedDataset(csv_file)  # a raw file where a prepared dataset goes
     ds = prepare(csv_file, tmp_path / "out")
     with pytest.raises(ValueError, match="split must be one of"):
         ds.split("valid")

@@ -90,10 +90,13 @@ class PreparedDataset:
         self.path = Path(path)
         mpath = self.path / "manifest.json"
         if not mpath.is_file():
-            raise DataError(
-                f"{self.path} is not a prepared dataset (no manifest.json); "
-                "create one with `vaecf prepare ... --out DIR`"
-            )
+            how = "create one with `vaecf prepare ... --out DIR`"
+            if self.path.is_file():  # a raw file of interactions, passed where a dataset goes
+                how = (
+                    f"it is a file: prepare it first, `vaecf prepare csv --path {self.path} "
+                    "--heldout-users N --out DIR` (vaecf.prepare_csv), then pass DIR"
+                )
+            raise DataError(f"{self.path} is not a prepared dataset (no manifest.json); {how}")
         try:
             manifest = json.loads(mpath.read_bytes().decode("utf-8"))
         except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as e:
