@@ -7,7 +7,7 @@ from pathlib import Path
 import polars as pl
 import pytest
 
-from vaecf.data.sources import ITEM, RATING, USER, read_table
+from vaecf.data.sources import ITEM, ITEM_NAMES, RATING, USER, USER_NAMES, guess_column, read_table
 from vaecf.errors import DataError
 
 
@@ -257,3 +257,16 @@ def test_a_file_read_as_one_column_names_the_separator_that_splits_it(tmp_path):
     headed = _text_file(tmp_path, "h.csv", "user;item\n1;10\n")
     with pytest.raises(DataError, match=r"its fields look separated by ';': pass --sep ';'"):
         read_table(headed, "user", "item")
+
+
+def test_id_columns_are_found_by_name_in_order_of_preference():
+    """Any case, with or without separators; user_id before customer_id whatever the file's
+    order; the first of two spellings of one name; none known: refused with the columns."""
+    assert guess_column(["customer_id", "User_ID", "x"], None, USER_NAMES, "user") == "User_ID"
+    assert guess_column(["ts", "reviewerID", "asin"], None, ITEM_NAMES, "item") == "asin"
+    assert guess_column(["Item", "ITEM"], None, ITEM_NAMES, "item") == "Item"
+    assert guess_column(["a", "b"], "b", USER_NAMES, "user") == "b"
+    with pytest.raises(DataError, match=r"--user-col \(user_col=\) 'c' is not a column"):
+        guess_column(["a", "b"], "c", USER_NAMES, "user")
+    with pytest.raises(DataError, match=r"which column holds the items: --item-col"):
+        guess_column(["who", "what"], None, ITEM_NAMES, "item")

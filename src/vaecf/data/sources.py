@@ -98,8 +98,8 @@ def check_columns(header: bool, columns, is_parquet: bool = False) -> list[str] 
 _USERS = ("user", "customer", "visitor", "reviewer", "member", "client", "account")
 _ITEMS = ("item", "movie", "product", "track", "article", "business", "book", "artist", "song")
 _ITEMS += ("video", "post")
-USER_NAMES = (*_USERS, *(u + "id" for u in _USERS), "uid")
-ITEM_NAMES = (*_ITEMS, *(i + "id" for i in _ITEMS), "iid", "sku", "asin", "isbn")
+USER_NAMES = (*(n for u in _USERS for n in (u, u + "id")), "uid")  # in order of preference
+ITEM_NAMES = (*(n for i in _ITEMS for n in (i, i + "id")), "iid", "sku", "asin", "isbn")
 RATING_NAMES = ("rating", "ratings", "score", "stars", "value")  # looked for with min_rating
 
 
@@ -122,16 +122,17 @@ def resolve_columns(
 
 
 def guess_column(columns: list[str], given: str | None, known: tuple[str, ...], what: str) -> str:
-    """`given`, checked to be one of `columns`; else the first of `columns` whose name, in
-    lower case without separators, is one of `known`."""
+    """`given`, checked to be one of `columns`; else the column whose name, in lower case
+    without separators, comes first in `known` (user_id before customer_id)."""
     flag = spelled(f"{what}_col")
     if given is not None:
         if given not in columns:
             raise DataError(f"{flag} {given!r} is not a column; the columns: {columns}")
         return given
-    for c in columns:
-        if re.sub(r"[^a-z0-9]", "", c.lower()) in known:
-            return c
+    plain = {re.sub(r"[^a-z0-9]", "", c.lower()): c for c in reversed(columns)}
+    for name in known:
+        if name in plain:
+            return plain[name]
     raise DataError(f"say which column holds the {what}s: {flag} (the columns: {columns})")
 
 
