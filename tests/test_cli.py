@@ -673,6 +673,9 @@ def test_a_mistyped_choice_gets_one_line_and_the_nearest_choice(capsys):
     with pytest.raises(SystemExit):
         main(["trian"])
     assert "did you mean 'train'?" in capsys.readouterr().err
+    with pytest.raises(SystemExit):  # a missing sub-command: its choices
+        main(["bench"])
+    assert "required: WHAT (one of: train, infer, eval)\n" in capsys.readouterr().err
 
 
 def test_vaecf_alone_lists_the_verbs_and_where_to_start(capsys):

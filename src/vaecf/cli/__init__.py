@@ -24,6 +24,12 @@ class Parser(argparse.ArgumentParser):
     """A bad command line gets one line on what is wrong (the nearest choice where one was
     mistyped) and where to read more, not the verb's whole usage."""
 
+    verbs = None  # this parser's sub-commands (`add_subparsers`), if any
+
+    def add_subparsers(self, **kwargs):
+        self.verbs = super().add_subparsers(**kwargs)
+        return self.verbs
+
     def error(self, message: str):
         import difflib
         import re
@@ -33,6 +39,8 @@ class Parser(argparse.ArgumentParser):
             choices = [c.strip(" '") for c in wrong.group(2).split(",")]
             near = difflib.get_close_matches(wrong.group(1), choices, 1)
             message += f"; did you mean {near[0]!r}?" if near else ""
+        elif self.verbs is not None and message.endswith(f"required: {self.verbs.metavar}"):
+            message += f" (one of: {', '.join(self.verbs.choices)})"  # `vaecf prepare` alone
         self.exit(2, f"{self.prog}: error: {message}\nsee `{self.prog} --help`\n")
 
 
