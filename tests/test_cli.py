@@ -202,7 +202,7 @@ def queries(ws, env, popular, manifest_text) -> dict:
             ],
             "prepare_by_names": [  # the columns found by their names: the same dataset
                 "prepare", "csv", "--path", ws.csv, "--min-rating", MIN_RATING,
-                "--heldout-users", 50, "--out", ws.data,
+                "--heldout-users", 50, "--out", ws.root / "by-names",
             ],
             "info_json": ["info", ws.data, "--json"],
             "eval_test": ["evaluate", ws.run, "--json"],
@@ -250,8 +250,11 @@ def test_prepare_finds_the_columns_by_name_and_says_which(ws, queries, manifest_
     assert r.returncode == 0, str(r)
     first, second = r.stdout.splitlines()
     assert first == "columns found by name: users 'user_id', items 'item_id', ratings 'rating'"
-    assert second.startswith(f"prepared {ws.data}:")
-    assert (ws.data / "manifest.json").read_text() == manifest_text  # reused as it was
+    assert second.startswith(f"prepared {ws.root / 'by-names'}:")
+    got = json.loads((ws.root / "by-names" / "manifest.json").read_text())
+    want = json.loads(manifest_text)  # the dataset prepared with the columns named
+    assert got["source"]["columns"] == want["source"]["columns"]
+    assert got["counts"] == want["counts"] and got["settings"] == want["settings"]
 
 
 def test_prepare_again_with_same_settings_reuses_the_dataset(ws, queries, manifest_text):
