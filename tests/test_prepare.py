@@ -677,6 +677,10 @@ def test_columns_not_given_are_found_by_name_or_refused_with_the_list(tmp_path):
         "rating": "rating",
     }
     assert ds.manifest["counts"]["n_users"] == 8
+    bom = tmp_path / "excel.csv"  # a spreadsheet's UTF-8 byte-order mark before the header
+    bom.write_bytes(b"\xef\xbb\xbf" + path.read_bytes())
+    again = prepare_csv(bom, tmp_path / "bom", settings=settings)
+    assert again.manifest["source"]["columns"] == ds.manifest["source"]["columns"]
     odd = _write(tmp_path / "odd.csv", "who,what,grade\n" + "\n".join(_rows()) + "\n")
     with pytest.raises(DataError, match=r"--user-col \(user_col=\) \(the columns: \['who'"):
         prepare_csv(odd, tmp_path / "odd")

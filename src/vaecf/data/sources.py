@@ -378,8 +378,9 @@ def csv_bad_line(path: Path, sep: str, n_fields: int | None = None) -> str | Non
 
 
 def first_line(path: Path) -> str:
-    """A text file's first line, without its ending (any of LF, CRLF, CR)."""
-    with open(path, encoding="utf-8", errors="replace", newline="") as f:
+    """A text file's first line, without its ending (any of LF, CRLF, CR) and without a UTF-8
+    byte-order mark (which spreadsheets write first, and the CSV reader drops)."""
+    with open(path, encoding="utf-8-sig", errors="replace", newline="") as f:
         return re.split(r"\r\n?|\n", f.readline(1 << 16))[0]
 
 
