@@ -44,7 +44,12 @@ def fits_home(tmp_path, monkeypatch):
 
 @pytest.fixture
 def private_tmp(tmp_path, monkeypatch):
-    """Temporary files go to an empty directory we can inspect; the working directory too."""
+    """Temporary files go to an empty directory we can inspect; the working directory too.
+    torch._dynamo is imported first: PyTorch's Adam imports it, and the import makes PyTorch's
+    own cache directory (torchinductor_USER) in the temporary directory, once a process; the
+    suite passed only where an earlier test of the same worker had imported it."""
+    import torch._dynamo  # noqa: F401
+
     tdir = tmp_path / "tmp"
     tdir.mkdir()
     monkeypatch.setattr(tempfile, "tempdir", str(tdir))
