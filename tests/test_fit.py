@@ -324,3 +324,6 @@ def test_float_id_columns_are_the_integers_they_spell(tmp_path):
     holed.loc[holed.index[0], "movieId"] = 2.5
     with pytest.raises(DataError, match=r"'movieId', row 1: id 2\.5 is not a whole number"):
         vaecf.fit(holed, **kw)
+    holed.loc[holed.index[0], "movieId"] = 8.3e128  # whole, but past 64-bit integers
+    with pytest.raises(DataError, match=r"row 1: id 8\.3e\+128 is not a whole number within 64"):
+        vaecf.fit(holed, **kw)

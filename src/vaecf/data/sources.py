@@ -206,13 +206,15 @@ def int_if_possible(col: pl.Series) -> pl.Series:
 
 def ids_of_floats(s: pl.Series, where: str) -> pl.Series:
     """Float ids (what pandas makes of an integer column that held a NaN) as the integers they
-    spell: 13.0 -> 13. A value with a fraction, NaN or infinity is an error naming it."""
-    bad = ~s.is_finite() | (s != s.floor())
+    spell: 13.0 -> 13. A value with a fraction, NaN, infinity or beyond 64-bit integers is an
+    error naming it."""
+    bad = ~s.is_finite() | (s != s.floor()) | (s.abs() >= 2.0**63)
     if bad.any():
         row = int(bad.arg_true()[0])
         raise DataError(
-            f"{where}, row {row + 1}: id {s[row]!r} is not a whole number; ids must be integers "
-            "or text (convert the column, e.g. with .astype('Int64') or .astype(str))"
+            f"{where}, row {row + 1}: id {s[row]!r} is not a whole number within 64-bit "
+            "integers; ids must be integers or text (convert the column, e.g. with "
+            ".astype('Int64') or .astype(str))"
         )
     return s.cast(pl.Int64)
 
