@@ -7,7 +7,16 @@ from pathlib import Path
 import polars as pl
 import pytest
 
-from vaecf.data.sources import ITEM, ITEM_NAMES, RATING, USER, USER_NAMES, guess_column, read_table
+from vaecf.data.sources import (
+    ITEM,
+    ITEM_NAMES,
+    RATING,
+    USER,
+    USER_NAMES,
+    found_by_name,
+    guess_column,
+    read_table,
+)
 from vaecf.errors import DataError
 
 
@@ -270,3 +279,9 @@ def test_id_columns_are_found_by_name_in_order_of_preference():
         guess_column(["a", "b"], "c", USER_NAMES, "user")
     with pytest.raises(DataError, match=r"which column holds the items: --item-col"):
         guess_column(["who", "what"], None, ITEM_NAMES, "item")
+
+
+def test_the_line_naming_the_columns_found_by_name():
+    used = {"user": "userId", "item": "movieId", "rating": None}
+    assert found_by_name({"user": "userId"}, used) == "columns found by name: items 'movieId'"
+    assert found_by_name({"user": "userId", "item": "movieId"}, used) == ""

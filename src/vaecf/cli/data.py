@@ -52,6 +52,7 @@ def add_columns_options(p) -> None:
 
 def cmd_prepare(a) -> int:
     from vaecf.data.prepare import PrepareSettings, prepare_csv
+    from vaecf.data.sources import found_by_name
 
     ds = prepare_csv(
         a.path,
@@ -71,15 +72,11 @@ def cmd_prepare(a) -> int:
     if a.json:
         print_json({"path": str(ds.path), **ds.manifest})
     else:
-        print(_found_columns(a, ds.manifest["source"]["columns"]) + _prepared_summary(ds))
+        given = {"user": a.user_col, "item": a.item_col, "rating": a.rating_col}
+        if found := found_by_name(given, ds.manifest["source"]["columns"]):
+            print(found)
+        print(_prepared_summary(ds))
     return 0
-
-
-def _found_columns(a, used: dict) -> str:
-    """A line naming the columns that were found by name rather than given, if any."""
-    given = {"user": a.user_col, "item": a.item_col, "rating": a.rating_col}
-    found = [f"{w}s {used[w]!r}" for w in given if used.get(w) and not given[w]]
-    return f"columns found by name: {', '.join(found)}\n" if found else ""
 
 
 def _prepared_summary(ds) -> str:

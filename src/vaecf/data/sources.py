@@ -121,6 +121,15 @@ def resolve_columns(
     return user_col, item_col, rating_col
 
 
+def found_by_name(given: dict, used: dict) -> str:
+    """A line naming the columns of `used` ({"user": ..., "item": ..., "rating": ...}, as a
+    prepared dataset's manifest records them) that were found by name, not `given`; "" if none."""
+    found = [
+        f"{w}s {used[w]!r}" for w in ("user", "item", "rating") if used.get(w) and not given.get(w)
+    ]
+    return f"columns found by name: {', '.join(found)}" if found else ""
+
+
 def guess_column(columns: list[str], given: str | None, known: tuple[str, ...], what: str) -> str:
     """`given`, checked to be one of `columns`; else the column whose name, in lower case
     without separators, comes first in `known` (user_id before customer_id)."""

@@ -120,6 +120,7 @@ def train_all(
 def _train_all(csv_path, out, entries, seeds, prepare, epochs, device, log) -> list[Record]:
     from vaecf.config import TrainConfig
     from vaecf.data.prepare import PrepareSettings, load_prepared, prepare_csv
+    from vaecf.data.sources import found_by_name
     from vaecf.training import train
 
     keys = ("user_col", "item_col", "rating_col", "sep", "header", "columns")
@@ -138,6 +139,10 @@ def _train_all(csv_path, out, entries, seeds, prepare, epochs, device, log) -> l
             settings=PrepareSettings(**prepare, seed=seed),
             **columns,
         )
+        if seed == seeds[0] and prepared is None:
+            given = {w: columns.get(f"{w}_col") for w in ("user", "item", "rating")}
+            if found := found_by_name(given, ds.manifest["source"]["columns"]):
+                log(found)
         for e in entries:
             run = out / "runs" / e.label / f"seed-{seed}"
             cls = models.get(e.model)
