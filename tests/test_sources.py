@@ -7,16 +7,8 @@ from pathlib import Path
 import polars as pl
 import pytest
 
-from vaecf.data.sources import (
-    ITEM,
-    ITEM_NAMES,
-    RATING,
-    USER,
-    USER_NAMES,
-    found_by_name,
-    guess_column,
-    read_table,
-)
+from vaecf.data.columns import ITEM_NAMES, USER_NAMES, found_by_name, guess_column
+from vaecf.data.sources import ITEM, RATING, USER, read_table
 from vaecf.errors import DataError
 
 

@@ -27,22 +27,10 @@ import numpy as np
 import polars as pl
 import scipy.sparse as sp
 
+from vaecf.data.columns import ITEM_NAMES, RATING_NAMES, USER_NAMES, guess_column, resolve_columns
 from vaecf.data.prepare import PreparedDataset, PrepareSettings, fingerprint, prepare_frame
 from vaecf.data.registry import home
-from vaecf.data.sources import (
-    ITEM,
-    ITEM_NAMES,
-    NAME,
-    RATING,
-    RATING_NAMES,
-    USER,
-    USER_NAMES,
-    guess_column,
-    ids_of_floats,
-    int_if_possible,
-    read_table,
-    resolve_columns,
-)
+from vaecf.data.sources import ITEM, NAME, RATING, USER, ids_of_floats, int_if_possible, read_table
 from vaecf.errors import ConfigError, DataError
 
 MAX_VALIDATION_USERS = 10_000  # the paper's held-out count on ML-20M; a share stops growing here

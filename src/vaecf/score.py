@@ -32,7 +32,7 @@ import numpy as np
 import polars as pl
 import torch
 
-from vaecf.data.sources import ITEM_NAMES, USER_NAMES, guess_column
+from vaecf.data.columns import ITEM_NAMES, USER_NAMES, guess_column
 from vaecf.data.vocab import INT_ID
 from vaecf.errors import DataError, WriteError
 from vaecf.evaluate import SCORE_BUDGET
@@ -58,7 +58,7 @@ def scan_interactions(
     path: str | os.PathLike, user_col: str | None, item_col: str | None
 ) -> tuple[pl.LazyFrame, str, str]:
     """(the file's user and item columns, without nulls, lazily; their names): those named, or
-    found by name as `vaecf prepare csv` finds them (`sources.guess_column`)."""
+    found by name as `vaecf prepare csv` finds them (`data.columns.guess_column`)."""
     path = Path(path)
     if not path.is_file():
         raise DataError(f"{path} does not exist; pass an interaction file (.csv or .parquet)")

@@ -51,8 +51,8 @@ def add_columns_options(p) -> None:
 
 
 def cmd_prepare(a) -> int:
+    from vaecf.data.columns import found_by_name
     from vaecf.data.prepare import PrepareSettings, prepare_csv
-    from vaecf.data.sources import found_by_name
 
     ds = prepare_csv(
         a.path,

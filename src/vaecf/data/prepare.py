@@ -19,6 +19,7 @@ from pathlib import Path
 import numpy as np
 import polars as pl
 
+from vaecf.data.columns import resolve_columns
 from vaecf.data.prepared import (
     FORMAT_VERSION,
     ITEM_NAMES,
@@ -35,15 +36,7 @@ from vaecf.data.preprocess import (
     preprocess,
     vocab_names,
 )
-from vaecf.data.sources import (
-    ITEM,
-    NAME,
-    RATING,
-    USER,
-    check_columns,
-    read_table,
-    resolve_columns,
-)
+from vaecf.data.sources import ITEM, NAME, RATING, USER, check_columns, read_table
 from vaecf.data.vocab import Vocabulary
 from vaecf.errors import DataError
 from vaecf.safewrite import atomic_dir, atomic_file, save_csr, sweep_temps, write_json
@@ -183,7 +176,7 @@ def prepare_csv(
 
     A text file's header row names its columns; for a file without one, `header=False` and
     `columns` names them in order. `user_col`/`item_col` not given are found by name
-    (`sources.resolve_columns`: userId, customer_id, asin, ...), and so is `rating_col` where
+    (`columns.resolve_columns`: userId, customer_id, asin, ...), and so is `rating_col` where
     `settings.min_rating` is set (rating, score, stars, ...). `sep`: one character, or
     'whitespace' for runs of spaces and tabs (FilmTrust's `ratings.txt`, MovieLens-100K's
     `u.data`).

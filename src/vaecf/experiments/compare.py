@@ -119,8 +119,8 @@ def train_all(
 
 def _train_all(csv_path, out, entries, seeds, prepare, epochs, device, log) -> list[Record]:
     from vaecf.config import TrainConfig
+    from vaecf.data.columns import found_by_name
     from vaecf.data.prepare import PrepareSettings, load_prepared, prepare_csv
-    from vaecf.data.sources import found_by_name
     from vaecf.training import train
 
     keys = ("user_col", "item_col", "rating_col", "sep", "header", "columns")

@@ -1,0 +1,101 @@
+"""Which columns of an interactions file hold the users, the items and the ratings: those named
+(--user-col, --item-col, --rating-col), else found by their names as public datasets spell them
+(`guess_column`), from the file's header row (`file_columns`) or a header-less file's
+--columns. `vaecf prepare csv`, `compare --data`, `score` and `vaecf.fit` all find them here.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import polars as pl
+
+from vaecf.data.sources import WHITESPACE, first_line, sep_for, sep_hint
+from vaecf.errors import DataError
+from vaecf.settings import spelled
+
+# id and rating columns found by name where none is named (lower case, without separators), as
+# public datasets spell them: MovieLens userId/movieId, Amazon reviewerID/asin, H&M
+# customer_id/article_id, Yelp business_id, Goodreads book_id, Last.fm artist, the Million Song
+# Dataset's song; each with or without "id"
+_USERS = ("user", "customer", "visitor", "reviewer", "member", "client", "account")
+_ITEMS = ("item", "movie", "product", "track", "article", "business", "book", "artist", "song")
+_ITEMS += ("video", "post")
+USER_NAMES = (*(n for u in _USERS for n in (u, u + "id")), "uid")  # in order of preference
+ITEM_NAMES = (*(n for i in _ITEMS for n in (i, i + "id")), "iid", "sku", "asin", "isbn")
+RATING_NAMES = ("rating", "ratings", "score", "stars", "value")  # looked for with min_rating
+
+
+def resolve_columns(
+    path: Path, sep: str | None, user_col, item_col, rating_col, columns, want_rating=False
+) -> tuple[str, str, str | None]:
+    """--user-col/--item-col/--rating-col, each not given found by name (`guess_column`) among
+    the file's columns: its header row's, or a header-less file's --columns (there a column
+    named rating is the ratings). The ratings are looked for where `want_rating` (a
+    --min-rating to apply)."""
+    rating_col = rating_col or ("rating" if "rating" in (columns or ()) else None)
+    if user_col and item_col and (rating_col or not want_rating):
+        return user_col, item_col, rating_col  # read_table checks that they exist
+    names = file_columns(path, sep) if columns is None else list(columns)
+    user_col = guess_column(names, user_col, USER_NAMES, "user")
+    item_col = guess_column(names, item_col, ITEM_NAMES, "item")
+    if rating_col is None and want_rating:
+        rating_col = guess_column(names, None, RATING_NAMES, "rating")
+    return user_col, item_col, rating_col
+
+
+def found_by_name(given: dict, used: dict) -> str:
+    """A line naming the columns of `used` ({"user": ..., "item": ..., "rating": ...}, as a
+    prepared dataset's manifest records them) that were found by name, not `given`; "" if none."""
+    found = [
+        f"{w}s {used[w]!r}" for w in ("user", "item", "rating") if used.get(w) and not given.get(w)
+    ]
+    return f"columns found by name: {', '.join(found)}" if found else ""
+
+
+def guess_column(columns: list[str], given: str | None, known: tuple[str, ...], what: str) -> str:
+    """`given`, checked to be one of `columns`; else the column whose name, in lower case
+    without separators, comes first in `known` (user_id before customer_id)."""
+    flag = spelled(f"{what}_col")
+    if given is not None:
+        if given not in columns:
+            raise DataError(f"{flag} {given!r} is not a column; the columns: {columns}")
+        return given
+    plain = {re.sub(r"[^a-z0-9]", "", c.lower()): c for c in reversed(columns)}
+    for name in known:
+        if name in plain:
+            return plain[name]
+    raise DataError(f"say which column holds the {what}s: {flag} (the columns: {columns})")
+
+
+def file_columns(path: Path, sep: str | None) -> list[str]:
+    """The column names in a file's header row; a first line of numbers is refused with how
+    to name the columns of a file that has no header row."""
+    if path.suffix.lower() in {".parquet", ".pq"}:
+        try:
+            return list(pl.read_parquet_schema(path))
+        except (pl.exceptions.PolarsError, OSError) as e:
+            raise DataError(f"cannot read {path} as Parquet: {e}") from None
+    if path.stat().st_size == 0:
+        raise DataError(f"{path} is empty; pass a file with a header row and interactions")
+    first = first_line(path)
+    s = sep_for(path, sep)  # as read_table will read it
+    names = [n.strip().strip('"') for n in (first.split() if s == WHITESPACE else first.split(s))]
+    name_them = (
+        "name its columns in order, e.g. --no-header --columns user,item,rating (header=False, "
+        'columns=["user", "item", "rating"])'
+    )
+    if len(names) == 1 and (hint := sep_hint(first, s)).startswith("; its fields"):
+        if all(map(_number, re.split(r"[\t;| ]+", first.strip()))):
+            hint += f", and {name_them}"
+        raise DataError(f"{path}'s first line, {first.strip()!r}, reads as one column{hint}")
+    if names and all(map(_number, names)):
+        raise DataError(
+            f"{path} has no header row (its first line, {first.strip()!r}, is data): {name_them}"
+        )
+    return names
+
+
+def _number(text: str) -> bool:
+    return re.fullmatch(r"[-+]?[0-9.]+(e[-+]?[0-9]+)?", text, re.I) is not None
