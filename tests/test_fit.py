@@ -68,6 +68,7 @@ def test_fit_pandas_recommends_within_taste_and_keeps_its_work_where_it_says(
     assert list(tdir.iterdir()) == [] and list(cwd.iterdir()) == []  # nothing left elsewhere
     (work,) = fits_home.iterdir()
     said = capsys.readouterr().out
+    assert said.startswith("vaecf.fit: columns found by name: users 'userId', items 'movieId'\n")
     assert f"kept in {work / 'run'}" in said
     # the default 60 s, less what reading and preparing the data took (more on a cold start)
     assert 50 <= int(re.search(r"within (\d+) s", said).group(1)) <= 60

@@ -27,7 +27,14 @@ import numpy as np
 import polars as pl
 import scipy.sparse as sp
 
-from vaecf.data.columns import ITEM_NAMES, RATING_NAMES, USER_NAMES, guess_column, resolve_columns
+from vaecf.data.columns import (
+    ITEM_NAMES,
+    RATING_NAMES,
+    USER_NAMES,
+    found_by_name,
+    guess_column,
+    resolve_columns,
+)
 from vaecf.data.prepare import PreparedDataset, PrepareSettings, fingerprint, prepare_frame
 from vaecf.data.registry import home
 from vaecf.data.sources import ITEM, NAME, RATING, USER, ids_of_floats, int_if_possible, read_table
@@ -52,8 +59,6 @@ def _from_matrix(m, rating_col, min_rating) -> pl.DataFrame:
 
 
 def _frame_columns(df: pl.DataFrame, user_col, item_col, rating_col) -> pl.DataFrame:
-    user_col = guess_column(df.columns, user_col, USER_NAMES, "user")
-    item_col = guess_column(df.columns, item_col, ITEM_NAMES, "item")
     if rating_col is not None and rating_col not in df.columns:
         raise DataError(f"rating_col={rating_col!r} is not a column; the columns: {df.columns}")
     out = {USER: df.get_column(user_col), ITEM: df.get_column(item_col)}
@@ -91,12 +96,14 @@ def _from_pandas(df) -> pl.DataFrame:
     return pl.DataFrame(cols)
 
 
-def _read(data, cols, min_rating, sep, columns) -> pl.DataFrame:
+def _read(data, cols, min_rating, sep, columns) -> tuple[pl.DataFrame, dict]:
+    """(the interactions in vaecf's columns, the user, item and rating columns they came
+    from: {} for a matrix)."""
     user_col, item_col, rating_col = cols
     if columns is not None and not isinstance(data, (str, os.PathLike)):
         raise DataError("columns= names a header-less file's columns; drop it for this data")
     if sp.issparse(data):
-        return _from_matrix(data, rating_col, min_rating)
+        return _from_matrix(data, rating_col, min_rating), {}
     if isinstance(data, (str, os.PathLike)):
         path = Path(data)
         if not path.is_file():
@@ -105,7 +112,8 @@ def _read(data, cols, min_rating, sep, columns) -> pl.DataFrame:
             path, sep, user_col, item_col, rating_col, columns, min_rating is not None
         )
         header = columns is None
-        return read_table(path, user_col, item_col, rating_col, sep, header, columns)
+        frame = read_table(path, user_col, item_col, rating_col, sep, header, columns)
+        return frame, {"user": user_col, "item": item_col, "rating": rating_col}
     if isinstance(data, pl.LazyFrame):
         data = data.collect()
     if not isinstance(data, pl.DataFrame):
@@ -115,9 +123,12 @@ def _read(data, cols, min_rating, sep, columns) -> pl.DataFrame:
                 f"items) or the path of a CSV/TSV/Parquet file, not {type(data).__name__}"
             )
         data = _from_pandas(data)
+    user_col = guess_column(data.columns, user_col, USER_NAMES, "user")
+    item_col = guess_column(data.columns, item_col, ITEM_NAMES, "item")
     if min_rating is not None and rating_col is None:
         rating_col = guess_column(data.columns, None, RATING_NAMES, "rating")
-    return _frame_columns(data, user_col, item_col, rating_col)
+    used = {"user": user_col, "item": item_col, "rating": rating_col}
+    return _frame_columns(data, user_col, item_col, rating_col), used
 
 
 def _names_frame(item_names) -> pl.DataFrame | None:
@@ -218,7 +229,7 @@ def fit(
     t0 = time.perf_counter()
     train_cfg, model_cfg = _split_settings(model, settings)
     train_cfg.validate()  # before any work
-    frame = _read(data, (user_col, item_col, rating_col), min_rating, sep, columns)
+    frame, used = _read(data, (user_col, item_col, rating_col), min_rating, sep, columns)
     prep = _prepare_settings(frame, validation, test, min_rating, min_user_items, min_item_users)
     prep = replace(prep, seed=split_seed)
     names = _names_frame(item_names)
@@ -232,6 +243,9 @@ def fit(
         shutil.rmtree(run_dir)  # an earlier fit of the same data and settings: start over
     if train_cfg.budget is None:
         train_cfg.budget = max(1.0, default_budget(frame.height) - (time.perf_counter() - t0))
+    given = {"user": user_col, "item": item_col, "rating": rating_col}
+    if train_cfg.progress and (found := found_by_name(given, used)):
+        print(f"vaecf.fit: {found}", flush=True)
     if train_cfg.progress:
         print(
             f"vaecf.fit: {model} within {train_cfg.budget:.0f} s; the run is kept in "
