@@ -70,15 +70,14 @@ def test_repr_names_the_model_its_items_and_where_it_came_from(planted, tmp_path
     assert repr(many) == "Recommender(Popular, 1,500 items, in memory)"
 
 
-def test_fit_on_a_headerless_whitespace_file_says_both_things_to_pass(tmp_path):
-    """FilmTrust's ratings.txt ('1050 215 3'): read with ',' it is one column of numbers; the
-    error names the separator and the columns, and passing them fits."""
+def test_fit_on_a_headerless_whitespace_file_says_how_to_name_its_columns(tmp_path):
+    """FilmTrust's ratings.txt ('1050 215 3'): its separator (runs of spaces) is found; the
+    error names the columns to pass, and passing them fits."""
     p = tmp_path / "ratings.txt"
     p.write_text("".join(f"{u} {i} {1 + (u + i) % 4}\n" for u in range(12) for i in range(6)))
     with pytest.raises(DataError) as e:
         _fit(p)
     msg = str(e.value)
-    assert "reads as one column" in msg and "(sep='whitespace')" in msg
-    assert 'columns=["user", "item", "rating"]' in msg
-    rec = _fit(p, sep="whitespace", columns=["user", "item", "rating"], validation=2)
+    assert "has no header row" in msg and 'columns=["user", "item", "rating"]' in msg
+    rec = _fit(p, columns=["user", "item", "rating"], validation=2)
     assert len(rec.items) == 6

@@ -426,13 +426,13 @@ PREPARE_ERRORS = {
         "ratings.csv", "user_id,item_id,rating\n1,10,5\n1,11,abc\n2,10,4\n",
         ["--rating-col", "rating"], ["'abc'", "not a number", "row 2", "fix the file"],
     ),
-    "wrong_separator": ("semicolons.csv", "semicolon", [], ["--sep"]),
+    "wrong_separator": ("semicolons.csv", "semicolon", ["--sep", ","], ["--sep ';'"]),
     "garbage_parquet": (
         "junk.parquet", b"\x00\x01not parquet\xff" * 50, [], ["cannot read", "as parquet"],
     ),
     "too_few_users": ("ok.csv", "good", ["--heldout-users", 300], ["--heldout-users", "lower"]),
     "columns_with_header": ("ok.csv", "good", ["--columns", "user,item"], ["add --no-header"]),
-    "two_char_sep": ("ok.csv", "good", ["--sep", "::"], ["not a field separator", "whitespace"]),
+    "two_char_sep": ("ok.csv", "good", ["--sep", ";;"], ["not a field separator", "whitespace"]),
 }  # fmt: skip
 
 

@@ -649,7 +649,7 @@ def test_missing_column_lists_the_available_ones(tmp_path):
 def test_missing_column_with_wrong_separator_hints_at_sep(tmp_path):
     path = _write(tmp_path / "r.csv", "userId\tmovieId\n1\t2\n")
     with pytest.raises(DataError, match="--sep"):
-        prepare_csv(path, tmp_path / "out", "userId", "movieId")
+        prepare_csv(path, tmp_path / "out", "userId", "movieId", sep=",")
     ds = prepare_csv(
         _write(
             tmp_path / "ok.csv",

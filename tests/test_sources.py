@@ -8,7 +8,7 @@ import polars as pl
 import pytest
 
 from vaecf.data.columns import ITEM_NAMES, USER_NAMES, found_by_name, guess_column
-from vaecf.data.sources import ITEM, RATING, USER, read_table
+from vaecf.data.sources import ITEM, RATING, USER, WHITESPACE, found_sep, read_table
 from vaecf.errors import DataError
 
 
@@ -83,8 +83,9 @@ def test_explicit_other_separator_and_quotes(tmp_path):
 def test_csv_default_separator_is_comma_and_wrong_sep_hints(tmp_path):
     path = _write(tmp_path / "r.csv", "u\ti\n1\t10\n")
     with pytest.raises(DataError) as e:
-        read_table(path, "u", "i")
+        read_table(path, "u", "i", sep=",")
     assert "--sep" in str(e.value) and "u\\ti" in str(e.value)
+    assert read_table(path, "u", "i").get_column(ITEM).to_list() == [10]  # the tab found
 
 
 def test_parquet_keeps_integer_ids_and_types_string_ids(tmp_path):
@@ -208,7 +209,7 @@ def test_headerless_errors_say_what_to_do(tmp_path):
     c3 = _text_file(tmp_path, "r3.csv", "1,10,3\n2,11\n")
     with pytest.raises(DataError, match="data row 2: 'rating' is missing"):
         read_table(c3, "user", "item", "rating", header=False, columns=COLS)
-    for bad in ("::", "ab", '"'):
+    for bad in (":::", "ab", '"'):
         with pytest.raises(DataError, match="not a field separator"):
             read_table(c, "user", "item", sep=bad)
     pq = tmp_path / "r.parquet"
@@ -250,14 +251,35 @@ def test_a_file_read_as_one_column_names_the_separator_that_splits_it(tmp_path):
     ):
         p = _text_file(tmp_path, "r.csv", text)
         with pytest.raises(DataError) as e:
-            read_table(p, "user", "item", header=False, columns=COLS)
+            read_table(p, "user", "item", sep=",", header=False, columns=COLS)
         assert words in str(e.value), str(e.value)
         sep = words.split("(sep=")[1].rstrip(")").strip("'")  # "\\t" is read as a tab
         got = read_table(p, "user", "item", "rating", sep=sep, header=False, columns=COLS)
         assert got.height == 2
     headed = _text_file(tmp_path, "h.csv", "user;item\n1;10\n")
     with pytest.raises(DataError, match=r"its fields look separated by ';': pass --sep ';'"):
-        read_table(headed, "user", "item")
+        read_table(headed, "user", "item", sep=",")
+
+
+def test_the_separator_is_found_in_a_file_whose_first_line_has_no_comma(tmp_path):
+    """Tab, ';', '|', '::' (MovieLens 1M's ratings.dat) and runs of spaces are found where no
+    separator is given, with a header row or without; a comma in the first line keeps ','
+    (a quoted field may hold the others); lines that split unevenly find nothing."""
+    for sep in ("\t", ";", "|", "::", "  "):
+        rows = "".join(f"{u}{sep}{i}{sep}{r}{sep}97830076{u}\n" for u, i, r in ROWS)
+        p = _text_file(tmp_path, "r.dat", rows)
+        assert found_sep(p) == (WHITESPACE if sep == "  " else sep)
+        cols = [*COLS, "timestamp"]
+        got = read_table(p, "user", "item", "rating", header=False, columns=cols)
+        assert got.equals(EXPECTED), sep
+        h = _text_file(tmp_path, "h.txt", sep.join(cols) + "\n" + rows)
+        assert read_table(h, "user", "item", "rating").equals(EXPECTED), sep
+    quoted = _text_file(tmp_path, "q.csv", 'user,item;name\n1,"a;b"\n')
+    assert found_sep(quoted) is None and read_table(quoted, "user", "item;name").height == 1
+    uneven = _text_file(tmp_path, "u.txt", "1;10;3\n2;11\n")
+    assert found_sep(uneven) is None
+    tsv = _text_file(tmp_path, "r.tsv", "user\titem\n1\t10\n")
+    assert found_sep(tsv) is None and read_table(tsv, "user", "item").height == 1
 
 
 def test_id_columns_are_found_by_name_in_order_of_preference():

@@ -37,7 +37,16 @@ from vaecf.data.columns import (
 )
 from vaecf.data.prepare import PreparedDataset, PrepareSettings, fingerprint, prepare_frame
 from vaecf.data.registry import home
-from vaecf.data.sources import ITEM, NAME, RATING, USER, ids_of_floats, int_if_possible, read_table
+from vaecf.data.sources import (
+    ITEM,
+    NAME,
+    RATING,
+    USER,
+    found_sep,
+    ids_of_floats,
+    int_if_possible,
+    read_table,
+)
 from vaecf.errors import ConfigError, DataError
 
 MAX_VALIDATION_USERS = 10_000  # the paper's held-out count on ML-20M; a share stops growing here
@@ -98,7 +107,7 @@ def _from_pandas(df) -> pl.DataFrame:
 
 def _read(data, cols, min_rating, sep, columns) -> tuple[pl.DataFrame, dict]:
     """(the interactions in vaecf's columns, the user, item and rating columns they came
-    from: {} for a matrix)."""
+    from and a file's separator where found in it: {} for a matrix)."""
     user_col, item_col, rating_col = cols
     if columns is not None and not isinstance(data, (str, os.PathLike)):
         raise DataError("columns= names a header-less file's columns; drop it for this data")
@@ -113,7 +122,8 @@ def _read(data, cols, min_rating, sep, columns) -> tuple[pl.DataFrame, dict]:
         )
         header = columns is None
         frame = read_table(path, user_col, item_col, rating_col, sep, header, columns)
-        return frame, {"user": user_col, "item": item_col, "rating": rating_col}
+        found = found_sep(path) if sep is None else None
+        return frame, {"user": user_col, "item": item_col, "rating": rating_col, "sep": found}
     if isinstance(data, pl.LazyFrame):
         data = data.collect()
     if not isinstance(data, pl.DataFrame):
@@ -200,9 +210,9 @@ def fit(
 
     data: a pandas or Polars DataFrame, a scipy sparse matrix (rows are users, columns items,
         ids their indices; stored values are ratings), or the path of a CSV/TSV/Parquet file
-        with a header row (`sep`: its separator, one character or 'whitespace'; `columns`: the
-        names of a file's columns in order where it has no header row, e.g. ["user", "item",
-        "rating"]).
+        with a header row (`sep`: its separator, one character, '::' or 'whitespace'; found in
+        the file where not given; `columns`: the names of a file's columns in order where it
+        has no header row, e.g. ["user", "item", "rating"]).
     user_col, item_col: the id columns (default: a column named like user/userId/user_id, and
         item/itemId/movieId/...); rating_col and min_rating: keep rows rated >= min_rating
         (default: every row is an interaction; with min_rating alone, the column named like
@@ -244,7 +254,7 @@ def fit(
     if train_cfg.budget is None:
         train_cfg.budget = max(1.0, default_budget(frame.height) - (time.perf_counter() - t0))
     given = {"user": user_col, "item": item_col, "rating": rating_col}
-    if train_cfg.progress and (found := found_by_name(given, used)):
+    if train_cfg.progress and (found := found_by_name(given, used, used.get("sep"))):
         print(f"vaecf.fit: {found}", flush=True)
     if train_cfg.progress:
         print(

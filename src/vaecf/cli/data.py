@@ -36,8 +36,9 @@ def add_columns_options(p) -> None:
     )
     p.add_argument(
         "--sep",
-        help="field separator: one character (unset: ',', or tab for .tsv; '\\t' or tab, "
-        "space), or 'whitespace' for runs of spaces and tabs",
+        help="field separator: one character ('\\t' or tab, space), '::', or 'whitespace' for "
+        "runs of spaces and tabs (unset: found in the file; ',' or tab for .tsv where the first "
+        "line holds one)",
     )
     p.add_argument(
         "--no-header",
@@ -73,7 +74,8 @@ def cmd_prepare(a) -> int:
         print_json({"path": str(ds.path), **ds.manifest})
     else:
         given = {"user": a.user_col, "item": a.item_col, "rating": a.rating_col}
-        if found := found_by_name(given, ds.manifest["source"]["columns"]):
+        src = ds.manifest["source"]
+        if found := found_by_name(given, src["columns"], src.get("sep_found")):
             print(found)
         print(_prepared_summary(ds))
     return 0

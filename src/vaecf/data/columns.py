@@ -11,7 +11,7 @@ from pathlib import Path
 
 import polars as pl
 
-from vaecf.data.sources import WHITESPACE, first_line, sep_for, sep_hint
+from vaecf.data.sources import first_line, sep_for, sep_hint, sep_name, split_fields
 from vaecf.errors import DataError
 from vaecf.settings import spelled
 
@@ -45,13 +45,16 @@ def resolve_columns(
     return user_col, item_col, rating_col
 
 
-def found_by_name(given: dict, used: dict) -> str:
+def found_by_name(given: dict, used: dict, sep: str | None = None) -> str:
     """A line naming the columns of `used` ({"user": ..., "item": ..., "rating": ...}, as a
-    prepared dataset's manifest records them) that were found by name, not `given`; "" if none."""
+    prepared dataset's manifest records them) that were found by name, not `given`, and the
+    separator `sep` found in the file (`sources.found_sep`); "" if neither."""
     found = [
         f"{w}s {used[w]!r}" for w in ("user", "item", "rating") if used.get(w) and not given.get(w)
     ]
-    return f"columns found by name: {', '.join(found)}" if found else ""
+    said = [f"fields separated by {sep_name(sep)}"] if sep else []
+    said += [f"columns found by name: {', '.join(found)}"] if found else []
+    return "; ".join(said)
 
 
 def guess_column(columns: list[str], given: str | None, known: tuple[str, ...], what: str) -> str:
@@ -81,20 +84,28 @@ def file_columns(path: Path, sep: str | None) -> list[str]:
         raise DataError(f"{path} is empty; pass a file with a header row and interactions")
     first = first_line(path)
     s = sep_for(path, sep)  # as read_table will read it
-    names = [n.strip().strip('"') for n in (first.split() if s == WHITESPACE else first.split(s))]
-    name_them = (
-        "name its columns in order, e.g. --no-header --columns user,item,rating (header=False, "
-        'columns=["user", "item", "rating"])'
-    )
+    names = [n.strip().strip('"') for n in split_fields(first, s)]
     if len(names) == 1 and (hint := sep_hint(first, s)).startswith("; its fields"):
-        if all(map(_number, re.split(r"[\t;| ]+", first.strip()))):
-            hint += f", and {name_them}"
+        if all(map(_number, fields := re.split(r"[\t;| ]+|::", first.strip()))):
+            hint += f", and {_name_them(len(fields))}"
         raise DataError(f"{path}'s first line, {first.strip()!r}, reads as one column{hint}")
     if names and all(map(_number, names)):
         raise DataError(
-            f"{path} has no header row (its first line, {first.strip()!r}, is data): {name_them}"
+            f"{path} has no header row (its first line, {first.strip()!r}, is data): "
+            + _name_them(len(names))
         )
     return names
+
+
+def _name_them(n_fields: int) -> str:
+    """How to name a header-less file's `n_fields` columns in order (an example to adapt)."""
+    names = ["user", "item", "rating", "timestamp"][: max(n_fields, 2)]
+    names += [f"field{k}" for k in range(len(names) + 1, n_fields + 1)]
+    quoted = ", ".join(f'"{n}"' for n in names)
+    return (
+        f"name its columns in order, e.g. --no-header --columns {','.join(names)} "
+        f"(header=False, columns=[{quoted}])"
+    )
 
 
 def _number(text: str) -> bool:

@@ -17,8 +17,8 @@ from vaecf.data.sources import (
     ITEM,
     NAME,
     RATING,
+    SPLIT_SEPS,
     USER,
-    WHITESPACE,
     csv_bad_line,
     sep_for,
     text_source,
@@ -269,9 +269,9 @@ def read_names_table(
     if not path.is_file():
         raise DataError(f"{path} does not exist or is not a file; pass --item-names to a file")
     is_parquet = path.suffix.lower() in {".parquet", ".pq"}
-    sep = sep_for(path, sep)
-    if sep == WHITESPACE:  # names hold spaces: the interactions' --sep whitespace is not theirs
-        sep = sep_for(path, None)
+    sep = sep_for(path, None if sep in SPLIT_SEPS else sep)  # the interactions' may not be its
+    if sep in SPLIT_SEPS:  # names hold spaces, and the file is read as CSV: its suffix's default
+        sep = "\t" if path.suffix.lower() in {".tsv", ".tab"} else ","
     try:
         if is_parquet:
             lf = pl.scan_parquet(path)

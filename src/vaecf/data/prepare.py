@@ -36,7 +36,7 @@ from vaecf.data.preprocess import (
     preprocess,
     vocab_names,
 )
-from vaecf.data.sources import ITEM, NAME, RATING, USER, check_columns, read_table
+from vaecf.data.sources import ITEM, NAME, RATING, USER, check_columns, found_sep, read_table
 from vaecf.data.vocab import Vocabulary
 from vaecf.errors import DataError
 from vaecf.safewrite import atomic_dir, atomic_file, save_csr, sweep_temps, write_json
@@ -177,9 +177,9 @@ def prepare_csv(
     A text file's header row names its columns; for a file without one, `header=False` and
     `columns` names them in order. `user_col`/`item_col` not given are found by name
     (`columns.resolve_columns`: userId, customer_id, asin, ...), and so is `rating_col` where
-    `settings.min_rating` is set (rating, score, stars, ...). `sep`: one character, or
-    'whitespace' for runs of spaces and tabs (FilmTrust's `ratings.txt`, MovieLens-100K's
-    `u.data`).
+    `settings.min_rating` is set (rating, score, stars, ...). `sep`: one character, '::', or
+    'whitespace' for runs of spaces and tabs (FilmTrust's `ratings.txt`); found in the file
+    where not given (`sources.found_sep`).
 
     `item_names`: a CSV/TSV/Parquet file naming items: `name_col` holds the name, `name_id_col`
     (default: `item_col`) the item id; read with `sep` when given, else by its own suffix.
@@ -201,6 +201,8 @@ def prepare_csv(
         "columns": {"user": user_col, "item": item_col, "rating": rating_col},
         "sep": sep,
     }
+    if sep is None and (found := found_sep(path)):
+        source["sep_found"] = found  # the separator found in the file (a new key: old caches hold)
     if columns is not None:
         source["header_columns"] = columns  # a file without a header row, named by --columns
     if item_names is not None:

@@ -21,15 +21,28 @@ NAME = "name"  # an item's display name (item names files; read_lastfm(names=Tru
 
 
 WHITESPACE = "whitespace"  # --sep whitespace: fields split on runs of spaces and tabs
+DOUBLE_COLON = "::"  # MovieLens 1M/10M's .dat files: UserID::MovieID::Rating::Timestamp
+SPLIT_SEPS = (WHITESPACE, DOUBLE_COLON)  # read by splitting lines (no quoting), not as CSV
 _SEP_NAMES = {"\\t": "\t", "tab": "\t", "space": " ", "ws": WHITESPACE}
+# the separators looked for, in order, where a file's first line has no comma
+_OTHER_SEPS = (("\t", "'\\t'"), (";", "';'"), ("|", "'|'"), (DOUBLE_COLON, "'::'"))
+_OTHER_SEPS += ((WHITESPACE, "whitespace"),)
+
+
+def split_fields(line: str, sep: str) -> list[str]:
+    return line.split() if sep == WHITESPACE else line.split(sep)
+
+
+def sep_name(sep: str) -> str:
+    """How a separator is passed: 'whitespace', '\\t', ';', ..."""
+    return dict(_OTHER_SEPS).get(sep, repr(sep))
 
 
 def sep_hint(line: str, sep: str | None) -> str:
     """Words for a line that reads as one field with separator `sep`: the separator that would
-    split it (tab, ';', '|', then runs of spaces), or a question about the separator."""
-    for cand, name in (("\t", "'\\t'"), (";", "';'"), ("|", "'|'"), (WHITESPACE, "whitespace")):
-        fields = line.split() if cand == WHITESPACE else line.split(cand)
-        if cand != sep and len(fields) > 1:
+    split it (tab, ';', '|', '::', then runs of spaces), or a question about the separator."""
+    for cand, name in _OTHER_SEPS:
+        if cand != sep and len(split_fields(line, cand)) > 1:
             return (
                 f"; its fields look separated by {name}: pass --sep {name} "
                 f"(sep={name if cand != WHITESPACE else repr(name)})"
@@ -38,15 +51,40 @@ def sep_hint(line: str, sep: str | None) -> str:
 
 
 def sep_for(path: Path, sep: str | None) -> str:
+    """The separator a text file is read with: `sep` where given (checked), else the one
+    `found_sep` finds in the file, else tab for .tsv/.tab and ',' for any other file."""
     if sep is not None:
         sep = _SEP_NAMES.get(sep, sep)
-        if sep != WHITESPACE and (len(sep) != 1 or sep in '\r\n"'):
+        if sep not in SPLIT_SEPS and (len(sep) != 1 or sep in '\r\n"'):
             raise DataError(
                 f"--sep (sep=) {sep!r} is not a field separator: give one character (',', ';', "
-                "'|', '\\t' or tab, space), or 'whitespace' for runs of spaces and tabs"
+                "'|', '\\t' or tab, space), '::', or 'whitespace' for runs of spaces and tabs"
             )
         return sep
-    return "\t" if path.suffix.lower() in {".tsv", ".tab"} else ","
+    return found_sep(path) or ("\t" if path.suffix.lower() in {".tsv", ".tab"} else ",")
+
+
+def found_sep(path: Path) -> str | None:
+    """The separator of a text file whose first line holds no comma (nor, for .tsv/.tab, a
+    tab): the first of tab, ';', '|', '::' and runs of spaces and tabs that splits each of its
+    first lines (up to 20) into one number of fields, two or more. None where the default
+    separator stands (or nothing splits them: the read then says what it found)."""
+    if path.suffix.lower() in {".parquet", ".pq"}:
+        return None
+    default = "\t" if path.suffix.lower() in {".tsv", ".tab"} else ","
+    with open(path, encoding="utf-8-sig", errors="replace", newline="") as f:
+        head = f.read(1 << 16)
+    lines = [ln for ln in re.split(r"\r\n?|\n", head) if ln.strip()]
+    if len(head) == 1 << 16 and len(lines) > 1:
+        lines.pop()  # cut short by the read
+    lines = lines[:20]
+    if not lines or default in lines[0]:
+        return None
+    for cand, _ in _OTHER_SEPS:
+        counts = {len(split_fields(ln, cand)) for ln in lines}
+        if len(counts) == 1 and counts.pop() > 1:
+            return cand
+    return None
 
 
 def text_source(path: Path, sniff: int = 1 << 20):
@@ -90,9 +128,10 @@ def check_columns(header: bool, columns, is_parquet: bool = False) -> list[str] 
     return columns
 
 
-def _whitespace_frame(src, path: Path, columns: list[str] | None) -> pl.DataFrame:
-    """A text file whose fields are split by runs of spaces/tabs, as String columns (blank
-    lines skipped); the header row names the columns unless `columns` does."""
+def _split_frame(src, path: Path, columns: list[str] | None, sep: str) -> pl.DataFrame:
+    """A text file whose fields are split by runs of spaces/tabs (`sep` WHITESPACE) or by '::',
+    as String columns (blank lines skipped); the header row names the columns unless `columns`
+    does."""
     lines = pl.read_csv(
         src, has_header=False, separator="\x1f", quote_char=None, schema={"line": pl.String}
     )
@@ -101,7 +140,9 @@ def _whitespace_frame(src, path: Path, columns: list[str] | None) -> pl.DataFram
         .filter(pl.col("line").is_not_null() & (pl.col("line").str.strip_chars() != ""))
         .select(
             "n",
-            pl.col("line").str.strip_chars().str.replace_all(r"[ \t\r]+", " ").str.split(" "),
+            pl.col("line").str.strip_chars().str.replace_all(r"[ \t\r]+", " ").str.split(" ")
+            if sep == WHITESPACE
+            else pl.col("line").str.strip_chars("\r").str.split(sep),
         )
     )
     if columns is None:
@@ -152,7 +193,8 @@ def read_table(
 ) -> pl.DataFrame:
     """Read a CSV/TSV or Parquet file of interactions with named columns: a text file's header
     row names them, or `columns` does (`header=False`). `sep` is one character or
-    'whitespace'; LF, CRLF and bare-CR line endings are all read.
+    'whitespace' or '::', found in the file where not given (`sep_for`); LF, CRLF and bare-CR
+    line endings are all read.
 
     Returns columns user_id, item_id and, with `rating_col`, rating (Float64), in file order.
     """
@@ -189,7 +231,7 @@ def read_table(
     except pl.exceptions.PolarsError as e:
         n = None if is_parquet else _first_non_utf8_line(path)
         where = f", line {n}: not valid UTF-8 text" if n else None
-        if where is None and not is_parquet and sep != WHITESPACE:
+        if where is None and not is_parquet and sep not in SPLIT_SEPS:
             where = csv_bad_line(path, sep, None if columns is None else len(columns))
         where = where or f": {str(e).splitlines()[0][:200]}"
         raise DataError(
@@ -212,8 +254,8 @@ def _scan(path: Path, sep, header: bool, columns, is_parquet: bool):
     try:
         if is_parquet:
             lf = pl.scan_parquet(path)
-        elif sep == WHITESPACE:
-            lf = _whitespace_frame(text_source(path), path, columns).lazy()
+        elif sep in SPLIT_SEPS:
+            lf = _split_frame(text_source(path), path, columns, sep).lazy()
         else:
             lf = pl.scan_csv(
                 text_source(path),
@@ -223,7 +265,7 @@ def _scan(path: Path, sep, header: bool, columns, is_parquet: bool):
                 quote_char='"',
             )
         names = lf.collect_schema().names()
-        if columns is not None and sep != WHITESPACE:
+        if columns is not None and sep not in SPLIT_SEPS:
             if len(names) != len(columns):
                 first = ",".join(names) if len(names) > 1 else first_line(path)
                 raise DataError(

@@ -141,7 +141,8 @@ def _train_all(csv_path, out, entries, seeds, prepare, epochs, device, log) -> l
         )
         if seed == seeds[0] and prepared is None:
             given = {w: columns.get(f"{w}_col") for w in ("user", "item", "rating")}
-            if found := found_by_name(given, ds.manifest["source"]["columns"]):
+            src = ds.manifest["source"]
+            if found := found_by_name(given, src["columns"], src.get("sep_found")):
                 log(found)
         for e in entries:
             run = out / "runs" / e.label / f"seed-{seed}"
