@@ -67,6 +67,29 @@ def test_score_file_equals_recommend_batch(run, tmp_path, fmt, precision):
     )
 
 
+@pytest.mark.parametrize("name", ["in.csv", "in.jsonl.gz"])
+def test_score_file_with_text_user_ids_in_chunks(run, tmp_path, name):
+    """Users named by text (Amazon's reviewerID), in several chunks of users, from a CSV and
+    from gzip-compressed JSON Lines: each user's rows are recommend_batch's for their items."""
+    import gzip
+
+    df = interactions().with_columns(("A" + pl.col("uid").cast(pl.String)).alias("reviewerID"))
+    df = df.select("reviewerID", pl.col("movie").alias("asin"))
+    src = tmp_path / name
+    if name.endswith(".gz"):
+        src.write_bytes(gzip.compress(df.write_ndjson().encode()))
+    else:
+        df.write_csv(src)
+    rec = Recommender.load(run)
+    res = score_file(rec, src, None, None, tmp_path / "o.parquet", k=3, chunk_rows=40)
+    got = pl.read_parquet(tmp_path / "o.parquet")
+    users = sorted(df.get_column("reviewerID").unique().to_list())
+    assert res["chunks"] > 1 and got.get_column("reviewerID").unique().sort().to_list() == users
+    histories = [df.filter(pl.col("reviewerID") == u).get_column("asin").to_list() for u in users]
+    want = rec.recommend_batch(histories, 3)
+    assert got.get_column("item_id").to_list() == [i for r in want for i in r.item_ids]
+
+
 def test_score_cli_writes_atomically_and_checks_columns(run, tmp_path, capsys):
     src = tmp_path / "in.parquet"
     interactions(12).write_parquet(src)

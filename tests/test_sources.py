@@ -214,7 +214,7 @@ def test_headerless_errors_say_what_to_do(tmp_path):
             read_table(c, "user", "item", sep=bad)
     pq = tmp_path / "r.parquet"
     EXPECTED.write_parquet(pq)
-    with pytest.raises(DataError, match="Parquet names its columns"):
+    with pytest.raises(DataError, match="Parquet and JSON name their columns"):
         read_table(pq, USER, ITEM, header=False, columns=COLS)
 
 
@@ -299,3 +299,63 @@ def test_the_line_naming_the_columns_found_by_name():
     used = {"user": "userId", "item": "movieId", "rating": None}
     assert found_by_name({"user": "userId"}, used) == "columns found by name: items 'movieId'"
     assert found_by_name({"user": "userId", "item": "movieId"}, used) == ""
+
+
+def test_compressed_text_and_json_read_like_the_plain_csv(tmp_path):
+    """gzip, bzip2 and xz (found by their first bytes, whatever the name), JSON Lines and a
+    JSON array of records all read to the plain CSV's frame; a compression suffix does not
+    hide the kind (.tsv.xz is tab-separated, .jsonl.gz is JSON); zstd and zip are refused
+    with the command that unpacks them."""
+    import bz2
+    import gzip
+    import json
+    import lzma
+
+    text = "user,item,rating\n" + "".join(f"{u},{i},{r}\n" for u, i, r in ROWS)
+    records = [dict(zip(COLS, row)) for row in ROWS]
+    lines = "".join(json.dumps(r) + "\n" for r in records).encode()
+    files = {
+        "r.csv.gz": gzip.compress(text.encode()),
+        "r.csv.bz2": bz2.compress(text.replace("\n", "\r").encode()),  # old-Mac line ends
+        "r.tsv.xz": lzma.compress(text.replace(",", "\t").encode()),
+        "r.csv": gzip.compress(text.encode()),  # named plainly, gzip by its bytes
+        "r.jsonl": lines,
+        "r.jsonl.gz": gzip.compress(lines),
+        "r.json": json.dumps(records).encode(),
+    }
+    for name, data in files.items():
+        p = tmp_path / name
+        p.write_bytes(data)
+        got = read_table(p, "user", "item", "rating")
+        assert got.equals(EXPECTED), name
+    for magic, words in ((b"\x28\xb5\x2f\xfd", "zstd -d"), (b"PK\x03\x04", "unzip")):
+        p = tmp_path / "packed.csv"
+        p.write_bytes(magic + bytes(20))
+        with pytest.raises(DataError, match=words):
+            read_table(p, "user", "item")
+
+
+def test_json_ids_keep_their_types_and_bad_values_are_named(tmp_path):
+    """JSON's own types: text ids stay text (Amazon's reviewerID, asin), numbers stay
+    integers, a record missing an id or holding a list there is refused naming the column;
+    Amazon's rating column 'overall' is found by name."""
+    from vaecf.data.columns import RATING_NAMES
+
+    p = tmp_path / "reviews.jsonl"
+    p.write_text('{"reviewerID": "A1", "asin": "0001", "overall": 5.0}\n'
+                 '{"reviewerID": "A2", "asin": "0002", "overall": 3.0}\n')  # fmt: skip
+    got = read_table(p, "reviewerID", "asin", "overall")
+    assert got.get_column(USER).to_list() == ["A1", "A2"]
+    assert got.get_column(ITEM).to_list() == [1, 2]  # integers where every id is one
+    assert guess_column(["reviewerID", "asin", "overall"], None, RATING_NAMES, "rating") == (
+        "overall"
+    )
+    p.write_text('{"user": 1, "item": [1, 2]}\n')
+    with pytest.raises(DataError, match="'item' holds List"):
+        read_table(p, "user", "item")
+    p.write_text('{"user": 1, "item": 2}\n{"user": 2}\n')
+    with pytest.raises(DataError, match="empty 'item'"):
+        read_table(p, "user", "item")
+    p.write_text('{"user": 1, "item": 2\n')
+    with pytest.raises(DataError, match="as JSON|cannot parse"):
+        read_table(p, "user", "item")

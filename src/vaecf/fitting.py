@@ -116,7 +116,7 @@ def _read(data, cols, min_rating, sep, columns) -> tuple[pl.DataFrame, dict]:
     if isinstance(data, (str, os.PathLike)):
         path = Path(data)
         if not path.is_file():
-            raise DataError(f"{path} does not exist or is not a file (CSV, TSV or Parquet)")
+            raise DataError(f"{path} does not exist or is not a file (text, JSON or Parquet)")
         user_col, item_col, rating_col = resolve_columns(
             path, sep, user_col, item_col, rating_col, columns, min_rating is not None
         )
@@ -130,7 +130,7 @@ def _read(data, cols, min_rating, sep, columns) -> tuple[pl.DataFrame, dict]:
         if type(data).__module__.split(".")[0] != "pandas" or not hasattr(data, "columns"):
             raise DataError(
                 "data must be a pandas or Polars DataFrame, a scipy sparse matrix (users x "
-                f"items) or the path of a CSV/TSV/Parquet file, not {type(data).__name__}"
+                f"items) or the path of a text, JSON or Parquet file, not {type(data).__name__}"
             )
         data = _from_pandas(data)
     user_col = guess_column(data.columns, user_col, USER_NAMES, "user")
@@ -209,7 +209,7 @@ def fit(
     """Prepare, train and load: returns a `vaecf.Recommender`, within a time budget.
 
     data: a pandas or Polars DataFrame, a scipy sparse matrix (rows are users, columns items,
-        ids their indices; stored values are ratings), or the path of a CSV/TSV/Parquet file
+        ids their indices; stored values are ratings), or the path of a text/JSON/Parquet file
         with a header row (`sep`: its separator, one character, '::' or 'whitespace'; found in
         the file where not given; `columns`: the names of a file's columns in order where it
         has no header row, e.g. ["user", "item", "rating"]).

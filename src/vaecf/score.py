@@ -2,7 +2,8 @@
 
     score_file(run, "histories.parquet", "user_id", "item_id", k=100, out="recs.parquet")
 
-The file (CSV or Parquet) is read lazily with polars, never whole: one pass counts each user's
+The file (any `vaecf prepare csv` reads with a header row; a compressed one is decompressed in
+memory first) is read lazily with polars, never whole: one pass counts each user's
 rows, users are cut in sorted order into chunks of at most `chunk_rows` interactions, and each
 chunk is read by a filtered scan (a range of users), its raw ids mapped to the model's items by
 a join with the vocabulary, grouped into histories and scored in batches of `batch_users` with
@@ -33,6 +34,7 @@ import polars as pl
 import torch
 
 from vaecf.data.columns import ITEM_NAMES, USER_NAMES, guess_column
+from vaecf.data.sources import scan_table
 from vaecf.data.vocab import INT_ID
 from vaecf.errors import DataError, WriteError
 from vaecf.evaluate import SCORE_BUDGET
@@ -58,21 +60,12 @@ def scan_interactions(
     path: str | os.PathLike, user_col: str | None, item_col: str | None
 ) -> tuple[pl.LazyFrame, str, str]:
     """(the file's user and item columns, without nulls, lazily; their names): those named, or
-    found by name as `vaecf prepare csv` finds them (`data.columns.guess_column`)."""
+    found by name as `vaecf prepare csv` finds them (`data.columns.guess_column`). Any file
+    `vaecf prepare csv` reads with a header row (`data.sources.scan_table`)."""
     path = Path(path)
     if not path.is_file():
-        raise DataError(f"{path} does not exist; pass an interaction file (.csv or .parquet)")
-    suffix = path.suffix.lower()
-    if suffix == ".parquet":
-        lf = pl.scan_parquet(path)
-    elif suffix in (".csv", ".tsv"):
-        lf = pl.scan_csv(path, separator="\t" if suffix == ".tsv" else ",")
-    else:
-        raise DataError(f"{path}: give a .csv, .tsv or .parquet file")
-    try:
-        names = lf.collect_schema().names()
-    except Exception as e:
-        raise DataError(f"{path} is not a readable {suffix[1:]} file ({e})") from None
+        raise DataError(f"{path} does not exist; pass an interaction file (CSV, JSON, Parquet)")
+    lf, names = scan_table(path, typed=True)
     user_col = guess_column(names, user_col, USER_NAMES, "user")
     item_col = guess_column(names, item_col, ITEM_NAMES, "item")
     return lf.select(user_col, item_col).drop_nulls(), user_col, item_col
@@ -173,7 +166,7 @@ def _score_file(
         as_vocab = _cast_ids(pl.col(item_col), schema[item_col], rec.items.ids.dtype)
         for c, (lo, hi, _) in enumerate(chunks):
             hist = (  # each user's known items as sorted distinct indices; unknown ids dropped
-                lf.filter(pl.col(user_col).is_between(lo, hi, closed="both"))
+                lf.filter(pl.col(user_col).is_between(pl.lit(lo), pl.lit(hi), closed="both"))
                 .with_columns(as_vocab)
                 .join(vocab, on=item_col, how="left")
                 .group_by(user_col)

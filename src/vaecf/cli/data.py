@@ -271,8 +271,8 @@ def _register_prepare(sub) -> None:
     psub = pp.add_subparsers(dest="source", required=True, metavar="SOURCE")
     pc = psub.add_parser(
         "csv",
-        help="any delimited text file (with or without a header row) or Parquet file",
-        description="Prepare a CSV/TSV/whitespace-delimited/Parquet file of (user, item[, "
+        help="any delimited text (with or without a header row), JSON or Parquet file",
+        description="Prepare a CSV/TSV/whitespace-delimited/JSON/Parquet file of (user, item[, "
         "rating]) rows with the paper's protocol: positives, dedup, min-count filter, "
         "N validation + N test held-out users, 80/20 fold-in. Any line ending (LF, CRLF, CR).",
     )

@@ -153,12 +153,12 @@ def register(sub) -> None:
     pc = sub.add_parser(
         "score",
         help="top-k for every user of an interaction file, to Parquet/CSV",
-        description="Recommend k items for every user of a history file (CSV or Parquet), in "
-        "chunks of users (bounded memory), written atomically. Output columns: the user "
-        "column, rank, item_id, score; sorted by user then rank.",
+        description="Recommend k items for every user of a history file (text, JSON or "
+        "Parquet), in chunks of users (bounded memory), written atomically. Output columns: "
+        "the user column, rank, item_id, score; sorted by user then rank.",
     )
     pc.add_argument("run", help="run directory written by `vaecf train`")
-    pc.add_argument("--input", required=True, help="interactions: .csv, .tsv or .parquet")
+    pc.add_argument("--input", required=True, help="interactions: CSV, TSV, JSON or Parquet")
     pc.add_argument("--out", required=True, help="output .parquet or .csv")
     pc.add_argument(
         "--include-seen", action="store_true", help="may recommend the user's own items"

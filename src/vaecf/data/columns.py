@@ -9,9 +9,8 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-import polars as pl
-
-from vaecf.data.sources import first_line, sep_for, sep_hint, sep_name, split_fields
+from vaecf.data import files
+from vaecf.data.sources import scan_table, sep_for, sep_hint, sep_name, split_fields
 from vaecf.errors import DataError
 from vaecf.settings import spelled
 
@@ -24,7 +23,7 @@ _ITEMS = ("item", "movie", "product", "track", "article", "business", "book", "a
 _ITEMS += ("video", "post")
 USER_NAMES = (*(n for u in _USERS for n in (u, u + "id")), "uid")  # in order of preference
 ITEM_NAMES = (*(n for i in _ITEMS for n in (i, i + "id")), "iid", "sku", "asin", "isbn")
-RATING_NAMES = ("rating", "ratings", "score", "stars", "value")  # looked for with min_rating
+RATING_NAMES = ("rating", "ratings", "score", "stars", "overall", "value")  # with min_rating
 
 
 def resolve_columns(
@@ -75,14 +74,11 @@ def guess_column(columns: list[str], given: str | None, known: tuple[str, ...], 
 def file_columns(path: Path, sep: str | None) -> list[str]:
     """The column names in a file's header row; a first line of numbers is refused with how
     to name the columns of a file that has no header row."""
-    if path.suffix.lower() in {".parquet", ".pq"}:
-        try:
-            return list(pl.read_parquet_schema(path))
-        except (pl.exceptions.PolarsError, OSError) as e:
-            raise DataError(f"cannot read {path} as Parquet: {e}") from None
     if path.stat().st_size == 0:
         raise DataError(f"{path} is empty; pass a file with a header row and interactions")
-    first = first_line(path)
+    if files.kind(path) != files.TEXT:
+        return scan_table(path)[1]
+    first = files.first_line(path)
     s = sep_for(path, sep)  # as read_table will read it
     names = [n.strip().strip('"') for n in split_fields(first, s)]
     if len(names) == 1 and (hint := sep_hint(first, s)).startswith("; its fields"):

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import polars as pl
 
+from vaecf.data import files
 from vaecf.data.sources import (
     ITEM,
     NAME,
@@ -21,7 +22,6 @@ from vaecf.data.sources import (
     USER,
     csv_bad_line,
     sep_for,
-    text_source,
 )
 from vaecf.data.strict import one_file, read_lines, typed_read
 from vaecf.errors import DataError
@@ -268,15 +268,15 @@ def read_names_table(
     path = Path(path)
     if not path.is_file():
         raise DataError(f"{path} does not exist or is not a file; pass --item-names to a file")
-    is_parquet = path.suffix.lower() in {".parquet", ".pq"}
+    is_parquet = files.kind(path) == files.PARQUET
     sep = sep_for(path, None if sep in SPLIT_SEPS else sep)  # the interactions' may not be its
     if sep in SPLIT_SEPS:  # names hold spaces, and the file is read as CSV: its suffix's default
-        sep = "\t" if path.suffix.lower() in {".tsv", ".tab"} else ","
+        sep = "\t" if files.suffix(path) in {".tsv", ".tab"} else ","
     try:
         if is_parquet:
-            lf = pl.scan_parquet(path)
+            lf = pl.scan_parquet(files.source(path, text=False))
         else:
-            lf = pl.scan_csv(text_source(path), separator=sep, infer_schema=False, quote_char='"')
+            lf = pl.scan_csv(files.source(path), separator=sep, infer_schema=False, quote_char='"')
         cols = lf.collect_schema().names()
     except (pl.exceptions.PolarsError, OSError) as e:
         msg = str(e).splitlines()[0][:200] if str(e) else type(e).__name__

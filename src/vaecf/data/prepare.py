@@ -19,6 +19,7 @@ from pathlib import Path
 import numpy as np
 import polars as pl
 
+from vaecf.data import files
 from vaecf.data.columns import resolve_columns
 from vaecf.data.prepared import (
     FORMAT_VERSION,
@@ -172,7 +173,8 @@ def prepare_csv(
     header: bool = True,
     columns: list[str] | str | None = None,
 ) -> PreparedDataset:
-    """Prepare a CSV/TSV/Parquet file of interactions (cached by fingerprint at `out`).
+    """Prepare a text, JSON or Parquet file of interactions (`files.kind`; cached by
+    fingerprint at `out`).
 
     A text file's header row names its columns; for a file without one, `header=False` and
     `columns` names them in order. `user_col`/`item_col` not given are found by name
@@ -186,10 +188,10 @@ def prepare_csv(
     """
     settings = settings or PrepareSettings()
     settings.validate()
-    columns = check_columns(header, columns, Path(path).suffix.lower() in {".parquet", ".pq"})
+    columns = check_columns(header, columns, files.kind(Path(path)) != files.TEXT)
     path, out = Path(path), Path(out)
     if not path.is_file():
-        raise DataError(f"{path} does not exist or is not a file; pass --path to a CSV/TSV/Parquet")
+        raise DataError(f"{path} does not exist or is not a file; pass --path to a data file")
     user_col, item_col, rating_col = resolve_columns(
         path, sep, user_col, item_col, rating_col, columns, settings.min_rating is not None
     )
@@ -197,7 +199,7 @@ def prepare_csv(
         "path": str(path.resolve()),
         "sha256": sha256_file(path),
         "bytes": path.stat().st_size,
-        "format": "parquet" if path.suffix.lower() in {".parquet", ".pq"} else "csv",
+        "format": "csv" if files.kind(path) == files.TEXT else files.kind(path),
         "columns": {"user": user_col, "item": item_col, "rating": rating_col},
         "sep": sep,
     }

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import polars as pl
 
+from vaecf.data import files
 from vaecf.errors import DataError
 
 USER, ITEM, RATING = "user_id", "item_id", "rating"
@@ -61,7 +62,7 @@ def sep_for(path: Path, sep: str | None) -> str:
                 "'|', '\\t' or tab, space), '::', or 'whitespace' for runs of spaces and tabs"
             )
         return sep
-    return found_sep(path) or ("\t" if path.suffix.lower() in {".tsv", ".tab"} else ",")
+    return found_sep(path) or ("\t" if files.suffix(path) in {".tsv", ".tab"} else ",")
 
 
 def found_sep(path: Path) -> str | None:
@@ -69,10 +70,10 @@ def found_sep(path: Path) -> str | None:
     tab): the first of tab, ';', '|', '::' and runs of spaces and tabs that splits each of its
     first lines (up to 20) into one number of fields, two or more. None where the default
     separator stands (or nothing splits them: the read then says what it found)."""
-    if path.suffix.lower() in {".parquet", ".pq"}:
+    if files.kind(path) != files.TEXT:
         return None
-    default = "\t" if path.suffix.lower() in {".tsv", ".tab"} else ","
-    with open(path, encoding="utf-8-sig", errors="replace", newline="") as f:
+    default = "\t" if files.suffix(path) in {".tsv", ".tab"} else ","
+    with files.open_text(path) as f:
         head = f.read(1 << 16)
     lines = [ln for ln in re.split(r"\r\n?|\n", head) if ln.strip()]
     if len(head) == 1 << 16 and len(lines) > 1:
@@ -87,20 +88,7 @@ def found_sep(path: Path) -> str | None:
     return None
 
 
-def text_source(path: Path, sniff: int = 1 << 20):
-    """`path`, or its text with every line ending made LF (an in-memory copy) when the file
-    ends lines with a bare CR (old Mac files, or CR mixed with LF), which CSV readers take
-    for one long line. CRLF and LF are read as they are."""
-    import io
-
-    with open(path, "rb") as f:
-        head = f.read(sniff)
-    if not re.search(rb"\r(?!\n)", head[:-1] if len(head) == sniff else head):
-        return path
-    return io.BytesIO(re.sub(rb"\r\n?", b"\n", path.read_bytes()))
-
-
-def check_columns(header: bool, columns, is_parquet: bool = False) -> list[str] | None:
+def check_columns(header: bool, columns, named: bool = False) -> list[str] | None:
     """The names given to a header-less file's columns (None for a file with a header row)."""
     if columns is not None and isinstance(columns, str):
         columns = [c.strip() for c in columns.split(",")]
@@ -111,9 +99,10 @@ def check_columns(header: bool, columns, is_parquet: bool = False) -> list[str] 
                 "--no-header (header=False), or drop --columns and use the file's own header names"
             )
         return None
-    if is_parquet:
+    if named:
         raise DataError(
-            "--no-header (header=False) applies to CSV/TSV text files; Parquet names its columns"
+            "--no-header (header=False) applies to CSV/TSV text files; Parquet and JSON name "
+            "their columns"
         )
     if not columns:
         raise DataError(
@@ -191,36 +180,36 @@ def read_table(
     header: bool = True,
     columns: list[str] | None = None,
 ) -> pl.DataFrame:
-    """Read a CSV/TSV or Parquet file of interactions with named columns: a text file's header
-    row names them, or `columns` does (`header=False`). `sep` is one character or
-    'whitespace' or '::', found in the file where not given (`sep_for`); LF, CRLF and bare-CR
-    line endings are all read.
+    """Read a delimited text, JSON or Parquet file of interactions (`files.kind`; text and JSON
+    may be compressed) with named columns: a text file's header row names them, or `columns`
+    does (`header=False`). `sep` is one character or 'whitespace' or '::', found in the file
+    where not given (`sep_for`); LF, CRLF and bare-CR line endings are all read.
 
     Returns columns user_id, item_id and, with `rating_col`, rating (Float64), in file order.
     """
     path = Path(path)
     if not path.is_file():
         raise DataError(
-            f"{path} does not exist or is not a file; pass the path of a CSV/TSV/Parquet"
+            f"{path} does not exist or is not a file; pass the path of a CSV/TSV/JSON/Parquet"
         )
-    is_parquet = path.suffix.lower() in {".parquet", ".pq"}
-    columns = check_columns(header, columns, is_parquet)
+    text = files.kind(path) == files.TEXT
+    columns = check_columns(header, columns, not text)
     if path.stat().st_size == 0:
         raise DataError(
             f"{path} is empty; pass a file with {'a header row and ' if header else ''}interactions"
         )
     wanted = [user_col, item_col] + ([rating_col] if rating_col else [])
-    sep = None if is_parquet else sep_for(path, sep)
-    lf, names = _scan(path, sep, header, columns, is_parquet)
+    sep = sep_for(path, sep) if text else None
+    lf, names = scan_table(path, sep, header, columns)
     missing = [c for c in wanted if c not in names]
     if missing:
-        hint = sep_hint(names[0], sep) if len(names) == 1 and not is_parquet else ""
+        hint = sep_hint(names[0], sep) if len(names) == 1 and text else ""
         raise DataError(
             f"{path}: no column(s) {missing}; the file has columns {names}{hint}. "
             "Pass the right --user-col/--item-col/--rating-col (user_col=, item_col=, rating_col=)"
             + (
                 ""
-                if columns
+                if columns or not text
                 else "; --no-header --columns (header=False, columns=) if the file "
                 "has no header row"
             )
@@ -229,13 +218,14 @@ def read_table(
     try:
         df = lf.select(wanted).collect()
     except pl.exceptions.PolarsError as e:
-        n = None if is_parquet else _first_non_utf8_line(path)
+        n = files.first_non_utf8_line(path) if text else None
         where = f", line {n}: not valid UTF-8 text" if n else None
-        if where is None and not is_parquet and sep not in SPLIT_SEPS:
+        if where is None and text and sep not in SPLIT_SEPS:
             where = csv_bad_line(path, sep, None if columns is None else len(columns))
         where = where or f": {str(e).splitlines()[0][:200]}"
         raise DataError(
-            f"cannot parse {path}{where}; fix the file or pass the right --sep (sep=)"
+            f"cannot parse {path}{where}; fix the file"
+            + (" or pass the right --sep (sep=)" if text else "")
         ) from None
     if df.height == 0:
         raise DataError(f"{path} has {'a header but ' if header else ''}no rows")
@@ -248,26 +238,32 @@ def read_table(
     return pl.DataFrame(out)
 
 
-def _scan(path: Path, sep, header: bool, columns, is_parquet: bool):
-    """The file as a lazy frame of strings (Parquet: its own types) and its column names
-    (`columns` where given)."""
+def scan_table(
+    path: Path, sep: str | None = None, header: bool = True, columns=None, typed: bool = False
+):
+    """The file as a lazy frame (text: of strings, or of the types Polars infers where `typed`;
+    JSON and Parquet: their own types) and its column names (`columns` where given); text
+    read with `sep` (`sep_for`)."""
+    what = files.kind(path)
     try:
-        if is_parquet:
-            lf = pl.scan_parquet(path)
-        elif sep in SPLIT_SEPS:
-            lf = _split_frame(text_source(path), path, columns, sep).lazy()
+        if what == files.PARQUET:
+            lf = pl.scan_parquet(files.source(path, text=False))
+        elif what == files.JSON:
+            lf = _scan_json(path)
+        elif (sep := sep_for(path, sep)) in SPLIT_SEPS:
+            lf = _split_frame(files.source(path), path, columns, sep).lazy()
         else:
             lf = pl.scan_csv(
-                text_source(path),
+                files.source(path),
                 separator=sep,
                 has_header=header,
-                infer_schema=False,  # everything as strings; typed below with clear errors
+                infer_schema=typed,  # else everything as strings, typed later with clear errors
                 quote_char='"',
             )
         names = lf.collect_schema().names()
         if columns is not None and sep not in SPLIT_SEPS:
             if len(names) != len(columns):
-                first = ",".join(names) if len(names) > 1 else first_line(path)
+                first = ",".join(names) if len(names) > 1 else files.first_line(path)
                 raise DataError(
                     f"{path}, line 1: {len(names)} field(s), but --columns (columns=) names "
                     f"{len(columns)} ({', '.join(columns)})"
@@ -275,10 +271,19 @@ def _scan(path: Path, sep, header: bool, columns, is_parquet: bool):
                 )
             lf, names = lf.rename(dict(zip(names, columns))), columns
     except (pl.exceptions.PolarsError, OSError) as e:
-        raise DataError(
-            f"cannot read {path} as {'Parquet' if is_parquet else 'CSV'}: {e}"
-        ) from None
+        as_what = {files.PARQUET: "Parquet", files.JSON: "JSON"}.get(what, "CSV")
+        raise DataError(f"cannot read {path} as {as_what}: {e}") from None
     return lf, names
+
+
+def _scan_json(path: Path) -> pl.LazyFrame:
+    """JSON Lines (a record a line), or one array of records; every record's fields typed."""
+    with files.open_text(path) as f:
+        array = f.read(1 << 12).lstrip().startswith("[")
+    src = files.source(path)
+    if array:
+        return pl.read_json(src, infer_schema_length=None).lazy()
+    return pl.scan_ndjson(src, infer_schema_length=None)
 
 
 def _ids(s: pl.Series, path: Path, col: str) -> pl.Series:
@@ -330,7 +335,7 @@ def csv_bad_line(path: Path, sep: str, n_fields: int | None = None) -> str | Non
 
     if len(sep) != 1:
         return None
-    with open(path, encoding="utf-8-sig", errors="replace", newline="") as f:
+    with files.open_text(path) as f:
         r = csv.reader(f, delimiter=sep, quotechar='"', strict=True)
         try:
             want = len(next(r, [])) if n_fields is None else n_fields  # the header row
@@ -340,22 +345,4 @@ def csv_bad_line(path: Path, sep: str, n_fields: int | None = None) -> str | Non
                     return f", line {r.line_num}: {len(row)} field(s) where {what} {want}"
         except csv.Error as e:
             return f", line {r.line_num}: {e}"
-    return None
-
-
-def first_line(path: Path) -> str:
-    """A text file's first line, without its ending (any of LF, CRLF, CR) and without a UTF-8
-    byte-order mark (which spreadsheets write first, and the CSV reader drops)."""
-    with open(path, encoding="utf-8-sig", errors="replace", newline="") as f:
-        return re.split(r"\r\n?|\n", f.readline(1 << 16))[0]
-
-
-def _first_non_utf8_line(path: Path) -> int | None:
-    """The number of the first line that is not valid UTF-8, or None."""
-    with open(path, "rb") as f:
-        for n, raw in enumerate(f, 1):
-            try:
-                raw.decode("utf-8")
-            except UnicodeDecodeError:
-                return n
     return None
