@@ -144,9 +144,14 @@ def test_bad_csv_raises_data_error(tmp_path, text, match):
 
 
 def test_missing_file(tmp_path):
+    """A path that is missing, or a directory: the directory's data files are named."""
     with pytest.raises(DataError, match="does not exist"):
         read_table(tmp_path / "nope.csv", "u", "i")
-    with pytest.raises(DataError, match="not a file"):
+    with pytest.raises(DataError, match="is a directory: pass the path of a file"):
+        read_table(tmp_path, "u", "i")
+    for name in ("ratings.csv", "movies.csv", "README.md"):
+        (tmp_path / name).write_text("u,i\n1,2\n")
+    with pytest.raises(DataError, match=r"directory \(it holds movies.csv, ratings.csv\): pass"):
         read_table(tmp_path, "u", "i")
 
 
@@ -333,6 +338,10 @@ def test_compressed_text_and_json_read_like_the_plain_csv(tmp_path):
         p.write_bytes(magic + bytes(20))
         with pytest.raises(DataError, match=words):
             read_table(p, "user", "item")
+    sheet = tmp_path / "ratings.xlsx"
+    sheet.write_bytes(b"PK\x03\x04" + bytes(20))  # a zip inside, but a spreadsheet to its user
+    with pytest.raises(DataError, match="a spreadsheet.*save it as CSV"):
+        read_table(sheet, "user", "item")
 
 
 def test_json_ids_keep_their_types_and_bad_values_are_named(tmp_path):

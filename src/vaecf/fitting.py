@@ -27,6 +27,7 @@ import numpy as np
 import polars as pl
 import scipy.sparse as sp
 
+from vaecf.data import files
 from vaecf.data.columns import (
     ITEM_NAMES,
     RATING_NAMES,
@@ -115,8 +116,7 @@ def _read(data, cols, min_rating, sep, columns) -> tuple[pl.DataFrame, dict]:
         return _from_matrix(data, rating_col, min_rating), {}
     if isinstance(data, (str, os.PathLike)):
         path = Path(data)
-        if not path.is_file():
-            raise DataError(f"{path} does not exist or is not a file (text, JSON or Parquet)")
+        files.check_file(path)
         user_col, item_col, rating_col = resolve_columns(
             path, sep, user_col, item_col, rating_col, columns, min_rating is not None
         )

@@ -33,6 +33,7 @@ import numpy as np
 import polars as pl
 import torch
 
+from vaecf.data import files
 from vaecf.data.columns import ITEM_NAMES, USER_NAMES, guess_column
 from vaecf.data.sources import scan_table
 from vaecf.data.vocab import INT_ID
@@ -63,8 +64,7 @@ def scan_interactions(
     found by name as `vaecf prepare csv` finds them (`data.columns.guess_column`). Any file
     `vaecf prepare csv` reads with a header row (`data.sources.scan_table`)."""
     path = Path(path)
-    if not path.is_file():
-        raise DataError(f"{path} does not exist; pass an interaction file (CSV, JSON, Parquet)")
+    files.check_file(path)
     lf, names = scan_table(path, typed=True)
     user_col = guess_column(names, user_col, USER_NAMES, "user")
     item_col = guess_column(names, item_col, ITEM_NAMES, "item")

@@ -4,7 +4,8 @@ Three kinds: Parquet, JSON (JSON Lines, one record a line, as Amazon's, Yelp's a
 reviews ship; or one array of records) and delimited text. Text and JSON may be compressed
 with gzip, bzip2 or xz, found by the file's first bytes (not its name); they are decompressed
 in memory. The kind comes from the name, a compression suffix skipped (`ratings.jsonl.gz` is
-JSON). zstd and zip archives are refused with the command that unpacks them.
+JSON). zstd and zip archives are refused with the command that unpacks them, spreadsheets
+with how to export them.
 """
 
 from __future__ import annotations
@@ -21,12 +22,29 @@ from vaecf.errors import DataError
 
 PARQUET, JSON, TEXT = "parquet", "json", "text"
 _KINDS = {".parquet": PARQUET, ".pq": PARQUET, ".json": JSON, ".jsonl": JSON, ".ndjson": JSON}
+_TEXTS = {".csv", ".tsv", ".tab", ".txt", ".dat", ".data"}  # named as a directory's data files
 _PACKED = {".gz", ".gzip", ".bz2", ".xz", ".zst", ".zstd", ".zip"}
 _OPENERS = ((b"\x1f\x8b", gzip.open), (b"BZh", bz2.open), (b"\xfd7zXZ\x00", lzma.open))
 _REFUSED = (
     (b"\x28\xb5\x2f\xfd", "zstd-compressed", "zstd -d"),
     (b"PK\x03\x04", "a zip archive", "unzip"),
 )
+
+
+def check_file(path: Path, what: str = "interactions") -> None:
+    """A DataError unless `path` is a file: it does not exist, or it is a directory (naming
+    the data files in it)."""
+    if path.is_file():
+        return
+    if not path.is_dir():
+        raise DataError(f"{path} does not exist; pass the path of a file of {what}")
+    inside = sorted(
+        f.name for f in path.iterdir() if f.is_file() and (kind(f) != TEXT or suffix(f) in _TEXTS)
+    )
+    held = f" (it holds {', '.join(inside[:8])}{', ...' if len(inside) > 8 else ''})"
+    raise DataError(
+        f"{path} is a directory{held if inside else ''}: pass the path of a file of {what} in it"
+    )
 
 
 def suffix(path: Path) -> str:
@@ -46,6 +64,11 @@ def _opener(path: Path):
     """gzip.open, bz2.open or lzma.open for a compressed file, None for a plain one."""
     with open(path, "rb") as f:
         head = f.read(8)
+    if suffix(path) in {".xlsx", ".xls", ".ods"} or head.startswith(b"\xd0\xcf\x11\xe0"):
+        raise DataError(
+            f"{path} is a spreadsheet, which vaecf does not read: save it as CSV, or read it "
+            "with pandas.read_excel and pass the DataFrame to vaecf.fit"
+        )
     for magic, what, unpack in _REFUSED:
         if head.startswith(magic):
             raise DataError(

@@ -190,8 +190,7 @@ def prepare_csv(
     settings.validate()
     columns = check_columns(header, columns, files.kind(Path(path)) != files.TEXT)
     path, out = Path(path), Path(out)
-    if not path.is_file():
-        raise DataError(f"{path} does not exist or is not a file; pass --path to a data file")
+    files.check_file(path)
     user_col, item_col, rating_col = resolve_columns(
         path, sep, user_col, item_col, rating_col, columns, settings.min_rating is not None
     )

@@ -188,10 +188,7 @@ def read_table(
     Returns columns user_id, item_id and, with `rating_col`, rating (Float64), in file order.
     """
     path = Path(path)
-    if not path.is_file():
-        raise DataError(
-            f"{path} does not exist or is not a file; pass the path of a CSV/TSV/JSON/Parquet"
-        )
+    files.check_file(path)
     text = files.kind(path) == files.TEXT
     columns = check_columns(header, columns, not text)
     if path.stat().st_size == 0:
