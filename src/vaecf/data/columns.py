@@ -6,6 +6,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 
@@ -72,10 +73,13 @@ def guess_column(columns: list[str], given: str | None, known: tuple[str, ...], 
 
 
 def file_columns(path: Path, sep: str | None) -> list[str]:
-    """The column names in a file's header row; a first line of numbers is refused with how
-    to name the columns of a file that has no header row."""
+    """The column names in a file's header row (JSON Lines: its first record's fields; Parquet
+    and a JSON array: their schema's); a first line of numbers is refused with how to name the
+    columns of a file that has no header row."""
     if path.stat().st_size == 0:
         raise DataError(f"{path} is empty; pass a file with a header row and interactions")
+    if files.kind(path) == files.JSON and (record := _first_record(path)) is not None:
+        return list(record)  # not the whole file's schema: a JSON Lines dump may be gigabytes
     if files.kind(path) != files.TEXT:
         return scan_table(path)[1]
     first = files.first_line(path)
@@ -91,6 +95,15 @@ def file_columns(path: Path, sep: str | None) -> list[str]:
             + _name_them(len(names))
         )
     return names
+
+
+def _first_record(path: Path) -> dict | None:
+    """A JSON Lines file's first record; None where its first line is not one (an array)."""
+    try:
+        record = json.loads(files.first_line(path))
+    except ValueError:
+        return None
+    return record if isinstance(record, dict) else None
 
 
 def _name_them(n_fields: int) -> str:
