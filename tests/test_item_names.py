@@ -230,3 +230,18 @@ def test_api_returns_titles(tmp_path):
         )
         batch = c.post("/v1/recommend/batch", json={"histories": [[101]], "k": 2}).json()
         assert all("title" in i for i in batch["results"][0]["items"])
+
+
+def test_names_from_compressed_json_lines_with_missing_titles(tmp_path):
+    """Amazon's metadata dump (meta.jsonl.gz: asin, title, nested fields), some records
+    without a title: read as (item_id, name), the missing names null."""
+    import gzip
+    import json
+
+    from vaecf.data.parsers import read_names_table
+
+    records = [{"asin": "B01", "title": "Kettle", "categories": [["Home"]]}, {"asin": "B02"}]
+    p = tmp_path / "meta.jsonl.gz"
+    p.write_bytes(gzip.compress("".join(json.dumps(r) + "\n" for r in records).encode()))
+    got = read_names_table(p, "asin", "title")
+    assert got.rows() == [("B01", "Kettle"), ("B02", None)]

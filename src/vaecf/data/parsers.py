@@ -21,6 +21,7 @@ from vaecf.data.sources import (
     SPLIT_SEPS,
     USER,
     csv_bad_line,
+    scan_table,
     sep_for,
 )
 from vaecf.data.strict import one_file, read_lines, typed_read
@@ -264,23 +265,24 @@ def _names_frame(ids: list, names: list) -> pl.DataFrame:
 def read_names_table(
     path: str | os.PathLike, id_col: str, name_col: str, sep: str | None = None
 ) -> pl.DataFrame:
-    """(item_id, name) from a CSV/TSV (header row) or Parquet file with named columns."""
+    """(item_id, name) from a CSV/TSV (header row), JSON or Parquet file with named columns
+    (text and JSON may be compressed: `files`)."""
     path = Path(path)
-    if not path.is_file():
-        raise DataError(f"{path} does not exist or is not a file; pass --item-names to a file")
-    is_parquet = files.kind(path) == files.PARQUET
-    sep = sep_for(path, None if sep in SPLIT_SEPS else sep)  # the interactions' may not be its
-    if sep in SPLIT_SEPS:  # names hold spaces, and the file is read as CSV: its suffix's default
+    files.check_file(path, "item names")
+    text = files.kind(path) == files.TEXT
+    # read as CSV: the interactions' whitespace or '::' is not the names' (names hold spaces)
+    sep = sep_for(path, None if sep in SPLIT_SEPS else sep) if text else None
+    if sep in SPLIT_SEPS:
         sep = "\t" if files.suffix(path) in {".tsv", ".tab"} else ","
-    try:
-        if is_parquet:
-            lf = pl.scan_parquet(files.source(path, text=False))
-        else:
+    if not text:
+        lf, cols = scan_table(path)
+    else:
+        try:
             lf = pl.scan_csv(files.source(path), separator=sep, infer_schema=False, quote_char='"')
-        cols = lf.collect_schema().names()
-    except (pl.exceptions.PolarsError, OSError) as e:
-        msg = str(e).splitlines()[0][:200] if str(e) else type(e).__name__
-        raise DataError(f"cannot read {path} ({msg}); pass a CSV/TSV/Parquet names file") from None
+            cols = lf.collect_schema().names()
+        except (pl.exceptions.PolarsError, OSError) as e:
+            msg = str(e).splitlines()[0][:200] if str(e) else type(e).__name__
+            raise DataError(f"cannot read {path} ({msg}); pass a CSV/TSV names file") from None
     missing = [c for c in (id_col, name_col) if c not in cols]
     if missing:
         raise DataError(
@@ -292,7 +294,7 @@ def read_names_table(
             pl.col(id_col).cast(pl.String).alias(ITEM), pl.col(name_col).cast(pl.String).alias(NAME)
         ).collect()
     except pl.exceptions.PolarsError as e:
-        where = None if is_parquet else csv_bad_line(path, sep)
+        where = csv_bad_line(path, sep) if text else None
         where = where or f": {str(e).splitlines()[0][:200]}"
         raise DataError(f"cannot parse {path}{where}; fix the names file") from None
     return df
