@@ -285,7 +285,7 @@ def _register_prepare(sub) -> None:
     pc.add_argument(
         "--item-names",
         metavar="FILE",
-        help="a CSV/TSV/Parquet file naming the items (e.g. MovieLens movies.csv); the names "
+        help="a CSV/TSV/JSON/Parquet file naming the items (e.g. MovieLens movies.csv); the names "
         "are kept with the dataset and shown by recommend, similar and serve",
     )
     pc.add_argument("--name-col", help="--item-names: the column holding the name")
