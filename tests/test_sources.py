@@ -338,6 +338,10 @@ def test_compressed_text_and_json_read_like_the_plain_csv(tmp_path):
         p.write_bytes(magic + bytes(20))
         with pytest.raises(DataError, match=words):
             read_table(p, "user", "item")
+    cut = tmp_path / "cut.csv.gz"
+    cut.write_bytes(gzip.compress(text.encode())[:30])  # a download cut short
+    with pytest.raises(DataError, match="cannot decompress"):
+        read_table(cut, "user", "item")
     sheet = tmp_path / "ratings.xlsx"
     sheet.write_bytes(b"PK\x03\x04" + bytes(20))  # a zip inside, but a spreadsheet to its user
     with pytest.raises(DataError, match="a spreadsheet.*save it as CSV"):

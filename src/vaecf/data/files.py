@@ -11,10 +11,12 @@ with how to export them.
 from __future__ import annotations
 
 import bz2
+import contextlib
 import gzip
 import io
 import lzma
 import re
+from collections.abc import Iterator
 from pathlib import Path
 from typing import BinaryIO, TextIO
 
@@ -104,29 +106,42 @@ def source(path: Path, text: bool = True, sniff: int = 1 << 20):
             return path
         data = path.read_bytes()
     else:
-        with open_binary(path) as f:
-            try:
-                data = f.read()
-            except (OSError, EOFError, lzma.LZMAError) as e:
-                raise DataError(f"cannot decompress {path}: {e}") from None
+        with open_binary(path) as f, _unpacking(path):
+            data = f.read()
     if text and re.search(rb"\r(?!\n)", data):
         data = re.sub(rb"\r\n?", b"\n", data)
     return io.BytesIO(data)
 
 
+def head(path: Path, chars: int = 1 << 16) -> str:
+    """The first `chars` characters of the file's text (`open_text`)."""
+    with open_text(path) as f, _unpacking(path):
+        return f.read(chars)
+
+
 def first_line(path: Path) -> str:
     """A text file's first line, without its ending (any of LF, CRLF, CR) and without a UTF-8
     byte-order mark."""
-    with open_text(path) as f:
+    with open_text(path) as f, _unpacking(path):
         return re.split(r"\r\n?|\n", f.readline(1 << 16))[0]
 
 
 def first_non_utf8_line(path: Path) -> int | None:
     """The number of the first line that is not valid UTF-8, or None."""
-    with open_binary(path) as f:
+    with open_binary(path) as f, _unpacking(path):
         for n, raw in enumerate(f, 1):
             try:
                 raw.decode("utf-8")
             except UnicodeDecodeError:
                 return n
     return None
+
+
+@contextlib.contextmanager
+def _unpacking(path: Path) -> Iterator[None]:
+    """A compressed file's broken stream (cut short, not what its first bytes say) as a
+    DataError naming the file."""
+    try:
+        yield
+    except (OSError, EOFError, lzma.LZMAError) as e:
+        raise DataError(f"cannot decompress {path} ({e}); check the file, or unpack it") from None

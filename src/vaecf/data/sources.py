@@ -73,8 +73,7 @@ def found_sep(path: Path) -> str | None:
     if files.kind(path) != files.TEXT:
         return None
     default = "\t" if files.suffix(path) in {".tsv", ".tab"} else ","
-    with files.open_text(path) as f:
-        head = f.read(1 << 16)
+    head = files.head(path)
     lines = [ln for ln in re.split(r"\r\n?|\n", head) if ln.strip()]
     if len(head) == 1 << 16 and len(lines) > 1:
         lines.pop()  # cut short by the read
@@ -275,10 +274,8 @@ def scan_table(
 
 def _scan_json(path: Path) -> pl.LazyFrame:
     """JSON Lines (a record a line), or one array of records; every record's fields typed."""
-    with files.open_text(path) as f:
-        array = f.read(1 << 12).lstrip().startswith("[")
     src = files.source(path)
-    if array:
+    if files.head(path, 1 << 12).lstrip().startswith("["):
         return pl.read_json(src, infer_schema_length=None).lazy()
     return pl.scan_ndjson(src, infer_schema_length=None)
 
