@@ -372,3 +372,10 @@ def test_json_ids_keep_their_types_and_bad_values_are_named(tmp_path):
     p.write_text('{"user": 1, "item": 2\n')
     with pytest.raises(DataError, match="as JSON|cannot parse"):
         read_table(p, "user", "item")
+
+
+def test_a_latin1_file_is_refused_with_how_to_convert_it(tmp_path):
+    p = _text_file(tmp_path, "r.csv", "user,item\n1,a\n")
+    p.write_bytes(b"user,item\n1,Caf\xe9\n")
+    with pytest.raises(DataError, match=r"line 2: not valid UTF-8 .*iconv -f latin1 -t utf-8"):
+        read_table(p, "user", "item")

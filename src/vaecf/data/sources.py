@@ -215,8 +215,13 @@ def read_table(
         df = lf.select(wanted).collect()
     except pl.exceptions.PolarsError as e:
         n = files.first_non_utf8_line(path) if text else None
-        where = f", line {n}: not valid UTF-8 text" if n else None
-        if where is None and text and sep not in SPLIT_SEPS:
+        if n:
+            raise DataError(
+                f"cannot parse {path}, line {n}: not valid UTF-8 text (a Latin-1 or Windows "
+                f"export?); convert it, e.g. iconv -f latin1 -t utf-8 {path} > utf8.csv"
+            ) from None
+        where = None
+        if text and sep not in SPLIT_SEPS:
             where = csv_bad_line(path, sep, None if columns is None else len(columns))
         where = where or f": {str(e).splitlines()[0][:200]}"
         raise DataError(
