@@ -349,9 +349,9 @@ def test_compressed_text_and_json_read_like_the_plain_csv(tmp_path):
 
 
 def test_json_ids_keep_their_types_and_bad_values_are_named(tmp_path):
-    """JSON's own types: text ids stay text (Amazon's reviewerID, asin), numbers stay
-    integers, a record missing an id or holding a list there is refused naming the column;
-    Amazon's rating column 'overall' is found by name."""
+    """JSON's own types: text ids stay text (Amazon's reviewerID, asin, whose leading zeros
+    are part of it), numbers stay integers, a record missing an id or holding a list there is
+    refused naming the column; Amazon's rating column 'overall' is found by name."""
     from vaecf.data.columns import RATING_NAMES
 
     p = tmp_path / "reviews.jsonl"
@@ -359,7 +359,7 @@ def test_json_ids_keep_their_types_and_bad_values_are_named(tmp_path):
                  '{"reviewerID": "A2", "asin": "0002", "overall": 3.0}\n')  # fmt: skip
     got = read_table(p, "reviewerID", "asin", "overall")
     assert got.get_column(USER).to_list() == ["A1", "A2"]
-    assert got.get_column(ITEM).to_list() == [1, 2]  # integers where every id is one
+    assert got.get_column(ITEM).to_list() == ["0001", "0002"]  # leading zeros kept: text
     assert guess_column(["reviewerID", "asin", "overall"], None, RATING_NAMES, "rating") == (
         "overall"
     )
@@ -379,3 +379,17 @@ def test_a_latin1_file_is_refused_with_how_to_convert_it(tmp_path):
     p.write_bytes(b"user,item\n1,Caf\xe9\n")
     with pytest.raises(DataError, match=r"line 2: not valid UTF-8 .*iconv -f latin1 -t utf-8"):
         read_table(p, "user", "item")
+
+
+def test_text_ids_become_integers_only_where_each_spells_one_as_queries_do(tmp_path):
+    """ "42" is 42; "042", "+42" and "4.2e1" are not (a query's "042" would not find 42): a
+    column holding one keeps every id as text, so "01" and "1" stay two items."""
+    for ids, want in (
+        (["42", " 7", "0", "-3"], [42, 7, 0, -3]),
+        (["0001", "0002"], ["0001", "0002"]),
+        (["1", "01"], ["1", "01"]),
+        (["+42", "5"], ["+42", "5"]),
+        (["9223372036854775808", "1"], ["9223372036854775808", "1"]),  # beyond int64
+    ):
+        p = _text_file(tmp_path, "ids.csv", "user,item\n" + "".join(f"u,{i}\n" for i in ids))
+        assert read_table(p, "user", "item").get_column(ITEM).to_list() == want, ids

@@ -2,8 +2,9 @@
 frame of (user_id, item_id[, rating]) in file order (the named formats' strict typed reads are
 `vaecf.data.strict`).
 
-Raw ids are kept as integers when every value is an integer (so they sort numerically, as the
-paper's pandas code does) and as strings otherwise. A read that fails names the first bad line.
+Raw ids are kept as integers when every value spells one as a query's id is read (so they sort
+numerically, as the paper's pandas code does; `int_if_possible`) and as strings otherwise. A
+read that fails names the first bad line.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from pathlib import Path
 import polars as pl
 
 from vaecf.data import files
+from vaecf.data.vocab import INT_ID
 from vaecf.errors import DataError
 
 USER, ITEM, RATING = "user_id", "item_id", "rating"
@@ -149,10 +151,14 @@ def _split_frame(src, path: Path, columns: list[str] | None, sep: str) -> pl.Dat
 
 
 def int_if_possible(col: pl.Series) -> pl.Series:
-    as_int = col.str.strip_chars().cast(pl.Int64, strict=False)
-    if as_int.null_count() == col.null_count():
-        return as_int
-    return col
+    """Text ids as Int64 where every one spells an integer as a query's id is read
+    (`vocab.INT_ID`: "42"; "042" or "+42" keep their spelling, as text: an ISBN's leading
+    zeros are part of it, and "01" and "1" stay two ids), else the text unchanged."""
+    text = col.str.strip_chars()
+    if not text.str.contains(f"^(?:{INT_ID.pattern})$").all():
+        return col
+    as_int = text.cast(pl.Int64, strict=False)
+    return as_int if as_int.null_count() == col.null_count() else col
 
 
 def ids_of_floats(s: pl.Series, where: str) -> pl.Series:
