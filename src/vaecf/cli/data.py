@@ -276,7 +276,12 @@ def _register_prepare(sub) -> None:
         "rating]) rows with the paper's protocol: positives, dedup, min-count filter, "
         "N validation + N test held-out users, 80/20 fold-in. Any line ending (LF, CRLF, CR).",
     )
-    pc.add_argument("--path", required=True, help="the interactions file (.csv, .tsv, .parquet)")
+    pc.add_argument(
+        "--path",
+        required=True,
+        help="the interactions file: delimited text, JSON (Lines) or Parquet; text and JSON "
+        "may be gzip/bzip2/xz-compressed",
+    )
     add_columns_options(pc)
     from vaecf.data.prepare import PrepareSettings
 
