@@ -10,6 +10,8 @@ any byte, random bytes spliced in, or an empty or header-only file.
 
 from __future__ import annotations
 
+import gzip
+import json
 import math
 import re
 import tempfile
@@ -42,6 +44,8 @@ _FILE_LEVEL = (
     "cannot read",
     "not valid UTF-8",
     "expected one",
+    "cannot decompress",
+    "does not read",  # a spreadsheet, a zstd or zip archive, by its first bytes
 )
 
 
@@ -55,6 +59,8 @@ class Case:
     fields: tuple[str, ...]  # kind of each field: int, num, str, date, head (netflix)
     sep: str
     header: str | None = None
+    pack: str | None = None  # "gzip": the file's bytes gzip-compressed (then, at times, cut)
+    json: bool = False  # each row a JSON record of the fields (JSON Lines)
 
 
 def _read_table(sep):
@@ -103,7 +109,16 @@ CASES = {
     "msd": Case(
         "msd", "train_triplets.txt", lambda p: parsers.read_msd([p])[0], ("str", "str", "int"), "\t"
     ),
-}
+    # read_table with the separator left to it (sources.found_sep) and the files it unpacks
+    "semicolons": Case("semicolons", "x.txt", _read_table(None), ("int", "str", "num"), ";",
+                       "u;i;r"),
+    "colons": Case("colons", "x.dat", _read_table(None), ("int", "int", "num"), "::", "u::i::r"),
+    "csv-gz": Case("csv-gz", "x.csv.gz", _read_table(None), ("int", "str", "num"), ",", "u,i,r",
+                   pack="gzip"),
+    "jsonl": Case("jsonl", "x.jsonl", _read_table(None), ("int", "str", "num"), "", json=True),
+    "jsonl-gz": Case("jsonl-gz", "x.jsonl.gz", _read_table(None), ("int", "str", "num"), "",
+                     pack="gzip", json=True),
+}  # fmt: skip
 
 
 def _valid(kind: str) -> st.SearchStrategy[str]:
@@ -142,7 +157,8 @@ def file_bytes(draw, case: Case) -> bytes:
             kinds = kinds[: draw(st.integers(0, len(kinds) - 1))]
         elif k == 1:  # too long
             kinds += ["str"] * draw(st.integers(1, 3))
-        lines.append(case.sep.join(draw(field_of(kind)) for kind in kinds))
+        values = [draw(field_of(kind)) for kind in kinds]
+        lines.append(_record(draw, values) if case.json else case.sep.join(values))
     eol = draw(st.sampled_from(["\n", "\n", "\r\n"]))
     text = eol.join(lines) + (eol if lines and draw(st.booleans()) else "")
     data = text.encode("latin-1" if draw(st.integers(0, 5)) == 0 else "utf-8", errors="replace")
@@ -153,7 +169,28 @@ def file_bytes(draw, case: Case) -> bytes:
     if draw(st.integers(0, 7)) == 0:  # random bytes spliced in
         at = draw(st.integers(0, len(data)))
         data = data[:at] + draw(st.binary(min_size=1, max_size=8)) + data[at:]
+    if case.pack == "gzip":
+        data = gzip.compress(data)
+        if draw(st.integers(0, 5)) == 0:  # a download cut short
+            data = data[: draw(st.integers(0, len(data)))]
     return data
+
+
+def _record(draw, values: list[str]) -> str:
+    """A JSON record of fields u, i, r (as many as `values`): each value as text, or as the
+    number it spells; at times a field missing, a list, or a line that is not JSON."""
+    rec = {}
+    for name, v in zip("uir", values):
+        how = draw(st.integers(0, 9))
+        if how == 0:
+            continue  # a record without the field
+        try:
+            number = json.loads(v) if how < 5 else None
+        except ValueError:
+            number = None
+        rec[name] = [v] if how == 9 else (number if isinstance(number, (int, float)) else v)
+    text = json.dumps(rec)
+    return text[:-1] if draw(st.integers(0, 19)) == 0 else text  # not JSON
 
 
 @st.composite

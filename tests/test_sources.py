@@ -369,8 +369,11 @@ def test_json_ids_keep_their_types_and_bad_values_are_named(tmp_path):
     p.write_text('{"user": 1, "item": 2}\n{"user": 2}\n')
     with pytest.raises(DataError, match="empty 'item'"):
         read_table(p, "user", "item")
-    p.write_text('{"user": 1, "item": 2\n')
-    with pytest.raises(DataError, match="as JSON|cannot parse"):
+    p.write_text('{"user": 1, "item": 2}\n{"user": 1, "item": 3\n')
+    with pytest.raises(DataError, match="as JSON, line 2: Expecting ','"):
+        read_table(p, "user", "item")
+    p.write_text('{"user": 1, "item": 2}\n[1, 2]\n')
+    with pytest.raises(DataError, match=r"line 2: not a record"):
         read_table(p, "user", "item")
 
 

@@ -226,7 +226,7 @@ def read_table(
                 f"cannot parse {path}, line {n}: not valid UTF-8 text (a Latin-1 or Windows "
                 f"export?); convert it, e.g. iconv -f latin1 -t utf-8 {path} > utf8.csv"
             ) from None
-        where = None
+        where = json_bad_line(path) if files.kind(path) == files.JSON else None
         if text and sep not in SPLIT_SEPS:
             where = csv_bad_line(path, sep, None if columns is None else len(columns))
         where = where or f": {str(e).splitlines()[0][:200]}"
@@ -279,7 +279,8 @@ def scan_table(
             lf, names = lf.rename(dict(zip(names, columns))), columns
     except (pl.exceptions.PolarsError, OSError) as e:
         as_what = {files.PARQUET: "Parquet", files.JSON: "JSON"}.get(what, "CSV")
-        raise DataError(f"cannot read {path} as {as_what}: {e}") from None
+        where = json_bad_line(path) if what == files.JSON else None
+        raise DataError(f"cannot read {path} as {as_what}{where or f': {e}'}") from None
     return lf, names
 
 
@@ -289,6 +290,26 @@ def _scan_json(path: Path) -> pl.LazyFrame:
     if files.head(path, 1 << 12).lstrip().startswith("["):
         return pl.read_json(src, infer_schema_length=None).lazy()
     return pl.scan_ndjson(src, infer_schema_length=None)
+
+
+def json_bad_line(path: Path) -> str | None:
+    """', line N: what is wrong' where Python's json module first fails to read a JSON Lines
+    file's line as one record (or an array file, read whole); None if it reads them all."""
+    import json
+
+    with files.open_text(path) as f:
+        array = f.read(1 << 12).lstrip().startswith("[")
+        f.seek(0)
+        lines = [f.read()] if array else f
+        for n, line in enumerate(lines, 1):
+            try:
+                record = json.loads(line) if line.strip() else {}
+            except ValueError as e:
+                at = getattr(e, "lineno", 1) if array else n
+                return f", line {at}: {getattr(e, 'msg', e)}"
+            if not array and not isinstance(record, dict):
+                return f", line {n}: not a record ({{...}})"
+    return None
 
 
 def _ids(s: pl.Series, path: Path, col: str) -> pl.Series:
