@@ -158,7 +158,7 @@ def file_bytes(draw, case: Case) -> bytes:
         elif k == 1:  # too long
             kinds += ["str"] * draw(st.integers(1, 3))
         values = [draw(field_of(kind)) for kind in kinds]
-        lines.append(_record(draw, values) if case.json else case.sep.join(values))
+        lines.append(_record(draw, values, clean) if case.json else case.sep.join(values))
     eol = draw(st.sampled_from(["\n", "\n", "\r\n"]))
     text = eol.join(lines) + (eol if lines and draw(st.booleans()) else "")
     data = text.encode("latin-1" if draw(st.integers(0, 5)) == 0 else "utf-8", errors="replace")
@@ -176,12 +176,13 @@ def file_bytes(draw, case: Case) -> bytes:
     return data
 
 
-def _record(draw, values: list[str]) -> str:
+def _record(draw, values: list[str], clean: bool) -> str:
     """A JSON record of fields u, i, r (as many as `values`): each value as text, or as the
-    number it spells; at times a field missing, a list, or a line that is not JSON."""
+    number it spells; unless `clean`, at times a field missing, a list, or a line that is not
+    JSON."""
     rec = {}
     for name, v in zip("uir", values):
-        how = draw(st.integers(0, 9))
+        how = draw(st.integers(1, 8) if clean else st.integers(0, 9))
         if how == 0:
             continue  # a record without the field
         try:
@@ -190,7 +191,7 @@ def _record(draw, values: list[str]) -> str:
             number = None
         rec[name] = [v] if how == 9 else (number if isinstance(number, (int, float)) else v)
     text = json.dumps(rec)
-    return text[:-1] if draw(st.integers(0, 19)) == 0 else text  # not JSON
+    return text[:-1] if not clean and draw(st.integers(0, 19)) == 0 else text  # not JSON
 
 
 @st.composite
