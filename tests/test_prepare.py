@@ -878,3 +878,23 @@ def test_no_temp_files_anywhere(tmp_path, csv_file):
     leftovers = [p for p in tmp_path.rglob("*") if p.name.startswith(".")]
     assert leftovers == []
     assert os.listdir(tmp_path) == ["out"]
+
+
+def test_a_directory_of_parquet_parts_prepares_and_its_parts_are_its_fingerprint(tmp_path):
+    """A table written as Parquet parts prepares like one file; the same parts reuse the
+    dataset, a changed part is another source (refused without --overwrite)."""
+    rows = pl.read_csv(_write(tmp_path / "all.csv", "userId,movieId,rating\n" + "\n".join(_rows())))
+    table = tmp_path / "table"
+    table.mkdir()
+    half = rows.height // 2
+    rows[:half].write_parquet(table / "part-0.parquet")
+    rows[half:].write_parquet(table / "part-1.parquet")
+    settings = PrepareSettings(heldout_users=2)
+    whole = prepare_csv(tmp_path / "all.csv", tmp_path / "a", settings=settings)
+    parts = prepare_csv(table, tmp_path / "b", settings=settings)
+    assert parts.manifest["counts"] == whole.manifest["counts"]
+    assert parts.manifest["source"]["format"] == "parquet"
+    assert prepare_csv(table, tmp_path / "b", settings=settings).path == parts.path  # reused
+    rows[half:].head(3).write_parquet(table / "part-1.parquet")
+    with pytest.raises(DataError, match="with other settings or source"):
+        prepare_csv(table, tmp_path / "b", settings=settings)

@@ -396,3 +396,31 @@ def test_text_ids_become_integers_only_where_each_spells_one_as_queries_do(tmp_p
     ):
         p = _text_file(tmp_path, "ids.csv", "user,item\n" + "".join(f"u,{i}\n" for i in ids))
         assert read_table(p, "user", "item").get_column(ITEM).to_list() == want, ids
+
+
+def test_a_directory_of_parquet_parts_reads_as_one_table(tmp_path):
+    """Spark's layout: key=value subdirectories, part files, _SUCCESS and .crc beside them:
+    the parts in name order, as one table. Parts of different columns, or a prepared dataset's
+    directory, are refused with what to pass instead."""
+    from vaecf.data import files
+
+    table = tmp_path / "export"
+    for n, (lo, hi) in enumerate([(0, 2), (2, 4)]):
+        part = table / f"day={n}" / f"part-{n:05d}.parquet"
+        part.parent.mkdir(parents=True)
+        pl.DataFrame(
+            {"user": [r[0] for r in ROWS[lo:hi]], "item": [r[1] for r in ROWS[lo:hi]],
+             "rating": [r[2] for r in ROWS[lo:hi]]}
+        ).write_parquet(part)  # fmt: skip
+        (part.parent / f".{part.name}.crc").write_bytes(b"crc")
+    (table / "_SUCCESS").touch()
+    assert files.kind(table) == files.PARQUET and len(files.parts(table)) == 2
+    assert read_table(table, "user", "item", "rating").equals(EXPECTED)
+    pl.DataFrame({"user": [9], "other": [1]}).write_parquet(table / "day=1" / "stray.parquet")
+    with pytest.raises(DataError, match="different columns .* not one table's parts"):
+        read_table(table, "user", "item")
+    prepared = tmp_path / "prepared"
+    prepared.mkdir()
+    (prepared / "manifest.json").write_text("{}")
+    with pytest.raises(DataError, match="a prepared dataset .* vaecf train --data"):
+        read_table(prepared, "user", "item")

@@ -1,6 +1,7 @@
 """What kind of file an interactions path is, and how to open it.
 
-Three kinds: Parquet, JSON (JSON Lines, one record a line, as Amazon's, Yelp's and Goodreads'
+Three kinds: Parquet (a file, or a directory of Parquet parts as Spark, Dask and pandas write a
+table: `parts`), JSON (JSON Lines, one record a line, as Amazon's, Yelp's and Goodreads'
 reviews ship; or one array of records) and delimited text. Text and JSON may be compressed
 with gzip, bzip2 or xz, found by the file's first bytes (not its name); they are decompressed
 in memory. The kind comes from the name, a compression suffix skipped (`ratings.jsonl.gz` is
@@ -34,10 +35,17 @@ _REFUSED = (
 
 
 def check_file(path: Path, what: str = "interactions") -> None:
-    """A DataError unless `path` is a file: it does not exist, or it is a directory (naming
-    the data files in it)."""
+    """A DataError unless `path` is a file or a directory of Parquet parts: it does not exist,
+    or it is another directory (naming the data files in it)."""
     if path.is_file():
         return
+    if (path / "manifest.json").is_file():
+        raise DataError(
+            f"{path} is a prepared dataset (vaecf prepare's output): train on it with "
+            f"vaecf train --data {path}, or pass the file it was prepared from"
+        )
+    if path.is_dir() and (found := parts(path)):
+        return _one_table(path, found)
     if not path.is_dir():
         raise DataError(f"{path} does not exist; pass the path of a file of {what}")
     inside = sorted(
@@ -49,6 +57,25 @@ def check_file(path: Path, what: str = "interactions") -> None:
     )
 
 
+def _one_table(path: Path, found: list[Path]) -> None:
+    """A DataError unless the Parquet parts all have the same columns (one table's parts)."""
+    import polars as pl
+
+    first = None
+    for f in found:
+        try:
+            cols = list(pl.read_parquet_schema(f))
+        except (pl.exceptions.PolarsError, OSError) as e:
+            raise DataError(f"cannot read {f} as Parquet: {e}") from None
+        if first is None:
+            first = (f, cols)
+        elif cols != first[1]:
+            raise DataError(
+                f"{path} holds Parquet files of different columns ({first[0].relative_to(path)}: "
+                f"{first[1]}; {f.relative_to(path)}: {cols}), not one table's parts: pass one file"
+            )
+
+
 def suffix(path: Path) -> str:
     """The name's suffix in lower case, a compression suffix skipped: '.tsv' for r.tsv.gz."""
     sfx = [s.lower() for s in path.suffixes]
@@ -58,8 +85,24 @@ def suffix(path: Path) -> str:
 
 
 def kind(path: Path) -> str:
-    """PARQUET, JSON or TEXT, by the file's name."""
+    """PARQUET, JSON or TEXT, by the file's name (a directory of Parquet parts: PARQUET)."""
+    if path.is_dir():
+        return PARQUET if parts(path) else TEXT
     return _KINDS.get(suffix(path), TEXT)
+
+
+def parts(path: Path) -> list[Path]:
+    """A directory's Parquet parts, in its subdirectories too (Hive's key=value layout), in
+    name order; not the writers' hidden and marker files (.crc, _SUCCESS). [path] for a file."""
+    if not path.is_dir():
+        return [path]
+    return sorted(
+        f
+        for f in path.rglob("*")
+        if f.suffix.lower() in {".parquet", ".pq"}
+        and not any(p.startswith((".", "_")) for p in f.relative_to(path).parts)
+        and f.is_file()
+    )
 
 
 def _opener(path: Path):
@@ -93,10 +136,13 @@ def open_text(path: Path) -> TextIO:
 
 
 def source(path: Path, text: bool = True, sniff: int = 1 << 20):
-    """What the Polars readers take: `path`, or its decompressed bytes in memory; for `text`
+    """What the Polars readers take: `path`, its Parquet parts (a directory), or its
+    decompressed bytes in memory; for `text`
     (CSV, JSON) with every line ending made LF where the text ends lines with a bare CR (old
     Mac files, or CR mixed with LF), which CSV readers take for one long line. CRLF and LF are
     read as they are."""
+    if path.is_dir():
+        return [str(f) for f in parts(path)]  # Parquet parts, read as one table
     if _opener(path) is None:
         if not text:
             return path

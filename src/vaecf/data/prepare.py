@@ -196,8 +196,7 @@ def prepare_csv(
     )
     source = {
         "path": str(path.resolve()),
-        "sha256": sha256_file(path),
-        "bytes": path.stat().st_size,
+        **_digest(path),
         "format": "csv" if files.kind(path) == files.TEXT else files.kind(path),
         "columns": {"user": user_col, "item": item_col, "rating": rating_col},
         "sep": sep,
@@ -223,6 +222,18 @@ def prepare_csv(
             names = read_names_table(item_names, name_id_col or item_col, name_col, sep)
         df = read_table(path, user_col, item_col, rating_col, sep, header, columns)
         return prepare_frame(df, out, settings, source, names)
+
+
+def _digest(path: Path) -> dict:
+    """{"sha256", "bytes"} of an interactions file, or of a directory's Parquet parts (each
+    part's name and SHA-256, in order)."""
+    if path.is_file():
+        return {"sha256": sha256_file(path), "bytes": path.stat().st_size}
+    h, size = hashlib.sha256(), 0
+    for f in files.parts(path):
+        h.update(f"{f.relative_to(path).as_posix()}\0{sha256_file(f)}\n".encode())
+        size += f.stat().st_size
+    return {"sha256": h.hexdigest(), "bytes": size}
 
 
 def _names_source(path: Path, name_col: str | None, id_col: str, sep: str | None) -> dict:
