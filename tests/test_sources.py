@@ -333,7 +333,7 @@ def test_compressed_text_and_json_read_like_the_plain_csv(tmp_path):
         p.write_bytes(data)
         got = read_table(p, "user", "item", "rating")
         assert got.equals(EXPECTED), name
-    for magic, words in ((b"\x28\xb5\x2f\xfd", "zstd -d"), (b"PK\x03\x04", "unzip")):
+    for magic, words in ((b"\x28\xb5\x2f\xfd", "zstd -d"), (b"PK\x03\x04", "as a zip archive")):
         p = tmp_path / "packed.csv"
         p.write_bytes(magic + bytes(20))
         with pytest.raises(DataError, match=words):
@@ -424,3 +424,31 @@ def test_a_directory_of_parquet_parts_reads_as_one_table(tmp_path):
     (prepared / "manifest.json").write_text("{}")
     with pytest.raises(DataError, match="a prepared dataset .* vaecf train --data"):
         read_table(prepared, "user", "item")
+
+
+def test_a_zip_of_one_data_file_reads_as_that_file(tmp_path):
+    """Kaggle's downloads: a zip holding one CSV (beside macOS's __MACOSX folder) or one
+    Parquet file reads as it; an archive of two data files is refused naming both."""
+    import io
+    import zipfile
+
+    text = "user,item,rating\n" + "".join(f"{u},{i},{r}\n" for u, i, r in ROWS)
+    buf = io.BytesIO()
+    EXPECTED.rename({USER: "user", ITEM: "item", RATING: "rating"}).write_parquet(buf)
+    cases = {
+        "archive.zip": {"ratings.csv": text, "__MACOSX/._ratings.csv": "junk"},
+        "ratings.csv.zip": {"data/ratings.tsv": text.replace(",", "\t")},
+        "table.zip": {"part.parquet": buf.getvalue()},
+    }
+    for name, members in cases.items():
+        p = tmp_path / name
+        with zipfile.ZipFile(p, "w", zipfile.ZIP_DEFLATED) as z:
+            for member, data in members.items():
+                z.writestr(member, data)
+        assert read_table(p, "user", "item", "rating").equals(EXPECTED), name
+    two = tmp_path / "two.zip"
+    with zipfile.ZipFile(two, "w") as z:
+        z.writestr("ratings.csv", text)
+        z.writestr("movies.csv", "movieId,title\n")
+    with pytest.raises(DataError, match=r"a zip archive of 2 files \(ratings.csv, movies.csv\)"):
+        read_table(two, "user", "item")

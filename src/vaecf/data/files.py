@@ -5,8 +5,9 @@ table: `parts`), JSON (JSON Lines, one record a line, as Amazon's, Yelp's and Go
 reviews ship; or one array of records) and delimited text. Text and JSON may be compressed
 with gzip, bzip2 or xz, found by the file's first bytes (not its name); they are decompressed
 in memory. The kind comes from the name, a compression suffix skipped (`ratings.jsonl.gz` is
-JSON). zstd and zip archives are refused with the command that unpacks them, spreadsheets
-with how to export them.
+JSON); a zip archive holding one data file (as Kaggle's downloads come) is read as that file.
+zstd archives are refused with the command that unpacks them, spreadsheets with how to export
+them.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import gzip
 import io
 import lzma
 import re
+import zipfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import BinaryIO, TextIO
@@ -26,12 +28,11 @@ from vaecf.errors import DataError
 PARQUET, JSON, TEXT = "parquet", "json", "text"
 _KINDS = {".parquet": PARQUET, ".pq": PARQUET, ".json": JSON, ".jsonl": JSON, ".ndjson": JSON}
 _TEXTS = {".csv", ".tsv", ".tab", ".txt", ".dat", ".data"}  # named as a directory's data files
+_SHEETS = {".xlsx", ".xls", ".ods"}
 _PACKED = {".gz", ".gzip", ".bz2", ".xz", ".zst", ".zstd", ".zip"}
 _OPENERS = ((b"\x1f\x8b", gzip.open), (b"BZh", bz2.open), (b"\xfd7zXZ\x00", lzma.open))
-_REFUSED = (
-    (b"\x28\xb5\x2f\xfd", "zstd-compressed", "zstd -d"),
-    (b"PK\x03\x04", "a zip archive", "unzip"),
-)
+_REFUSED = ((b"\x28\xb5\x2f\xfd", "zstd-compressed", "zstd -d"),)
+_ZIP = b"PK\x03\x04"
 
 
 def check_file(path: Path, what: str = "interactions") -> None:
@@ -85,10 +86,41 @@ def suffix(path: Path) -> str:
 
 
 def kind(path: Path) -> str:
-    """PARQUET, JSON or TEXT, by the file's name (a directory of Parquet parts: PARQUET)."""
+    """PARQUET, JSON or TEXT, by the file's name (a zip archive: its data file's; a directory
+    of Parquet parts: PARQUET)."""
     if path.is_dir():
         return PARQUET if parts(path) else TEXT
+    if path.is_file() and _head(path).startswith(_ZIP) and suffix(path) not in _SHEETS:
+        return _KINDS.get(suffix(Path(_zip_member(path))), TEXT)
     return _KINDS.get(suffix(path), TEXT)
+
+
+def _head(path: Path) -> bytes:
+    with open(path, "rb") as f:
+        return f.read(8)
+
+
+def _zip_member(path: Path) -> str:
+    """The one data file in a zip archive (as Kaggle's downloads come): its name in the
+    archive. An archive of several is refused naming them, as is a broken one."""
+    try:
+        with zipfile.ZipFile(path) as z:
+            names = [i.filename for i in z.infolist() if not i.is_dir()]
+    except (zipfile.BadZipFile, OSError) as e:
+        raise DataError(f"cannot read {path} as a zip archive ({e}); check the file") from None
+    names = [n for n in names if not any(p.startswith((".", "_")) for p in n.split("/"))]
+    data = [n for n in names if suffix(Path(n)) in _TEXTS | set(_KINDS)] or names
+    if len(data) != 1:
+        held = f"{len(data)} files ({', '.join(data[:8])}{', ...' if len(data) > 8 else ''})"
+        raise DataError(
+            f"{path} is a zip archive of {held if data else 'no files'}: unzip it "
+            f"(unzip {path}) and pass the file of interactions"
+        )
+    return data[0]
+
+
+def _zip_open(path: Path, mode: str = "rb") -> BinaryIO:
+    return zipfile.ZipFile(path).open(_zip_member(path))
 
 
 def parts(path: Path) -> list[Path]:
@@ -106,10 +138,10 @@ def parts(path: Path) -> list[Path]:
 
 
 def _opener(path: Path):
-    """gzip.open, bz2.open or lzma.open for a compressed file, None for a plain one."""
-    with open(path, "rb") as f:
-        head = f.read(8)
-    if suffix(path) in {".xlsx", ".xls", ".ods"} or head.startswith(b"\xd0\xcf\x11\xe0"):
+    """gzip.open, bz2.open, lzma.open or the zip member's opener for a compressed file, None
+    for a plain one."""
+    head = _head(path)
+    if suffix(path) in _SHEETS or head.startswith(b"\xd0\xcf\x11\xe0"):
         raise DataError(
             f"{path} is a spreadsheet, which vaecf does not read: save it as CSV, or read it "
             "with pandas.read_excel and pass the DataFrame to vaecf.fit"
@@ -120,6 +152,8 @@ def _opener(path: Path):
                 f"{path} is {what}, which vaecf does not read: unpack it first "
                 f"({unpack} {path}) and pass the file inside, or compress it with gzip"
             )
+    if head.startswith(_ZIP):
+        return _zip_open
     return next((op for magic, op in _OPENERS if head.startswith(magic)), None)
 
 
@@ -152,7 +186,7 @@ def source(path: Path, text: bool = True, sniff: int = 1 << 20):
             return path
         data = path.read_bytes()
     else:
-        with open_binary(path) as f, _unpacking(path):
+        with _unpacking(path), open_binary(path) as f:
             data = f.read()
     if text and re.search(rb"\r(?!\n)", data):
         data = re.sub(rb"\r\n?", b"\n", data)
@@ -161,20 +195,20 @@ def source(path: Path, text: bool = True, sniff: int = 1 << 20):
 
 def head(path: Path, chars: int = 1 << 16) -> str:
     """The first `chars` characters of the file's text (`open_text`)."""
-    with open_text(path) as f, _unpacking(path):
+    with _unpacking(path), open_text(path) as f:
         return f.read(chars)
 
 
 def first_line(path: Path) -> str:
     """A text file's first line, without its ending (any of LF, CRLF, CR) and without a UTF-8
     byte-order mark."""
-    with open_text(path) as f, _unpacking(path):
+    with _unpacking(path), open_text(path) as f:
         return re.split(r"\r\n?|\n", f.readline(1 << 16))[0]
 
 
 def first_non_utf8_line(path: Path) -> int | None:
     """The number of the first line that is not valid UTF-8, or None."""
-    with open_binary(path) as f, _unpacking(path):
+    with _unpacking(path), open_binary(path) as f:
         for n, raw in enumerate(f, 1):
             try:
                 raw.decode("utf-8")
@@ -189,5 +223,7 @@ def _unpacking(path: Path) -> Iterator[None]:
     DataError naming the file."""
     try:
         yield
-    except (OSError, EOFError, lzma.LZMAError) as e:
+    except (OSError, EOFError, lzma.LZMAError, zipfile.BadZipFile, NotImplementedError) as e:
         raise DataError(f"cannot decompress {path} ({e}); check the file, or unpack it") from None
+    except RuntimeError as e:  # zipfile's word for an encrypted member
+        raise DataError(f"cannot read {path} ({e}); unpack it and pass the file") from None
