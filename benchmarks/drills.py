@@ -51,7 +51,7 @@ CLI_DATASET = {  # parser -> the `vaecf prepare` verb that reads it
     "lastfm": "lastfm-360k",
     "pinterest": "pinterest",
     "msd": "msd",
-    **{name: "csv" for name in ("semicolons", "colons", "csv-gz", "jsonl", "jsonl-gz")},
+    **{name: "csv" for name in ("semicolons", "colons", "csv-gz", "csv-zip", "jsonl", "jsonl-gz")},
 }
 
 

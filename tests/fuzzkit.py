@@ -11,10 +11,12 @@ any byte, random bytes spliced in, or an empty or header-only file.
 from __future__ import annotations
 
 import gzip
+import io
 import json
 import math
 import re
 import tempfile
+import zipfile
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -59,7 +61,7 @@ class Case:
     fields: tuple[str, ...]  # kind of each field: int, num, str, date, head (netflix)
     sep: str
     header: str | None = None
-    pack: str | None = None  # "gzip": the file's bytes gzip-compressed (then, at times, cut)
+    pack: str | None = None  # "gzip" or "zip": the file's bytes packed (then, at times, cut)
     json: bool = False  # each row a JSON record of the fields (JSON Lines)
 
 
@@ -115,6 +117,8 @@ CASES = {
     "colons": Case("colons", "x.dat", _read_table(None), ("int", "int", "num"), "::", "u::i::r"),
     "csv-gz": Case("csv-gz", "x.csv.gz", _read_table(None), ("int", "str", "num"), ",", "u,i,r",
                    pack="gzip"),
+    "csv-zip": Case("csv-zip", "x.zip", _read_table(None), ("int", "str", "num"), ",", "u,i,r",
+                    pack="zip"),
     "jsonl": Case("jsonl", "x.jsonl", _read_table(None), ("int", "str", "num"), "", json=True),
     "jsonl-gz": Case("jsonl-gz", "x.jsonl.gz", _read_table(None), ("int", "str", "num"), "",
                      pack="gzip", json=True),
@@ -169,11 +173,18 @@ def file_bytes(draw, case: Case) -> bytes:
     if draw(st.integers(0, 7)) == 0:  # random bytes spliced in
         at = draw(st.integers(0, len(data)))
         data = data[:at] + draw(st.binary(min_size=1, max_size=8)) + data[at:]
-    if case.pack == "gzip":
-        data = gzip.compress(data)
+    if case.pack is not None:
+        data = gzip.compress(data) if case.pack == "gzip" else _zipped(data)
         if draw(st.integers(0, 5)) == 0:  # a download cut short
             data = data[: draw(st.integers(0, len(data)))]
     return data
+
+
+def _zipped(data: bytes) -> bytes:
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w", zipfile.ZIP_DEFLATED) as z:
+        z.writestr("ratings.csv", data)
+    return buf.getvalue()
 
 
 def _record(draw, values: list[str], clean: bool) -> str:
