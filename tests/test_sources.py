@@ -452,3 +452,10 @@ def test_a_zip_of_one_data_file_reads_as_that_file(tmp_path):
         z.writestr("movies.csv", "movieId,title\n")
     with pytest.raises(DataError, match=r"a zip archive of 2 files \(ratings.csv, movies.csv\)"):
         read_table(two, "user", "item")
+
+
+def test_a_semicolon_file_with_decimal_commas(tmp_path):
+    """A European spreadsheet's export: ';' between fields (found), '4,5' for 4.5."""
+    p = _text_file(tmp_path, "r.csv", 'user;item;rating\n1;10;4,5\n2;11;3\n3;12;"2,0"\n')
+    got = read_table(p, "user", "item", "rating")
+    assert got.get_column(RATING).to_list() == [4.5, 3.0, 2.0]

@@ -332,10 +332,16 @@ def _ids(s: pl.Series, path: Path, col: str) -> pl.Series:
 
 
 def _ratings(s: pl.Series, path: Path, rating_col: str) -> pl.Series:
-    """Column `rating_col` as finite Float64 ratings, or an error naming the first bad row."""
+    """Column `rating_col` as finite Float64 ratings (a decimal comma read as a point: '4,5',
+    as European spreadsheets write it), or an error naming the first bad row."""
     if not (s.dtype == pl.String or s.dtype.is_numeric()):
         raise DataError(f"{path}: column {rating_col!r} holds {s.dtype} values, not numbers")
-    r = s.cast(pl.Float64, strict=False)
+    text = (
+        s.str.strip_chars().str.replace(r"^([-+]?\d+),(\d+)$", "$1.$2")
+        if s.dtype == pl.String
+        else s
+    )
+    r = text.cast(pl.Float64, strict=False)
     bad = r.is_null() | r.is_nan() | r.is_infinite()
     if s.dtype == pl.String:
         bad = bad | s.is_null()
