@@ -220,12 +220,8 @@ def read_table(
     try:
         df = lf.select(wanted).collect()
     except pl.exceptions.PolarsError as e:
-        n = files.first_non_utf8_line(path) if text else None
-        if n:
-            raise DataError(
-                f"cannot parse {path}, line {n}: not valid UTF-8 text (a Latin-1 or Windows "
-                f"export?); convert it, e.g. iconv -f latin1 -t utf-8 {path} > utf8.csv"
-            ) from None
+        if text:
+            _check_utf8(path)
         where = json_bad_line(path) if files.kind(path) == files.JSON else None
         if text and sep not in SPLIT_SEPS:
             where = csv_bad_line(path, sep, None if columns is None else len(columns))
@@ -278,10 +274,22 @@ def scan_table(
                 )
             lf, names = lf.rename(dict(zip(names, columns))), columns
     except (pl.exceptions.PolarsError, OSError) as e:
+        if what == files.TEXT:
+            _check_utf8(path)
         as_what = {files.PARQUET: "Parquet", files.JSON: "JSON"}.get(what, "CSV")
         where = json_bad_line(path) if what == files.JSON else None
-        raise DataError(f"cannot read {path} as {as_what}{where or f': {e}'}") from None
+        said = str(e).strip().splitlines()[0][:200] if str(e).strip() else type(e).__name__
+        raise DataError(f"cannot read {path} as {as_what}{where or f': {said}'}") from None
     return lf, names
+
+
+def _check_utf8(path: Path) -> None:
+    """A DataError naming the first line of the text that is not UTF-8, and how to convert it."""
+    if n := files.first_non_utf8_line(path):
+        raise DataError(
+            f"cannot parse {path}, line {n}: not valid UTF-8 text (a Latin-1 or Windows "
+            f"export?); convert it, e.g. iconv -f latin1 -t utf-8 {path} > utf8.csv"
+        )
 
 
 def _scan_json(path: Path) -> pl.LazyFrame:
