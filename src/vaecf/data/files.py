@@ -28,6 +28,7 @@ from vaecf.errors import DataError
 PARQUET, JSON, TEXT = "parquet", "json", "text"
 _KINDS = {".parquet": PARQUET, ".pq": PARQUET, ".json": JSON, ".jsonl": JSON, ".ndjson": JSON}
 _TEXTS = {".csv", ".tsv", ".tab", ".txt", ".dat", ".data"}  # named as a directory's data files
+_DATA = _TEXTS | set(_KINDS) | {".zip"}  # suffixes of data files, by their names
 _SHEETS = {".xlsx", ".xls", ".ods"}
 _PACKED = {".gz", ".gzip", ".bz2", ".xz", ".zst", ".zstd", ".zip"}
 _OPENERS = ((b"\x1f\x8b", gzip.open), (b"BZh", bz2.open), (b"\xfd7zXZ\x00", lzma.open))
@@ -49,9 +50,7 @@ def check_file(path: Path, what: str = "interactions") -> None:
         return _one_table(path, found)
     if not path.is_dir():
         raise DataError(f"{path} does not exist; pass the path of a file of {what}")
-    inside = sorted(
-        f.name for f in path.iterdir() if f.is_file() and (kind(f) != TEXT or suffix(f) in _TEXTS)
-    )
+    inside = sorted(f.name for f in path.iterdir() if f.is_file() and suffix(f) in _DATA)
     held = f" (it holds {', '.join(inside[:8])}{', ...' if len(inside) > 8 else ''})"
     raise DataError(
         f"{path} is a directory{held if inside else ''}: pass the path of a file of {what} in it"
@@ -109,7 +108,7 @@ def _zip_member(path: Path) -> str:
     except (zipfile.BadZipFile, OSError) as e:
         raise DataError(f"cannot read {path} as a zip archive ({e}); check the file") from None
     names = [n for n in names if not any(p.startswith((".", "_")) for p in n.split("/"))]
-    data = [n for n in names if suffix(Path(n)) in _TEXTS | set(_KINDS)] or names
+    data = [n for n in names if suffix(Path(n)) in _DATA] or names
     if len(data) != 1:
         held = f"{len(data)} files ({', '.join(data[:8])}{', ...' if len(data) > 8 else ''})"
         raise DataError(
