@@ -898,3 +898,20 @@ def test_a_directory_of_parquet_parts_prepares_and_its_parts_are_its_fingerprint
     rows[half:].head(3).write_parquet(table / "part-1.parquet")
     with pytest.raises(DataError, match="with other settings or source"):
         prepare_csv(table, tmp_path / "b", settings=settings)
+
+
+def test_prepare_csv_without_heldout_users_holds_out_7_percent_each(tmp_path, capsys):
+    """The CLI's default split of a file of one's own: 7% + 7% of the users (the thesis
+    protocol, as the named small datasets); --heldout-users N gives the paper's N + N."""
+    from vaecf.cli import main
+
+    path = _write(tmp_path / "r.csv", "userId,movieId,rating\n" + "\n".join(_rows()))
+    assert main(["prepare", "csv", "--path", str(path), "--out", str(tmp_path / "a")]) == 0
+    m = json.loads((tmp_path / "a" / "manifest.json").read_text())
+    c = m["counts"]
+    assert m["settings"]["protocol"] == "thesis" and m["settings"]["heldout_users"] is None
+    assert c["n_validation_users"] == c["n_test_users"] == round(0.07 * c["n_users"])
+    args = ["--path", str(path), "--heldout-users", "2", "--out", str(tmp_path / "b")]
+    assert main(["prepare", "csv", *args]) == 0
+    m = json.loads((tmp_path / "b" / "manifest.json").read_text())
+    assert m["settings"]["protocol"] == "liang" and m["counts"]["n_test_users"] == 2

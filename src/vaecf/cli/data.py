@@ -54,6 +54,7 @@ def add_columns_options(p) -> None:
 def cmd_prepare(a) -> int:
     from vaecf.data.columns import found_by_name
     from vaecf.data.prepare import PrepareSettings, prepare_csv
+    from vaecf.data.preprocess import file_protocol
 
     ds = prepare_csv(
         a.path,
@@ -62,7 +63,7 @@ def cmd_prepare(a) -> int:
         a.item_col,
         a.rating_col,
         a.sep,
-        from_args(PrepareSettings, a),
+        from_args(PrepareSettings, a, **file_protocol(a.heldout_users)),
         overwrite=a.overwrite,
         item_names=a.item_names,
         name_col=a.name_col,
@@ -274,7 +275,7 @@ def _register_prepare(sub) -> None:
         help="any delimited text (with or without a header row), JSON or Parquet file",
         description="Prepare a CSV/TSV/whitespace-delimited/JSON/Parquet file of (user, item[, "
         "rating]) rows with the paper's protocol: positives, dedup, min-count filter, "
-        "N validation + N test held-out users, 80/20 fold-in. Any line ending (LF, CRLF, CR).",
+        "N validation + N test held-out users (unset: 7% + 7%), 80/20 fold-in.",
     )
     pc.add_argument(
         "--path",
@@ -286,7 +287,9 @@ def _register_prepare(sub) -> None:
     from vaecf.data.prepare import PrepareSettings
 
     names = ("min_rating", "min_user_items", "min_item_users", "heldout_users", "seed")
-    add_settings(pc, PrepareSettings, only=names)["heldout_users"].required = True
+    add_settings(pc, PrepareSettings, only=names)[
+        "heldout_users"
+    ].help += "; unset: 7%% + 7%% of the users (the thesis protocol)"
     pc.add_argument(
         "--item-names",
         metavar="FILE",

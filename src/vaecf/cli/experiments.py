@@ -120,6 +120,7 @@ def cmd_compare(a) -> int:
 def _compare_prepare(a) -> dict:
     """How `compare --data` prepares each seed's split: the flags for a raw file; nothing for
     a prepared dataset (it holds its own split; split flags beside it are refused)."""
+    from vaecf.data.preprocess import file_protocol
     from vaecf.errors import ConfigError
 
     prepare = {
@@ -135,7 +136,7 @@ def _compare_prepare(a) -> dict:
     }
     if a.min_user_items is None:
         del prepare["min_user_items"]  # PrepareSettings' default (5, as the paper)
-    if Path(a.data).is_dir():  # a prepared dataset: its split and settings are its own
+    if (Path(a.data) / "manifest.json").is_file():  # prepared: its split and settings are its own
         given = [k for k, v in prepare.items() if v is not None and k != "header"]
         given += ["no_header"] if a.no_header else []
         if given:
@@ -145,11 +146,14 @@ def _compare_prepare(a) -> dict:
                 + " (or pass the raw file to prepare one split per seed)"
             )
         prepare = {}
-    elif not (a.models and a.heldout_users):
+    elif not a.models:
         raise ConfigError(
-            "--data needs --models and --heldout-users, and the columns as `vaecf prepare "
-            "csv` takes them (--user-col/--item-col, or --no-header --columns)"
+            "--data needs --models, and the columns as `vaecf prepare csv` takes them where "
+            "they are not found by name (--user-col/--item-col, or --no-header --columns)"
         )
+    else:
+        del prepare["heldout_users"]
+        prepare.update(file_protocol(a.heldout_users))
     return prepare
 
 

@@ -89,6 +89,13 @@ class PrepareSettings:
                 )
 
 
+def file_protocol(heldout_users: int | None) -> dict:
+    """How a file of one's own is split (`vaecf prepare csv`, `compare --data`): the paper's N
+    validation + N test users where `heldout_users` gives N, else 7% + 7% of its users (the
+    thesis protocol, as the named small datasets are split)."""
+    return {"protocol": "thesis"} if heldout_users is None else {"heldout_users": heldout_users}
+
+
 def dataset_settings(name: str, **overrides) -> PrepareSettings:
     """The registry's protocol for `name`, with any field overridden (None = keep the default).
 

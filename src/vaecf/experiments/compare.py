@@ -125,7 +125,7 @@ def _train_all(csv_path, out, entries, seeds, prepare, epochs, device, log) -> l
 
     keys = ("user_col", "item_col", "rating_col", "sep", "header", "columns")
     columns = {k: prepare.pop(k) for k in keys if k in prepare}
-    prepared = load_prepared(csv_path) if Path(csv_path).is_dir() else None
+    prepared = load_prepared(csv_path) if (Path(csv_path) / "manifest.json").is_file() else None
     if prepared is not None:
         log(
             f"{csv_path} is a prepared dataset: every seed uses its one split "
