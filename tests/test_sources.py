@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import tempfile
 from pathlib import Path
 
 import polars as pl
@@ -459,3 +460,38 @@ def test_a_semicolon_file_with_decimal_commas(tmp_path):
     p = _text_file(tmp_path, "r.csv", 'user;item;rating\n1;10;4,5\n2;11;3\n3;12;"2,0"\n')
     got = read_table(p, "user", "item", "rating")
     assert got.get_column(RATING).to_list() == [4.5, 3.0, 2.0]
+
+
+def test_a_large_compressed_file_is_unpacked_to_disk_once(tmp_path, monkeypatch):
+    """Above files.IN_MEMORY compressed bytes a file is unpacked into a temp file (reused while
+    it is unchanged) and read from disk: the same frame; bare CRs made LF across the unpacking's
+    blocks (of 5 bytes here). On a full disk: a DataError saying where and what to do, and no
+    temp file left behind."""
+    import gzip
+
+    from drillkit import Tmpfs, can_mount
+
+    from vaecf.data import files
+
+    monkeypatch.setattr(files, "IN_MEMORY", 0)
+    monkeypatch.setattr(files, "BLOCK", 5)
+    text = "user,item,rating\r" + "".join(f"{u},{i},{r}\r" for u, i, r in ROWS)  # old Mac
+    p = tmp_path / "r.csv.gz"
+    p.write_bytes(gzip.compress(text.encode()))
+    assert read_table(p, "user", "item", "rating").equals(EXPECTED)
+    first = files.source(p)
+    assert isinstance(first, Path) and first.read_bytes() == text.replace("\r", "\n").encode()
+    assert files.source(p) == first  # unpacked once
+    if not can_mount():
+        return
+    fs = Tmpfs(1 << 20)
+    try:
+        fs.fill(leave=64 << 10)
+        monkeypatch.setattr(tempfile, "tempdir", str(fs.path))
+        big = tmp_path / "big.csv.gz"
+        big.write_bytes(gzip.compress(b"user,item\n" + b"1,2\n" * 100_000))  # 400 kB unpacked
+        with pytest.raises(DataError, match=r"cannot unpack .*big.csv.gz into .*set TMPDIR"):
+            read_table(big, "user", "item")
+        assert not list(fs.path.glob("vaecf-unpacked-*"))
+    finally:
+        fs.close()

@@ -4,20 +4,23 @@ Three kinds: Parquet (a file, or a directory of Parquet parts as Spark, Dask and
 table: `parts`), JSON (JSON Lines, one record a line, as Amazon's, Yelp's and Goodreads'
 reviews ship; or one array of records) and delimited text. Text and JSON may be compressed
 with gzip, bzip2 or xz, found by the file's first bytes (not its name); they are decompressed
-in memory. The kind comes from the name, a compression suffix skipped (`ratings.jsonl.gz` is
-JSON); a zip archive holding one data file (as Kaggle's downloads come) is read as that file.
-zstd archives are refused with the command that unpacks them, spreadsheets with how to export
-them.
+in memory, or, above `IN_MEMORY` compressed bytes, into a temp file (TMPDIR) read from disk.
+The kind comes from the name, a compression suffix skipped (`ratings.jsonl.gz` is JSON); a zip
+archive holding one data file (as Kaggle's downloads come) is read as that file. zstd archives
+are refused with the command that unpacks them, spreadsheets with how to export them.
 """
 
 from __future__ import annotations
 
+import atexit
 import bz2
 import contextlib
 import gzip
 import io
 import lzma
+import os
 import re
+import tempfile
 import zipfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -34,6 +37,9 @@ _PACKED = {".gz", ".gzip", ".bz2", ".xz", ".zst", ".zstd", ".zip"}
 _OPENERS = ((b"\x1f\x8b", gzip.open), (b"BZh", bz2.open), (b"\xfd7zXZ\x00", lzma.open))
 _REFUSED = ((b"\x28\xb5\x2f\xfd", "zstd-compressed", "zstd -d"),)
 _ZIP = b"PK\x03\x04"
+IN_MEMORY = 32 << 20  # compressed bytes unpacked in memory; a larger file into a temp file
+BLOCK = 1 << 22  # bytes unpacked at a time into that temp file
+_UNPACKED: dict[tuple, Path] = {}  # (path, size, mtime, text) -> its unpacked temp file
 
 
 def check_file(path: Path, what: str = "interactions") -> None:
@@ -184,12 +190,52 @@ def source(path: Path, text: bool = True, sniff: int = 1 << 20):
         if not re.search(rb"\r(?!\n)", head[:-1] if len(head) == sniff else head):
             return path
         data = path.read_bytes()
+    elif path.stat().st_size > IN_MEMORY:
+        return _unpacked(path, text)
     else:
         with _unpacking(path), open_binary(path) as f:
             data = f.read()
-    if text and re.search(rb"\r(?!\n)", data):
-        data = re.sub(rb"\r\n?", b"\n", data)
-    return io.BytesIO(data)
+    return io.BytesIO(re.sub(rb"\r(?!\n)", b"\n", data) if text else data)
+
+
+def _unpacked(path: Path, text: bool) -> Path:
+    """A large compressed file unpacked into a temp file (TMPDIR), once per process while it is
+    unchanged, removed at exit: the readers then scan it from disk, not from memory."""
+    st = path.stat()
+    key = (str(path.resolve()), st.st_size, st.st_mtime_ns, text)
+    if key in _UNPACKED and _UNPACKED[key].is_file():
+        return _UNPACKED[key]
+    if not _UNPACKED:
+        atexit.register(lambda: [f.unlink(missing_ok=True) for f in _UNPACKED.values()])
+    fd, name = tempfile.mkstemp(prefix="vaecf-unpacked-", suffix=suffix(path))
+    out = _UNPACKED[key] = Path(name)
+    try:
+        with os.fdopen(fd, "wb") as dst:
+            for block in _blocks(path, text):
+                dst.write(block)
+    except OSError as e:  # the temp file's disk: the reads' errors are DataErrors already
+        out.unlink(missing_ok=True)
+        raise DataError(
+            f"cannot unpack {path} into {out.parent} ({e.strerror or e}): free space there, set "
+            "TMPDIR to a larger disk, or unpack the file yourself and pass it"
+        ) from None
+    except BaseException:
+        out.unlink(missing_ok=True)
+        raise
+    return out
+
+
+def _blocks(path: Path, text: bool) -> Iterator[bytes]:
+    """The file's decompressed bytes in blocks of `BLOCK`; for `text`, a bare CR made LF (a CR
+    that ends a block waits for the next block's first byte)."""
+    carry = b""
+    with _unpacking(path), open_binary(path) as f:
+        while block := f.read(BLOCK):
+            block, carry = carry + block, b""
+            if text and block.endswith(b"\r"):
+                block, carry = block[:-1], b"\r"
+            yield re.sub(rb"\r(?!\n)", b"\n", block) if text else block
+    yield carry.replace(b"\r", b"\n")
 
 
 def head(path: Path, chars: int = 1 << 16) -> str:
