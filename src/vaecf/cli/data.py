@@ -287,9 +287,8 @@ def _register_prepare(sub) -> None:
     from vaecf.data.prepare import PrepareSettings
 
     names = ("min_rating", "min_user_items", "min_item_users", "heldout_users", "seed")
-    add_settings(pc, PrepareSettings, only=names)[
-        "heldout_users"
-    ].help += "; unset: 7%% + 7%% of the users (the thesis protocol)"
+    held = add_settings(pc, PrepareSettings, only=names)["heldout_users"]
+    held.help = "unset: 7%% + 7%% of the users (the thesis protocol); " + held.help
     pc.add_argument(
         "--item-names",
         metavar="FILE",
