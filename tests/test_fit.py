@@ -328,3 +328,27 @@ def test_float_id_columns_are_the_integers_they_spell(tmp_path):
     holed.loc[holed.index[0], "movieId"] = 8.3e128  # whole, but past 64-bit integers
     with pytest.raises(DataError, match=r"row 1: id 8\.3e\+128 is not a whole number within 64"):
         vaecf.fit(holed, **kw)
+
+
+def test_fit_takes_a_dict_of_histories_or_a_list_of_pairs(tmp_path):
+    """{user: [items]} and [(user, item), ...] are the same interactions: the same EASE; a
+    third field is the rating that min_rating reads; malformed ones say what is expected."""
+    import random
+
+    rng = random.Random(0)
+    hist = {f"u{u}": rng.sample(range(40), 8) for u in range(120)}
+    pairs = [(u, i) for u, items in hist.items() for i in items]
+    kw = {"model": "ease", "progress": False}
+    a = vaecf.fit(hist, out=tmp_path / "a", **kw).recommend([1, 2, 3], k=5)
+    b = vaecf.fit(pairs, out=tmp_path / "b", **kw).recommend([1, 2, 3], k=5)
+    assert a.item_ids == b.item_ids
+    rated = [(u, i, 5.0 if i % 2 else 1.0) for u, i in pairs]
+    odd = vaecf.fit(rated, min_rating=4, out=tmp_path / "c", **kw)
+    assert all(i % 2 for i in odd.items.ids.to_list())  # only the rows rated 5 are positives
+    for bad, words in (
+        ({"u1": 7}, "a dict maps each user to a list"),
+        ([(1, 2), (1,)], "rows, all of one length"),
+        ([], "this one is empty"),
+    ):
+        with pytest.raises(vaecf.DataError, match=words):
+            vaecf.fit(bad, **kw)

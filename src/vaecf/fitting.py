@@ -20,6 +20,7 @@ import json
 import os
 import shutil
 import time
+from collections.abc import Iterable, Mapping
 from dataclasses import fields, replace
 from pathlib import Path
 
@@ -106,6 +107,31 @@ def _from_pandas(df) -> pl.DataFrame:
     return pl.DataFrame(cols)
 
 
+def _from_python(data) -> pl.DataFrame:
+    """{user: [items]} or [(user, item[, rating]), ...] as a frame of columns user, item[,
+    rating]."""
+    if isinstance(data, Mapping):
+        for user, items in data.items():
+            if isinstance(items, (str, bytes)) or not isinstance(items, Iterable):
+                raise DataError(
+                    f"data[{user!r}] is {type(items).__name__}: a dict maps each user to a "
+                    "list of their items"
+                )
+        rows = [(u, i) for u, items in data.items() for i in items]
+    else:
+        rows = list(data)
+    widths = {len(r) if isinstance(r, (list, tuple)) else 0 for r in rows}
+    if not rows or len(widths) != 1 or widths.pop() not in (2, 3):
+        raise DataError(
+            "a list of interactions holds (user, item) or (user, item, rating) rows, all of one "
+            f"length{'' if rows else '; this one is empty'}"
+        )
+    names = ["user", "item", "rating"][: len(rows[0])]
+    return pl.DataFrame(
+        {n: pl.Series(n, [r[k] for r in rows], strict=False) for k, n in enumerate(names)}
+    )
+
+
 def _read(data, cols, min_rating, sep, columns) -> tuple[pl.DataFrame, dict]:
     """(the interactions in vaecf's columns, the user, item and rating columns they came
     from and a file's separator where found in it: {} for a matrix)."""
@@ -126,11 +152,14 @@ def _read(data, cols, min_rating, sep, columns) -> tuple[pl.DataFrame, dict]:
         return frame, {"user": user_col, "item": item_col, "rating": rating_col, "sep": found}
     if isinstance(data, pl.LazyFrame):
         data = data.collect()
+    if isinstance(data, (Mapping, list, tuple)):
+        data = _from_python(data)
     if not isinstance(data, pl.DataFrame):
         if type(data).__module__.split(".")[0] != "pandas" or not hasattr(data, "columns"):
             raise DataError(
                 "data must be a pandas or Polars DataFrame, a scipy sparse matrix (users x "
-                f"items) or the path of a text, JSON or Parquet file, not {type(data).__name__}"
+                "items), {user: [items]}, a list of (user, item[, rating]) pairs or the path "
+                f"of a text, JSON or Parquet file, not {type(data).__name__}"
             )
         data = _from_pandas(data)
     user_col = guess_column(data.columns, user_col, USER_NAMES, "user")
@@ -209,7 +238,8 @@ def fit(
     """Prepare, train and load: returns a `vaecf.Recommender`, within a time budget.
 
     data: a pandas or Polars DataFrame, a scipy sparse matrix (rows are users, columns items,
-        ids their indices; stored values are ratings), or the path of a text/JSON/Parquet file
+        ids their indices; stored values are ratings), {user: [items]}, a list of (user,
+        item[, rating]) rows, or the path of a text/JSON/Parquet file
         with a header row (`sep`: its separator, one character, '::' or 'whitespace'; found in
         the file where not given; `columns`: the names of a file's columns in order where it
         has no header row, e.g. ["user", "item", "rating"]).
