@@ -198,7 +198,7 @@ def test_fit_routes_settings_and_refuses_bad_input():
     with pytest.raises(DataError, match="user_col"):
         vaecf.fit(df.rename(columns={"userId": "who"}), model="ease")
     with pytest.raises(DataError, match="DataFrame"):
-        vaecf.fit([(1, 2), (3, 4)])
+        vaecf.fit(42)
     with pytest.raises(DataError, match="rows have no"):
         vaecf.fit(pd.concat([df, pd.DataFrame({"userId": [None], "movieId": [3]})]))
     with pytest.raises(ConfigError, match="validation"):
