@@ -565,6 +565,11 @@ def test_prepared_dataset_errors(tmp_path, csv_file):
         PreparedDataset(tmp_path)
     with pytest.raises(DataError, match=r"it is a file: prepare it first, `vaecf prepare csv"):
         PreparedDataset(csv_file)  # a raw file where a prepared dataset goes
+    parts = tmp_path / "parts"
+    parts.mkdir()
+    pl.read_csv(csv_file).write_parquet(parts / "part-0.parquet")
+    with pytest.raises(DataError, match=r"a table of Parquet parts: prepare it first"):
+        PreparedDataset(parts)
     ds = prepare(csv_file, tmp_path / "out")
     with pytest.raises(ValueError, match="split must be one of"):
         ds.split("valid")

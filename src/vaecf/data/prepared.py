@@ -22,6 +22,7 @@ from pathlib import Path
 import polars as pl
 import scipy.sparse as sp
 
+from vaecf.data import files
 from vaecf.data.sources import ITEM
 from vaecf.data.vocab import Vocabulary, load_item_names
 from vaecf.errors import DataError
@@ -91,10 +92,12 @@ class PreparedDataset:
         mpath = self.path / "manifest.json"
         if not mpath.is_file():
             how = "create one with `vaecf prepare ... --out DIR`"
-            if self.path.is_file():  # a raw file of interactions, passed where a dataset goes
+            raw = self.path.is_file() or (self.path.is_dir() and files.parts(self.path))
+            if raw:  # a raw table of interactions, passed where a dataset goes
+                what = "a file" if self.path.is_file() else "a table of Parquet parts"
                 how = (
-                    f"it is a file: prepare it first, `vaecf prepare csv --path {self.path} "
-                    "--heldout-users N --out DIR` (vaecf.prepare_csv), then pass DIR"
+                    f"it is {what}: prepare it first, `vaecf prepare csv --path {self.path} "
+                    "--out DIR` (vaecf.prepare_csv), then pass DIR"
                 )
             raise DataError(f"{self.path} is not a prepared dataset (no manifest.json); {how}")
         try:
