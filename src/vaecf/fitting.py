@@ -143,12 +143,12 @@ def _read(data, cols, min_rating, sep, columns) -> tuple[pl.DataFrame, dict]:
     if isinstance(data, (str, os.PathLike)):
         path = Path(data)
         files.check_file(path)
+        found = found_sep(path) if sep is None else None  # looked for once, read with below
         user_col, item_col, rating_col = resolve_columns(
-            path, sep, user_col, item_col, rating_col, columns, min_rating is not None
+            path, sep or found, user_col, item_col, rating_col, columns, min_rating is not None
         )
         header = columns is None
-        frame = read_table(path, user_col, item_col, rating_col, sep, header, columns)
-        found = found_sep(path) if sep is None else None
+        frame = read_table(path, user_col, item_col, rating_col, sep or found, header, columns)
         return frame, {"user": user_col, "item": item_col, "rating": rating_col, "sep": found}
     if isinstance(data, pl.LazyFrame):
         data = data.collect()
@@ -239,10 +239,10 @@ def fit(
 
     data: a pandas or Polars DataFrame, a scipy sparse matrix (rows are users, columns items,
         ids their indices; stored values are ratings), {user: [items]}, a list of (user,
-        item[, rating]) rows, or the path of a text/JSON/Parquet file
-        with a header row (`sep`: its separator, one character, '::' or 'whitespace'; found in
-        the file where not given; `columns`: the names of a file's columns in order where it
-        has no header row, e.g. ["user", "item", "rating"]).
+        item[, rating]) rows, or the path of a text/JSON/Parquet file with a header row
+        (`sep`: its separator, one character, '::' or 'whitespace'; found in the file where not
+        given; `columns`: the names of a file's columns in order where it has no header row,
+        e.g. ["user", "item", "rating"]).
     user_col, item_col: the id columns (default: a column named like user/userId/user_id, and
         item/itemId/movieId/...); rating_col and min_rating: keep rows rated >= min_rating
         (default: every row is an interaction; with min_rating alone, the column named like

@@ -2,8 +2,8 @@
 
     score_file(run, "histories.parquet", "user_id", "item_id", k=100, out="recs.parquet")
 
-The file (any `vaecf prepare csv` reads with a header row; a compressed one is decompressed in
-memory first) is read lazily with polars, never whole: one pass counts each user's
+The file (any `vaecf prepare csv` reads with a header row; a compressed one is unpacked first,
+`data.files.source`) is read lazily with polars, never whole: one pass counts each user's
 rows, users are cut in sorted order into chunks of at most `chunk_rows` interactions, and each
 chunk is read by a filtered scan (a range of users), its raw ids mapped to the model's items by
 a join with the vocabulary, grouped into histories and scored in batches of `batch_users` with

@@ -183,7 +183,7 @@ def prepare_csv(
     'whitespace' for runs of spaces and tabs (FilmTrust's `ratings.txt`); found in the file
     where not given (`sources.found_sep`).
 
-    `item_names`: a CSV/TSV/Parquet file naming items: `name_col` holds the name, `name_id_col`
+    `item_names`: a CSV/TSV/JSON/Parquet file naming items: `name_col` holds the name, `name_id_col`
     (default: `item_col`) the item id; read with `sep` when given, else by its own suffix.
     """
     settings = settings or PrepareSettings()
@@ -191,8 +191,9 @@ def prepare_csv(
     columns = check_columns(header, columns, files.kind(Path(path)) != files.TEXT)
     path, out = Path(path), Path(out)
     files.check_file(path)
+    found = found_sep(path) if sep is None else None  # looked for once, read with below
     user_col, item_col, rating_col = resolve_columns(
-        path, sep, user_col, item_col, rating_col, columns, settings.min_rating is not None
+        path, sep or found, user_col, item_col, rating_col, columns, settings.min_rating is not None
     )
     source = {
         "path": str(path.resolve()),
@@ -201,7 +202,7 @@ def prepare_csv(
         "columns": {"user": user_col, "item": item_col, "rating": rating_col},
         "sep": sep,
     }
-    if sep is None and (found := found_sep(path)):
+    if found:
         source["sep_found"] = found  # the separator found in the file (a new key: old caches hold)
     if columns is not None:
         source["header_columns"] = columns  # a file without a header row, named by --columns
@@ -220,7 +221,7 @@ def prepare_csv(
             from vaecf.data.parsers import read_names_table
 
             names = read_names_table(item_names, name_id_col or item_col, name_col, sep)
-        df = read_table(path, user_col, item_col, rating_col, sep, header, columns)
+        df = read_table(path, user_col, item_col, rating_col, sep or found, header, columns)
         return prepare_frame(df, out, settings, source, names)
 
 
