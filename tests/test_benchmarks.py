@@ -78,6 +78,7 @@ SMOKE: dict[str, list[tuple[str, str]]] = {
             "--rows 40000 --netflix-rows 0 --heldout-users 100 --workdir {tmp}/work",
         )
     ],
+    "read_formats.py": [("| jsonl.gz | memory |", "--records 3000 --workdir {tmp}/work")],
     "profile_step.py": [
         (
             "synchronisations",
