@@ -1,5 +1,9 @@
 """The sparse model against a straightforward dense implementation, in float64."""
 
+import os
+import subprocess
+import sys
+
 import numpy as np
 import pytest
 import scipy.sparse as sp
@@ -259,6 +263,19 @@ def test_one_blas_thread_holds_numpy_blas_to_the_calling_thread_and_restores_it(
         with runtime.one_blas_thread():
             assert set(blas_threads()) == {1}
         assert blas_threads() == before
+
+
+@pytest.mark.parametrize("given, seen", [(None, runtime.OPENBLAS_SPIN), ("28", "28")])
+def test_importing_vaecf_shortens_openblas_spin_before_scipys_copy_loads(given, seen):
+    """OpenBLAS reads OPENBLAS_THREAD_TIMEOUT when it loads: `import vaecf` sets it (keeping a
+    value the user set) and loads no scipy.linalg, whose OpenBLAS the linear models' solves use."""
+    env = {k: v for k, v in os.environ.items() if k != "OPENBLAS_THREAD_TIMEOUT"}
+    if given:
+        env["OPENBLAS_THREAD_TIMEOUT"] = given
+    code = "import os, sys, vaecf; print(os.environ['OPENBLAS_THREAD_TIMEOUT'], 'scipy.linalg' in sys.modules)"
+    run = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.split() == [seen, "False"]
 
 
 @pytest.mark.parametrize("n_layers", [1, 3])

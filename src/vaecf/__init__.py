@@ -16,7 +16,10 @@ from __future__ import annotations
 
 import importlib
 
+from vaecf.runtime import calm_openblas
 from vaecf.version import __version__
+
+calm_openblas()  # before scipy's OpenBLAS loads (vaecf.runtime)
 
 _EXPORTS = {
     "ModelConfig": "vaecf.config",

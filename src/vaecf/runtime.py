@@ -11,6 +11,12 @@ layer) runs through numpy's BLAS on AMD CPUs, on one thread: PyTorch's MKL reach
 there (Zen 5, 20,108 x 600: 1.65 ms with 2 threads), numpy's OpenBLAS 1.36 ms on one thread
 (0.73 on two, but its thread pool beside PyTorch's OpenMP threads on 2 cores turned a 2.4 ms
 answer into 8 ms: `one_blas_thread` keeps it to the calling thread). benchmarks/README.md.
+
+OpenBLAS (bundled in numpy's and scipy's wheels) keeps its worker threads spinning for 2^28
+cycles (~0.1 s) after each call, so the PyTorch work that follows a scipy solve on the same
+cores (EASE/EDLAE's scoring of each solved B) ran beside them. `calm_openblas`, run when vaecf is
+imported, lets them spin 2^20 cycles (~0.3 ms) before they sleep: EDLAE's cross-validated
+search on ML-1M took 15.1 -> 12.3 s (Zen 5, benchmarks/README.md, "The linear models' search").
 """
 
 from __future__ import annotations
@@ -25,6 +31,13 @@ from collections.abc import Iterator
 
 M_TRIM_THRESHOLD, M_MMAP_MAX = -1, -4
 _tuned = False
+OPENBLAS_SPIN = "20"  # OPENBLAS_THREAD_TIMEOUT: its threads spin 2^20 cycles, then sleep
+
+
+def calm_openblas() -> None:
+    """Shorten the spin of OpenBLAS's idle threads in the libraries loaded from now on (each
+    reads OPENBLAS_THREAD_TIMEOUT when it loads); a value already set is kept."""
+    os.environ.setdefault("OPENBLAS_THREAD_TIMEOUT", OPENBLAS_SPIN)
 
 
 def tune_cpu_allocator() -> bool:
