@@ -6,13 +6,17 @@ users, as the paper-library set of the accuracy issue), each search on the same 
     python benchmarks/linear_search.py [--items 17000 --users 5000] [--grid] [--seed 0]
     python benchmarks/linear_search.py --solve-only 5000    # the CPU solvers side by side
     python benchmarks/linear_search.py --items 300 --users 400 --heldout 40 --coarse-items 50
+    python benchmarks/linear_search.py --spin 28,20 --data DIR --rounds 2   # OpenBLAS's spin
 
 Rows: EASE fast (the default), EDLAE fast (the default), and with --grid EASE over the full
 9-value grid (9 full solves; ~8 minutes at 17,000 items on 2 cores). Columns: whole fit
 seconds (Gram, search, final weights; not the test pass), full-catalogue solves, the choice,
 validation and test NDCG@100. `--solve-only N`: one (N, N) regularised Gram inverted by
 vaecf's CPU solver (scipy LAPACK) and by torch's cholesky + cholesky_inverse, in one process,
-best of 3, float32 and float64.
+best of 3, float32 and float64. `--spin A,B`: EDLAE's search as `auto` runs it (cv selection,
+auto's popularity penalties) on a prepared dataset (`--data`; default: the synthetic one), one
+`vaecf train` process per OPENBLAS_THREAD_TIMEOUT value (OpenBLAS's threads spin 2^value cycles
+after a call; vaecf sets 20 unless it is set), the values in turn for `--rounds` rounds.
 """
 
 from __future__ import annotations
@@ -20,6 +24,8 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -30,6 +36,7 @@ import vaecf
 from vaecf import models
 from vaecf.data import synthetic
 from vaecf.hardware import cpu_name
+from vaecf.modelconfigs import LINEAR_CV_BETAS
 from vaecf.models.linear import spd_inverse
 
 
@@ -46,6 +53,33 @@ def solve_only(n: int) -> None:
             _timed(lambda a=a: torch.cholesky_inverse(torch.linalg.cholesky(a))) for _ in range(3)
         )
         print(f"| {str(dtype)[6:]} | {ours:.2f} | {theirs:.2f} | {theirs / ours:.2f}x |")
+
+
+def spin_table(data: Path, values: list[str], rounds: int) -> None:
+    """EDLAE's cv search on `data`, a `vaecf train` process per OpenBLAS spin value, in turn."""
+    betas = ",".join(f"{b:g}" for b in LINEAR_CV_BETAS)
+    print(f"data: {data}; CPU: {cpu_name()}, {os.cpu_count()} cores")
+    print("| round | OPENBLAS_THREAD_TIMEOUT | fit s | points | lambda | p | beta | val NDCG@100 |")
+    print("|---:|---:|---:|---:|---:|---:|---:|---:|")
+    for r in range(rounds):
+        for v in values:
+            out = Path(tempfile.mkdtemp(prefix="linear_spin.")) / "run"
+            cmd = [sys.executable, "-m", "vaecf", "train", "--data", str(data), "--model"]
+            cmd += ["edlae", "--selection", "cv", "--popularity-grid", betas, "--out", str(out)]
+            subprocess.run(
+                cmd,
+                env={**os.environ, "OPENBLAS_THREAD_TIMEOUT": v},
+                check=True,
+                capture_output=True,
+            )
+            rec = json.loads((out / "metrics.jsonl").read_text().splitlines()[0])
+            points = len({(g["stage"], g["l2"], g["dropout"]) for g in rec["grid"]})
+            print(
+                f"| {r + 1} | {v} | {rec['fit_seconds']:.1f} | {points} | {rec['l2']:g} | "
+                f"{rec['dropout']:g} | {rec['popularity_exponent']:g} | "
+                f"{rec['validation']['ndcg@100']:.4f} |",
+                flush=True,
+            )
 
 
 def _timed(fn) -> float:
@@ -67,6 +101,9 @@ def main() -> None:
         help="the fast search's coarse stage on this many items (vaecf's default: 3,000)",
     )
     ap.add_argument("--solve-only", type=int, metavar="N", help="time only the solvers at N items")
+    ap.add_argument("--spin", help="OPENBLAS_THREAD_TIMEOUT values to compare (e.g. 28,20)")
+    ap.add_argument("--data", type=Path, help="--spin: a prepared dataset's directory")
+    ap.add_argument("--rounds", type=int, default=1, help="--spin: rounds of the values in turn")
     a = ap.parse_args()
     torch.set_num_threads(os.cpu_count() or 1)
     if a.solve_only:
@@ -74,6 +111,9 @@ def main() -> None:
         return
     root = Path(tempfile.mkdtemp(prefix="linear_search."))
     t0 = time.perf_counter()
+    if a.spin and a.data:
+        spin_table(a.data, a.spin.split(","), a.rounds)
+        return
     df = synthetic.generate(
         n_users=a.users, n_items=a.items, n_groups=40, mean_items=60, seed=a.seed
     )
@@ -85,6 +125,9 @@ def main() -> None:
         f" {ds.manifest['counts']['nnz_train']:,} interactions (prepared in "
         f"{time.perf_counter() - t0:.0f} s); CPU: {cpu_name()}, {torch.get_num_threads()} threads"
     )
+    if a.spin:
+        spin_table(root / "prep", a.spin.split(","), a.rounds)
+        return
     fast = {} if a.coarse_items is None else {"coarse_items": a.coarse_items}
     rows = [("EASE fast", "ease", fast), ("EDLAE fast", "edlae", fast)]
     if a.grid:

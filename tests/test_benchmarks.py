@@ -70,6 +70,7 @@ SMOKE: dict[str, list[tuple[str, str]]] = {
     "linear_search.py": [
         ("| EDLAE fast |", "--items 300 --users 400 --heldout 40 --coarse-items 50"),
         ("| float64 |", "--solve-only 200"),
+        ("| 1 | 20 |", "--items 300 --users 400 --heldout 40 --spin 28,20"),
     ],
     "matmul.py": [("softmax sweep", "--items 300 --batch 20 --reps 1")],
     "prepare.py": [

@@ -6,7 +6,7 @@ import scipy.sparse as sp
 import torch
 
 from vaecf.data.matrix import CSR
-from vaecf.evaluate import evaluate_scores, per_user_metric
+from vaecf.evaluate import evaluate_scaled, evaluate_scores, per_user_metric
 from vaecf.metrics import ndcg_at_k, parse_metric, recall_at_k
 
 
@@ -65,6 +65,36 @@ def test_metrics_match_brute_force(seed):
             order = iter(torch.arange(n_users).split(32))
             per = per_user_metric(score_fn, fi, te, f"{name}@{k}", batch_size=32).numpy()
             np.testing.assert_allclose(per, want, atol=1e-9)
+
+
+def test_scaled_columns_match_brute_force_and_score_each_batch_once():
+    """evaluate_scaled (a linear model's popularity penalties): the metrics of the scores with
+    their columns multiplied by each scale, as if each were scored alone, from one call of the
+    score function per batch."""
+    rng = np.random.default_rng(3)
+    n_users, n_items = 80, 200
+    fold_in = (rng.random((n_users, n_items)) < 0.05).astype(np.float32)
+    target = ((rng.random((n_users, n_items)) < 0.08) & (fold_in == 0)).astype(np.float32)
+    scores = rng.standard_normal((n_users, n_items)).astype(np.float32)
+    counts = rng.integers(1, 500, n_items).astype(np.float32)
+    scales = [np.ones(n_items, np.float32), counts**-0.25, counts**-1.0]
+    fi, te = CSR.from_scipy(sp.csr_matrix(fold_in)), CSR.from_scipy(sp.csr_matrix(target))
+    s_t, calls = torch.from_numpy(scores), []
+
+    def score_fn(batch):
+        calls.append(batch.batch_size)
+        return s_t[sum(calls) - batch.batch_size : sum(calls)]
+
+    got = evaluate_scaled(
+        score_fn, [torch.from_numpy(c) for c in scales], fi, te, ["recall@20", "ndcg@20"], 32
+    )
+    assert calls == [32, 32, 16]  # each batch once, for all three scales
+    for g, c in zip(got, scales):
+        rec, ndcg, n = brute_force(scores * c, fold_in, target, 20)
+        assert g["n_users"] == n
+        assert g["recall@20"] == pytest.approx(rec, abs=1e-9)
+        assert g["ndcg@20"] == pytest.approx(ndcg, abs=1e-9)
+    assert got[0] != got[2]  # the scales change the ranking
 
 
 def test_known_answers():

@@ -24,8 +24,10 @@ ScoreFn = Callable[[SparseBatch], torch.Tensor]  # batch -> (B, n_items) scores
 SCORE_BUDGET = 2**29  # bytes of float32 scores per evaluation batch: fewer users at 67k+ items
 
 
-def _batch_metrics(score_fn, fold_in, target, metrics, batch_size, rows):
-    """Yield, batch by batch of `rows`: (target sizes, {metric: per-user values})."""
+def _batch_metrics(score_fn, fold_in, target, metrics, batch_size, rows, scales=(None,)):
+    """Yield, batch by batch of `rows`: (target sizes, [{metric: per-user values}] for each
+    of `scales`: the scores with their columns multiplied by it, None: as they are), each
+    batch scored once."""
     if fold_in.shape != target.shape:
         raise ConfigError(f"fold-in {fold_in.shape} and target {target.shape} differ in shape")
     n_items = fold_in.shape[1]
@@ -37,15 +39,32 @@ def _batch_metrics(score_fn, fold_in, target, metrics, batch_size, rows):
         batch = fold_in.batch(part)
         scores = score_fn(batch).float()
         scores[batch.row_ids, batch.indices] = -torch.inf  # never recommend fold-in items
-        top = scores.topk(k_max, dim=1).indices  # (B, k_max) in rank order
-        keys = part[:, None] * n_items + top
-        if tkeys.numel():
-            pos = torch.searchsorted(tkeys, keys).clamp_max(tkeys.numel() - 1)
-            hits = tkeys[pos] == keys
-        else:
-            hits = torch.zeros_like(keys, dtype=torch.bool)
         n_target = n_target_all[part]
-        yield n_target, ranking_metrics(hits, n_target, metrics)
+        values = []
+        for scale in scales:  # positive scales: the fold-in items stay at -inf
+            top = (scores if scale is None else scores * scale).topk(k_max, dim=1).indices
+            keys = part[:, None] * n_items + top  # (B, k_max) in rank order
+            if tkeys.numel():
+                pos = torch.searchsorted(tkeys, keys).clamp_max(tkeys.numel() - 1)
+                hits = tkeys[pos] == keys
+            else:
+                hits = torch.zeros_like(keys, dtype=torch.bool)
+            values.append(ranking_metrics(hits, n_target, metrics))
+        yield n_target, values
+
+
+def _sums(score_fn, fold_in, target, metrics, batch_size, rows, scales) -> torch.Tensor:
+    """(len(scales), len(metrics) + 2) float64: `metric_sums`' sums under each column scale."""
+    device = fold_in.device
+    rows = torch.arange(fold_in.n_rows, device=device) if rows is None else rows.to(device)
+    sums = torch.zeros(len(scales), len(metrics) + 2, dtype=torch.float64, device=device)
+    batches = _batch_metrics(score_fn, fold_in, target, metrics, batch_size, rows, scales)
+    for n_target, values in batches:
+        for s, v in zip(sums, values):
+            s[: len(metrics)] += torch.stack([v[m].sum() for m in metrics])
+        sums[:, -2] += (n_target > 0).sum()
+    sums[:, -1] = rows.numel()
+    return sums
 
 
 @torch.no_grad()
@@ -60,14 +79,7 @@ def metric_sums(
     """(len(metrics) + 2,) float64: the per-metric sums over `rows` (default all) of users with
     a non-empty target, then the number of such users and the number of rows. Sums, so that
     data-parallel ranks can all-reduce them."""
-    device = fold_in.device
-    rows = torch.arange(fold_in.n_rows, device=device) if rows is None else rows.to(device)
-    sums = torch.zeros(len(metrics) + 2, dtype=torch.float64, device=device)
-    for n_target, values in _batch_metrics(score_fn, fold_in, target, metrics, batch_size, rows):
-        sums[: len(metrics)] += torch.stack([values[m].sum() for m in metrics])
-        sums[-2] += (n_target > 0).sum()
-    sums[-1] = rows.numel()
-    return sums
+    return _sums(score_fn, fold_in, target, metrics, batch_size, rows, (None,))[0]
 
 
 @torch.no_grad()
@@ -79,7 +91,7 @@ def per_user_metric(
     rows = torch.arange(fold_in.n_rows, device=fold_in.device)
     out = []
     for n_target, values in _batch_metrics(score_fn, fold_in, target, (metric,), batch_size, rows):
-        out.append(values[metric][n_target > 0].double().cpu())
+        out.append(values[0][metric][n_target > 0].double().cpu())
     return torch.cat(out) if out else torch.zeros(0, dtype=torch.float64)
 
 
@@ -103,6 +115,21 @@ def evaluate_scores(
     """Mean of each metric over users with a non-empty target; `n_users` evaluated and
     `n_skipped` (users with an empty target) are reported beside them."""
     return summarize(metric_sums(score_fn, fold_in, target, metrics, batch_size), metrics)
+
+
+@torch.no_grad()
+def evaluate_scaled(
+    score_fn: ScoreFn,
+    scales: Sequence[torch.Tensor],
+    fold_in: CSR,
+    target: CSR,
+    metrics: Sequence[str] = DEFAULT_METRICS,
+    batch_size: int = 2000,
+) -> list[dict]:
+    """`evaluate_scores` of the scores with their columns multiplied by each of `scales`
+    ((n_items,), positive), each batch scored once (a linear model's popularity penalties)."""
+    sums = _sums(score_fn, fold_in, target, metrics, batch_size, None, list(scales))
+    return [summarize(s, metrics) for s in sums]
 
 
 def model_scores(model, precision: str = "fp32") -> ScoreFn:

@@ -15,8 +15,9 @@ answer into 8 ms: `one_blas_thread` keeps it to the calling thread). benchmarks/
 OpenBLAS (bundled in numpy's and scipy's wheels) keeps its worker threads spinning for 2^28
 cycles (~0.1 s) after each call, so the PyTorch work that follows a scipy solve on the same
 cores (EASE/EDLAE's scoring of each solved B) ran beside them. `calm_openblas`, run when vaecf is
-imported, lets them spin 2^20 cycles (~0.3 ms) before they sleep: EDLAE's cross-validated
-search on ML-1M took 15.1 -> 12.3 s (Zen 5, benchmarks/README.md, "The linear models' search").
+imported, lets them spin 2^20 cycles (~0.3 ms) before they sleep: EDLAE's search as `auto` runs
+it on ML-1M took 90.8 and 92.4 s -> 69.2 and 72.2 s (Zen 5; benchmarks/README.md, "EASE/EDLAE:
+what a search point costs").
 """
 
 from __future__ import annotations

@@ -173,15 +173,11 @@ def beta_metrics(
     """Metrics of the unpenalised B (a dense table, or a function of a batch giving its rows of
     X B) under each penalty beta: X B's columns rescaled, which is X (B's columns rescaled),
     without a copy of B."""
-    from vaecf.evaluate import DEFAULT_METRICS, evaluate_scores
+    from vaecf.evaluate import DEFAULT_METRICS, evaluate_scaled
 
-    metrics = metrics or DEFAULT_METRICS
     rows = b if callable(b) else (lambda t: sparse_rows(b, t))
-    out = []
-    for beta in betas:
-        scale = penalty(diag, beta).to(target.device)
-        out.append(evaluate_scores(lambda t, s=scale: rows(t) * s, fold_in, target, metrics))
-    return out
+    scales = [penalty(diag, beta).to(target.device) for beta in betas]
+    return evaluate_scaled(rows, scales, fold_in, target, metrics or DEFAULT_METRICS)
 
 
 def pooled(parts: list[dict]) -> dict:
