@@ -16,7 +16,7 @@ OpenBLAS (bundled in numpy's and scipy's wheels) keeps its worker threads spinni
 cycles (~0.1 s) after each call, so the PyTorch work that follows a scipy solve on the same
 cores (EASE/EDLAE's scoring of each solved B) ran beside them. `calm_openblas`, run when vaecf is
 imported, lets them spin 2^20 cycles (~0.3 ms) before they sleep: EDLAE's search as `auto` runs
-it on ML-1M took 90.8 and 92.4 s -> 69.2 and 72.2 s (Zen 5; benchmarks/README.md, "EASE/EDLAE:
+it on ML-1M took 91.6 and 93.8 s -> 70.8 and 70.5 s (Zen 5; benchmarks/README.md, "EASE/EDLAE:
 what a search point costs").
 """
 
