@@ -35,7 +35,7 @@ import torch
 import vaecf
 from vaecf import models
 from vaecf.data import synthetic
-from vaecf.hardware import cpu_name
+from vaecf.hardware import cpu_name, machine
 from vaecf.modelconfigs import LINEAR_CV_BETAS
 from vaecf.models.linear import spd_inverse
 
@@ -58,7 +58,7 @@ def solve_only(n: int) -> None:
 def spin_table(data: Path, values: list[str], rounds: int) -> None:
     """EDLAE's cv search on `data`, a `vaecf train` process per OpenBLAS spin value, in turn."""
     betas = ",".join(f"{b:g}" for b in LINEAR_CV_BETAS)
-    print(f"data: {data}; CPU: {cpu_name()}, {os.cpu_count()} cores")
+    print(f"data: {data}; {machine()}")
     print("| round | OPENBLAS_THREAD_TIMEOUT | fit s | points | lambda | p | beta | val NDCG@100 |")
     print("|---:|---:|---:|---:|---:|---:|---:|---:|")
     for r in range(rounds):
