@@ -272,7 +272,8 @@ def test_importing_vaecf_shortens_openblas_spin_before_scipys_copy_loads(given, 
     env = {k: v for k, v in os.environ.items() if k != "OPENBLAS_THREAD_TIMEOUT"}
     if given:
         env["OPENBLAS_THREAD_TIMEOUT"] = given
-    code = "import os, sys, vaecf; print(os.environ['OPENBLAS_THREAD_TIMEOUT'], 'scipy.linalg' in sys.modules)"
+    code = "import os, sys, vaecf; print(os.environ['OPENBLAS_THREAD_TIMEOUT'])\n"
+    code += "print('scipy.linalg' in sys.modules)"
     run = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
     assert run.returncode == 0, run.stderr
     assert run.stdout.split() == [seen, "False"]
