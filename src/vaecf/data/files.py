@@ -39,6 +39,7 @@ _REFUSED = ((b"\x28\xb5\x2f\xfd", "zstd-compressed", "zstd -d"),)
 _ZIP = b"PK\x03\x04"
 IN_MEMORY = 32 << 20  # compressed bytes unpacked in memory; a larger file into a temp file
 BLOCK = 1 << 22  # bytes unpacked at a time into that temp file
+_BARE_CR = re.compile(rb"\r(?!\n)")  # a line ending of old Mac files, which CSV readers miss
 _UNPACKED: dict[tuple, Path] = {}  # (path, size, mtime, text) -> its unpacked temp file
 
 
@@ -187,7 +188,7 @@ def source(path: Path, text: bool = True, sniff: int = 1 << 20):
             return path
         with open(path, "rb") as f:
             head = f.read(sniff)
-        if not re.search(rb"\r(?!\n)", head[:-1] if len(head) == sniff else head):
+        if not _BARE_CR.search(head[:-1] if len(head) == sniff else head):
             return path
         data = path.read_bytes()
     elif path.stat().st_size > IN_MEMORY:
@@ -195,7 +196,7 @@ def source(path: Path, text: bool = True, sniff: int = 1 << 20):
     else:
         with _unpacking(path), open_binary(path) as f:
             data = f.read()
-    return io.BytesIO(re.sub(rb"\r(?!\n)", b"\n", data) if text else data)
+    return io.BytesIO(_BARE_CR.sub(b"\n", data) if text else data)
 
 
 def _unpacked(path: Path, text: bool) -> Path:
@@ -234,7 +235,7 @@ def _blocks(path: Path, text: bool) -> Iterator[bytes]:
             block, carry = carry + block, b""
             if text and block.endswith(b"\r"):
                 block, carry = block[:-1], b"\r"
-            yield re.sub(rb"\r(?!\n)", b"\n", block) if text else block
+            yield _BARE_CR.sub(b"\n", block) if text else block
     yield carry.replace(b"\r", b"\n")
 
 

@@ -21,6 +21,7 @@ from vaecf.data.sources import (
     SPLIT_SEPS,
     USER,
     csv_bad_line,
+    default_sep,
     scan_table,
     sep_for,
 )
@@ -273,7 +274,7 @@ def read_names_table(
     # read as CSV: the interactions' whitespace or '::' is not the names' (names hold spaces)
     sep = sep_for(path, None if sep in SPLIT_SEPS else sep) if text else None
     if sep in SPLIT_SEPS:
-        sep = "\t" if files.suffix(path) in {".tsv", ".tab"} else ","
+        sep = default_sep(path)
     if not text:
         lf, cols = scan_table(path)
     else:

@@ -64,7 +64,12 @@ def sep_for(path: Path, sep: str | None) -> str:
                 "'|', '\\t' or tab, space), '::', or 'whitespace' for runs of spaces and tabs"
             )
         return sep
-    return found_sep(path) or ("\t" if files.suffix(path) in {".tsv", ".tab"} else ",")
+    return found_sep(path) or default_sep(path)
+
+
+def default_sep(path: Path) -> str:
+    """The separator a text file's name implies: tab for .tsv/.tab, else ','."""
+    return "\t" if files.suffix(path) in {".tsv", ".tab"} else ","
 
 
 def found_sep(path: Path) -> str | None:
@@ -74,7 +79,7 @@ def found_sep(path: Path) -> str | None:
     separator stands (or nothing splits them: the read then says what it found)."""
     if files.kind(path) != files.TEXT:
         return None
-    default = "\t" if files.suffix(path) in {".tsv", ".tab"} else ","
+    default = default_sep(path)
     head = files.head(path)
     lines = [ln for ln in re.split(r"\r\n?|\n", head) if ln.strip()]
     if len(head) == 1 << 16 and len(lines) > 1:
