@@ -44,6 +44,12 @@ $py -c "import polars, tomli_w" || {
     echo "missing polars or tomli_w: make .whl with benchmarks/gpu_kit.sh and carry it"
     exit 2
 }
+# the device's image writes no bytecode, so every process compiled torch's sources (7.6 s of
+# a run's ~9.8 s start-up under cProfile, 2026-11-28): keep it under /tmp, as an installed
+# package's .pyc files would be, and make it once before anything is timed
+unset PYTHONDONTWRITEBYTECODE
+export PYTHONPYCACHEPREFIX=${PYTHONPYCACHEPREFIX:-/tmp/vaecf-pycache}
+$py -c "import torch._dynamo, vaecf.cli"
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$out/gpu.txt"
 $py -c "import torch; print('torch', torch.__version__, torch.version.cuda)" | tee -a "$out/gpu.txt"
 all=(--precision fp32 --precision tf32 --precision bf16 --precision fp16)

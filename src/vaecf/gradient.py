@@ -122,8 +122,8 @@ class Trainer(Run):
         with prec.matmul_scope(self.device, cfg.precision):
             self._run_phases(totals)
         ctx.all_reduce_sum(totals)
+        users = totals[3].item() or 1.0  # waits for the GPU: replays are queued, not run
         seconds = time.perf_counter() - t0
-        users = totals[3].item() or 1.0
         nll, kl, term = (totals[:3] / users).tolist()
         passes = sum(p.passes for p in self.model.phases())
         return {
