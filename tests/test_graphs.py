@@ -5,6 +5,7 @@ equals embedding_bag; the capacity covers random batches. The graph itself: test
 import numpy as np
 import pytest
 import torch
+import torch.nn.functional as F
 
 import vaecf
 from vaecf import graphs, models, rundir
@@ -102,6 +103,35 @@ def test_every_first_layer_kernel_equals_the_dense_product(csr, padded):
         torch.testing.assert_close(w.grad, want_grad, rtol=1e-5, atol=1e-5, msg=kernel)
     with pytest.raises(ValueError, match="unknown first-layer kernel"):
         first_layer.product(batch, w, v, "spmv")
+
+
+def test_the_cpus_bag_backward_equals_embedding_bags():
+    """On a CPU "bag" computes the weight's gradient as a second embedding_bag over the
+    transposed batch (first_layer.BagProduct): the same gradient as embedding_bag's own backward,
+    in float32 and under bf16 autocast (a float32 gradient for the float32 weight), with an
+    empty row and unused items; without gradients it is embedding_bag itself."""
+    m = synthetic_csr(60, 300, 900, seed=5).tolil()
+    m[4, :] = 0  # an empty row
+    m = CSR.from_scipy(m.tocsr())
+    batch = m.batch(torch.tensor([3, 4, 7, 7, 12, 40]))
+    w = torch.randn(300, 24, requires_grad=True)
+    v = torch.rand(batch.values.numel())
+    probe = torch.randn(6, 24)
+    for autocast in (False, True):
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+            out = first_layer.product(batch, w, v, "bag")
+            assert "BagProduct" in out.grad_fn.name()
+            (out.float() * probe).sum().backward()
+            got, w.grad = w.grad, None
+            ref = F.embedding_bag(batch.indices, w, batch.offsets, per_sample_weights=v, mode="sum")
+            (ref.float() * probe).sum().backward()
+            want, w.grad = w.grad, None
+        assert got.dtype == torch.float32
+        torch.testing.assert_close(out, ref, rtol=0, atol=0)
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+        assert torch.equal(out[1], torch.zeros(24))
+    with torch.no_grad():
+        assert first_layer.product(batch, w, v, "bag").grad_fn is None
 
 
 def test_a_cpu_keeps_embedding_bag_without_measuring(csr):
