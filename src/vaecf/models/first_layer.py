@@ -83,11 +83,12 @@ def product(batch: SparseBatch, weight: torch.Tensor, v: torch.Tensor, kernel: s
 
 
 class BagProduct(torch.autograd.Function):
-    """ "bag" on a CPU: embedding_bag forward; the weight's gradient, the batch transposed times
-    the output's gradient, as a second embedding_bag over the gradient's rows with one bag per
-    item (its non-zeros in user order). Each gradient row is written once, where embedding_bag's
-    own backward zero-fills the (n_items, d) array, sorts and scatters into it: a training step
-    -3 to -4% on a CPU (benchmarks/README.md, "Training speed: CPU"). Same sums, in user order."""
+    """The CPU's "bag" in training: embedding_bag forward; the weight's gradient (the batch
+    transposed times the output's gradient) as a second embedding_bag over the gradient's rows,
+    one bag per item (its non-zeros in user order). Each gradient row is written once, where
+    embedding_bag's own backward zero-fills the (n_items, d) array, sorts and scatters into it:
+    a training step -3 to -6% on a CPU (benchmarks/README.md, "Training speed: CPU"). The same
+    sums, in user order."""
 
     @staticmethod
     def forward(ctx, weight, indices, offsets, v, row_ids):
