@@ -109,11 +109,11 @@ def main() -> None:
     if a.solve_only:
         solve_only(a.solve_only)
         return
-    root = Path(tempfile.mkdtemp(prefix="linear_search."))
-    t0 = time.perf_counter()
     if a.spin and a.data:
         spin_table(a.data, a.spin.split(","), a.rounds)
         return
+    root = Path(tempfile.mkdtemp(prefix="linear_search."))
+    t0 = time.perf_counter()
     df = synthetic.generate(
         n_users=a.users, n_items=a.items, n_groups=40, mean_items=60, seed=a.seed
     )

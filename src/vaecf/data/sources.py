@@ -199,7 +199,8 @@ def read_table(
     """
     path = Path(path)
     files.check_file(path)
-    text = files.kind(path) == files.TEXT
+    what = files.kind(path)
+    text = what == files.TEXT
     columns = check_columns(header, columns, not text)
     if path.stat().st_size == 0:
         raise DataError(
@@ -227,7 +228,7 @@ def read_table(
     except pl.exceptions.PolarsError as e:
         if text:
             _check_utf8(path)
-        where = json_bad_line(path) if files.kind(path) == files.JSON else None
+        where = json_bad_line(path) if what == files.JSON else None
         if text and sep not in SPLIT_SEPS:
             where = csv_bad_line(path, sep, None if columns is None else len(columns))
         where = where or f": {str(e).splitlines()[0][:200]}"
