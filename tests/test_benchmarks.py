@@ -50,6 +50,7 @@ SMOKE: dict[str, list[tuple[str, str]]] = {
             "--heldout-users 30 --models popular",
         )
     ],
+    "dense_solve.py": [("| torch |", "--items 300 --dtype float64")],
     "drills.py": [("| csv | 3 |", "--only fuzz --parsers csv --fuzz 3 --fuzz-cli 1")],
     "early_stopping.py": [
         (

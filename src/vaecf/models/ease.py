@@ -22,6 +22,7 @@ from vaecf import memory, specs
 from vaecf.data.matrix import SparseBatch
 from vaecf.errors import ConfigError, RunError
 from vaecf.modelconfigs import EASEConfig, EDLAEConfig
+from vaecf.models import linalg
 from vaecf.models.base import Model
 from vaecf.models.linear import (
     check_memory,
@@ -268,6 +269,9 @@ class EASE(Model):
             "search": None if single else cfg.search,
             "selection": None if single else ("cv" if folds else "validation"),
             "solver": solver,
+            "lapack": None
+            if self.sparse
+            else linalg.solver(self.n_items, search.dtype, search.device),
             "popularity_exponent": beta,
             "gram_rows": search.x.shape[0],
             "solve_dtype": str(search.dtype).removeprefix("torch."),
@@ -296,7 +300,7 @@ class EASE(Model):
             solver = "dense" if dense <= free.bytes or self._emphasis() == "none" else "sparse"
         if solver == "dense":
             check_memory(n, dtype, device, not single, x.getnnz(axis=0))
-            what = f"dense solve, {n:,} x {n:,} arrays"
+            what = f"dense solve ({linalg.solver(n, dtype, device)} LAPACK), {n:,} x {n:,} arrays"
             return solver, memory.statement(what, dense, free, device)
         if self._emphasis() == "none":
             raise ConfigError("the sparse solver fits EASE and EDLAE, not --emphasis none")

@@ -35,7 +35,6 @@ from dataclasses import dataclass, replace
 import numpy as np
 import scipy.sparse as sp
 import torch
-from scipy.linalg import blas
 
 from vaecf import memory, specs
 from vaecf.data.matrix import CSR, SparseBatch
@@ -44,6 +43,7 @@ from vaecf.evaluate import evaluate_scores, metrics_with
 from vaecf.modelconfigs import InfAEConfig
 from vaecf.models import first_layer
 from vaecf.models.base import Model
+from vaecf.models.linalg import NotPositiveDefinite, add_gram_, cholesky, cholesky_solve
 
 
 def ntk(dot: torch.Tensor, norms_a: torch.Tensor, norms_b: torch.Tensor) -> torch.Tensor:
@@ -70,22 +70,6 @@ SEARCH_USERS = 2000
 # bisections of log lambda after the grid (half-decade steps): at 55,000 users the grid's best,
 # 10, scored validation NDCG@100 0.4428 with 0.4319 at 30 and ~0.445 near 18
 REFINE_STEPS = 2
-
-
-def add_gram_(gram: torch.Tensor, k: torch.Tensor) -> None:
-    """gram += k^T k for a block of kernel rows k (B, L). On the CPU through BLAS syrk, which
-    forms the lower triangle alone at half a product's flops (`symmetrize_` completes the
-    matrix once every block is in); elsewhere a product."""
-    if gram.device.type != "cpu" or gram.dtype not in (torch.float32, torch.float64):
-        gram.addmm_(k.T, k)
-        return
-    syrk = blas.dsyrk if gram.dtype == torch.float64 else blas.ssyrk
-    # C-ordered (L, L) and (B, L) arrays are the Fortran (L, L) and (L, B) transposes: the
-    # Fortran upper triangle of a a^T is gram's lower triangle, written in place
-    c = gram.numpy().T
-    out = syrk(1.0, k.contiguous().numpy().T, beta=1.0, c=c, trans=0, lower=0, overwrite_c=1)
-    if not np.shares_memory(out, c):
-        raise RuntimeError("BLAS syrk did not update the Gram matrix in place")
 
 
 def symmetrize_(a: torch.Tensor, block: int = 1024) -> torch.Tensor:
@@ -171,10 +155,12 @@ class System:
             a.diagonal().add_(shift)
         else:  # a landmark twice (the same history) would leave it singular: a hair of I
             a.add_(self.ridge, alpha=shift).diagonal().add_(1e-7 * shift * self.mean_diag)
-        chol, info = torch.linalg.cholesky_ex(a)
-        if int(info):
-            raise RunError(f"the kernel plus {l2} x its mean diagonal is singular: raise --ridge")
-        return chol
+        try:
+            return cholesky(a)
+        except NotPositiveDefinite:
+            raise RunError(
+                f"the kernel plus {l2} x its mean diagonal is singular: raise --ridge"
+            ) from None
 
 
 class InfAE(Model):
@@ -357,7 +343,7 @@ class InfAE(Model):
             chol = system.factor(l2)
             row = {"ridge": l2}
             if own:  # the validation users' scores k (base + lambda ridge)^-1 rhs, one batch
-                scores = (system.rhs_t @ torch.cholesky_solve(k_t, chol).float()).T
+                scores = (system.rhs_t @ cholesky_solve(k_t, chol).float()).T
                 row["validation"] = evaluate_scores(
                     lambda _, s=scores: s,
                     fold_in,
@@ -367,7 +353,7 @@ class InfAE(Model):
                 )
                 del scores
             else:
-                self.alpha = torch.cholesky_solve(system.rhs, chol).float()
+                self.alpha = cholesky_solve(system.rhs, chol).float()
                 if len(l2s) > 1:
                     row["validation"] = validate(self)
             del chol
@@ -379,7 +365,7 @@ class InfAE(Model):
                 best = (values[l2], l2, None if own else self.alpha)
         _, l2, alpha = best
         if alpha is None:
-            alpha = torch.cholesky_solve(system.rhs, system.factor(l2)).float()
+            alpha = cholesky_solve(system.rhs, system.factor(l2)).float()
         return l2, alpha, tried
 
     @staticmethod

@@ -22,6 +22,7 @@ from vaecf import memory
 from vaecf.data.matrix import CSR, SparseBatch
 from vaecf.errors import RunError
 from vaecf.memory import items_cut
+from vaecf.models.linalg import NotPositiveDefinite, spd_inverse
 
 
 def sparse_rows(table: torch.Tensor, batch: SparseBatch) -> torch.Tensor:
@@ -82,44 +83,6 @@ def check_memory(
     raise RunError(memory.refusal(f"EASE on {n_items:,} items", need, free, device, advice, parts))
 
 
-def spd_inverse(a: torch.Tensor, l2: float) -> torch.Tensor:
-    """The inverse of the symmetric positive definite `a`, by Cholesky. On the CPU through
-    scipy's LAPACK (OpenBLAS), overwriting `a`: faster than torch's MKL potrf + potri on an AMD
-    EPYC (`benchmarks/linear_search.py --solve-only`); elsewhere torch's."""
-    bad = RunError(f"X^T X + {l2} I is not positive definite here; use a larger --l2")
-    if a.device.type != "cpu":
-        chol, info = torch.linalg.cholesky_ex(a)
-        if int(info):
-            raise bad
-        return torch.cholesky_inverse(chol, out=a)
-    from scipy.linalg import lapack
-
-    f = a.numpy().T  # the same symmetric matrix, Fortran-ordered: LAPACK works in place
-    potrf, potri = (
-        (lapack.dpotrf, lapack.dpotri) if f.dtype == np.float64 else (lapack.spotrf, lapack.spotri)
-    )
-    c, info = potrf(f, lower=1, overwrite_a=1, clean=0)
-    if info:
-        raise bad
-    c, info = potri(c, lower=1, overwrite_c=1)
-    if info:
-        raise bad
-    out = torch.from_numpy(c.T)  # the inverse's upper triangle (row-major view), junk below
-    _mirror_upper(out)
-    return out
-
-
-def _mirror_upper(m: torch.Tensor, tile: int = 512) -> None:
-    """Copy the upper triangle of square `m` onto its lower one, tile by tile (cache-sized
-    copies, no n_items^2 temporaries)."""
-    n = m.shape[0]
-    for i in range(0, n, tile):
-        d = m[i : i + tile, i : i + tile]
-        d.copy_(d.triu() + d.triu(1).T)
-        for j in range(0, i, tile):
-            m[i : i + tile, j : j + tile].copy_(m[j : j + tile, i : i + tile].T)
-
-
 def linear_weights(
     gram: torch.Tensor,
     l2: float,
@@ -142,7 +105,10 @@ def linear_weights(
         d.div_(1.0 - dropout)  # G_ii + p/(1-p) G_ii
     d.add_(l2)
     lam = d - base if base is not None else None  # Lambda: l2 + p/(1-p) G_ii
-    p = spd_inverse(a, l2)  # (n_items, n_items), in a's memory where it can
+    try:
+        p = spd_inverse(a)  # (n_items, n_items), in a's memory where it can
+    except NotPositiveDefinite:
+        raise RunError(f"X^T X + {l2} I is not positive definite here; use a larger --l2") from None
     if lam is not None:
         b = p.mul_(-lam)  # -P Lambda, column-wise
     else:

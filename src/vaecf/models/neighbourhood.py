@@ -25,6 +25,7 @@ import torch
 
 from vaecf.data.matrix import SparseBatch
 from vaecf.errors import RunError
+from vaecf.models.linalg import NotPositiveDefinite, cholesky, cholesky_solve
 
 # a block's neighbourhoods' union at most this many items (dense G on it): building G[span,
 # span] scans the span's rows of G, so a span much wider than its items' own neighbourhoods
@@ -196,10 +197,13 @@ def _solve_block(gram, span, items, nbrs, lam, l2, np_dtype, device, dtype) -> n
     a[:, np.arange(kk), np.arange(kk)] += lam_span[p]
     rhs = full[p, pos[items][:, None]]  # (J, kk): G[N_j, j]
     at = torch.from_numpy(a).to(device=device, dtype=dtype)
-    chol, info = torch.linalg.cholesky_ex(at)
-    if int(info.max()):
-        raise RunError(f"a neighbourhood system with lambda {l2} is not positive definite")
-    b = torch.cholesky_solve(torch.from_numpy(rhs).to(at)[:, :, None], chol)[:, :, 0]
+    try:
+        chol = cholesky(at)
+    except NotPositiveDefinite:
+        raise RunError(
+            f"a neighbourhood system with lambda {l2} is not positive definite"
+        ) from None
+    b = cholesky_solve(torch.from_numpy(rhs).to(at)[:, :, None], chol)[:, :, 0]
     return b.cpu().numpy()
 
 

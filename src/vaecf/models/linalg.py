@@ -1,0 +1,124 @@
+"""The models' dense linear algebra on one guarded path: every factorisation, inverse and BLAS
+call of the linear family (EASE, EDLAE, the hybrid), the neighbourhood solver and inf-AE goes
+through this module (tests/test_linalg.py checks that no other module makes one).
+
+Why guarded: OpenBLAS's multithreaded SYRK (run by its own syrk, by potrf's trailing updates
+and by potri's lauum) packs each thread's share of the columns, GEMM_Q x share x itemsize
+bytes, into a fixed 32 MiB buffer with no bound check. On two threads the first thread's share
+is 0.71 n, so past a size set by the kernel's GEMM_Q it writes beyond the buffer: a SIGSEGV
+when the next page is unmapped, silently corrupted memory when it is not. Measured with
+scipy 1.17's OpenBLAS 0.3.30 on an Intel Emerald Rapids (SkylakeX kernels: GEMM_Q 448 float32,
+384 float64), two threads: spotrf crashes from 26,500 items on (26,000 finishes), dpotrf from
+16,000 (15,000 finishes); the Haswell kernels (GEMM_Q 320) from 40,000 float32 (32,602 runs).
+One thread takes the unthreaded path and never crashes, but its potri ran 443 s at 32,602
+items, against 121 s for the whole PyTorch inverse (`benchmarks/dense_solve.py`).
+
+So scipy's LAPACK, the faster solver on these CPUs (1.3x on an Emerald Rapids at 8,000-16,000
+items, 1.86x on a Zen 3 at 5,000), is used only where the largest x86-64 kernel's buffer need
+stays well inside the buffer: n x itemsize <= OPENBLAS_ROW_BYTES (22,000 items in float32,
+11,000 in float64; SkylakeX's need there is 27.4 and 23.1 MB of the 32 MiB, the thresholds
+measured above sit 20% and 45% higher). Beyond it, and on other architectures (whose kernels
+set other GEMM_Q), PyTorch's LAPACK (MKL in its x86-64 builds) does the same work in place.
+"""
+
+from __future__ import annotations
+
+import platform
+
+import numpy as np
+import torch
+
+# n x itemsize of the largest matrix scipy's OpenBLAS factors, inverts or updates on the CPU
+OPENBLAS_ROW_BYTES = 88_000
+X86 = platform.machine().lower() in ("x86_64", "amd64")
+
+
+def openblas_safe(n: int, dtype: torch.dtype) -> bool:
+    """Whether scipy's OpenBLAS may run a threaded level-3 call on an (n, n) `dtype` matrix."""
+    return (
+        X86 and dtype in (torch.float32, torch.float64) and n * dtype.itemsize <= OPENBLAS_ROW_BYTES
+    )
+
+
+def solver(n: int, dtype: torch.dtype, device: torch.device) -> str:
+    """The LAPACK `spd_inverse` uses for an (n, n) `dtype` matrix on `device`: "scipy"
+    (OpenBLAS) or "torch"."""
+    return "scipy" if device.type == "cpu" and openblas_safe(n, dtype) else "torch"
+
+
+class NotPositiveDefinite(ValueError):
+    """The matrix handed to a Cholesky factorisation has no such factor."""
+
+
+def spd_inverse(a: torch.Tensor, path: str | None = None) -> torch.Tensor:
+    """The inverse of the symmetric positive definite (n, n) `a`, by Cholesky, computed in
+    `a`'s memory. On the CPU through scipy's LAPACK where `openblas_safe`, else through
+    PyTorch's on `a`'s transpose (the same symmetric matrix, column-major, so its LAPACK works
+    in place: no second n^2 array); on a GPU PyTorch's, the factor in a second array. `path`
+    ("scipy" or "torch") overrides the choice on the CPU, for the benchmarks and tests."""
+    if a.device.type != "cpu":
+        return torch.cholesky_inverse(cholesky(a), out=a)
+    if (path or solver(a.shape[0], a.dtype, a.device)) == "torch":
+        at = a.mT  # row-major a is the column-major matrix LAPACK wants, in place
+        info = torch.empty((), dtype=torch.int32, device=a.device)
+        torch.linalg.cholesky_ex(at, out=(at, info))
+        if int(info):
+            raise NotPositiveDefinite
+        return torch.cholesky_inverse(at, out=at).mT
+    from scipy.linalg import lapack
+
+    f = a.numpy().T  # the same symmetric matrix, Fortran-ordered: LAPACK works in place
+    potrf, potri = (
+        (lapack.dpotrf, lapack.dpotri) if f.dtype == np.float64 else (lapack.spotrf, lapack.spotri)
+    )
+    c, info = potrf(f, lower=1, overwrite_a=1, clean=0)
+    if info:
+        raise NotPositiveDefinite
+    c, info = potri(c, lower=1, overwrite_c=1)
+    if info:
+        raise NotPositiveDefinite
+    out = torch.from_numpy(c.T)  # the inverse's upper triangle (row-major view), junk below
+    _mirror_upper(out)
+    return out
+
+
+def _mirror_upper(m: torch.Tensor, tile: int = 512) -> None:
+    """Copy the upper triangle of square `m` onto its lower one, tile by tile (cache-sized
+    copies, no n_items^2 temporaries)."""
+    n = m.shape[0]
+    for i in range(0, n, tile):
+        d = m[i : i + tile, i : i + tile]
+        d.copy_(d.triu() + d.triu(1).T)
+        for j in range(0, i, tile):
+            m[i : i + tile, j : j + tile].copy_(m[j : j + tile, i : i + tile].T)
+
+
+def cholesky(a: torch.Tensor) -> torch.Tensor:
+    """The lower Cholesky factor of `a` (a batch of matrices too), through PyTorch's LAPACK."""
+    chol, info = torch.linalg.cholesky_ex(a)
+    if int(info.max()):
+        raise NotPositiveDefinite
+    return chol
+
+
+def cholesky_solve(b: torch.Tensor, chol: torch.Tensor) -> torch.Tensor:
+    """x with (chol chol^T) x = b."""
+    return torch.cholesky_solve(b, chol)
+
+
+def add_gram_(gram: torch.Tensor, k: torch.Tensor) -> None:
+    """gram += k^T k for a block of rows k (B, L): on the CPU through BLAS syrk where
+    `openblas_safe`, which forms the lower triangle alone at half a product's flops (the
+    caller completes the matrix once every block is in); elsewhere a whole product."""
+    if gram.device.type != "cpu" or not openblas_safe(gram.shape[0], gram.dtype):
+        gram.addmm_(k.T, k)
+        return
+    from scipy.linalg import blas
+
+    syrk = blas.dsyrk if gram.dtype == torch.float64 else blas.ssyrk
+    # C-ordered (L, L) and (B, L) arrays are the Fortran (L, L) and (L, B) transposes: the
+    # Fortran upper triangle of a a^T is gram's lower triangle, written in place
+    c = gram.numpy().T
+    out = syrk(1.0, k.contiguous().numpy().T, beta=1.0, c=c, trans=0, lower=0, overwrite_c=1)
+    if not np.shares_memory(out, c):
+        raise RuntimeError("BLAS syrk did not update the Gram matrix in place")
