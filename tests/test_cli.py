@@ -663,6 +663,23 @@ def test_model_classes_take_their_declarations_from_specs():
     assert models.describe() == specs.describe()
 
 
+def test_a_mistyped_flag_gets_the_verbs_nearest_flag_and_help(capsys):
+    from vaecf.cli import main
+
+    with pytest.raises(SystemExit) as e:
+        main(["train", "--data", "d", "--out", "o", "--modle", "ease"])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and err.splitlines() == [
+        "vaecf train: error: unrecognized arguments: --modle (did you mean --model?), ease",
+        "see `vaecf train --help`",
+    ]
+    with pytest.raises(SystemExit):  # a verb's verb, --flag=value
+        main(["bench", "infer", "10", "--secnds=1"])
+    err = capsys.readouterr().err
+    assert err.startswith("vaecf bench infer: error: unrecognized argument: --secnds=1 (did ")
+    assert "see `vaecf bench infer --help`" in err
+
+
 def test_a_mistyped_choice_gets_one_line_and_the_nearest_choice(capsys):
     from vaecf.cli import main
 

@@ -189,6 +189,19 @@ def test_save_and_out_are_normal_run_directories(tmp_path):
         half.save(tmp_path / "half")
 
 
+def test_evaluate_on_a_fit_without_test_users_says_what_to_do(tmp_path, capsys):
+    from vaecf.cli import main
+
+    rec = vaecf.fit(_clusters(), model="ease", l2=10.0, progress=False, out=tmp_path / "kept")
+    budget = rec.info["train"]["budget"]  # the default, as the card shows it: not 80.99862...
+    assert budget == round(budget, 1)
+    assert main(["evaluate", str(tmp_path / "kept")]) == 2  # not "test nan" and exit 0
+    err = capsys.readouterr().err
+    assert "holds no test users" in err and "evaluate --split validation" in err
+    assert main(["evaluate", str(tmp_path / "kept"), "--split", "validation"]) == 0
+    assert f"{rec.results['validation']['n_users']} users evaluated" in capsys.readouterr().out
+
+
 def test_fit_routes_settings_and_refuses_bad_input():
     df = _clusters()
     with pytest.raises(ConfigError, match="not a setting.*l2"):

@@ -282,7 +282,8 @@ def fit(
     if out is None and not resume and run_dir.exists():
         shutil.rmtree(run_dir)  # an earlier fit of the same data and settings: start over
     if train_cfg.budget is None:
-        train_cfg.budget = max(1.0, default_budget(frame.height) - (time.perf_counter() - t0))
+        left = default_budget(frame.height) - (time.perf_counter() - t0)
+        train_cfg.budget = round(max(1.0, left), 1)  # a tenth of a second: shown in the card
     given = {"user": user_col, "item": item_col, "rating": rating_col}
     if train_cfg.progress and (found := found_by_name(given, used, used.get("sep"))):
         print(f"vaecf.fit: {found}", flush=True)

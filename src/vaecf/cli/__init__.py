@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import errno
+import faulthandler
 import gc
 import sys
 
@@ -25,23 +26,49 @@ class Parser(argparse.ArgumentParser):
     mistyped) and where to read more, not the verb's whole usage."""
 
     verbs = None  # this parser's sub-commands (`add_subparsers`), if any
+    deepest = None  # the innermost parser of the command line being parsed: the verb's
 
     def add_subparsers(self, **kwargs):
         self.verbs = super().add_subparsers(**kwargs)
         return self.verbs
+
+    def parse_known_args(self, args=None, namespace=None):
+        Parser.deepest = self  # a verb's parser is called after the one above it
+        return super().parse_known_args(args, namespace)
 
     def error(self, message: str):
         import difflib
         import re
 
         wrong = re.search(r"invalid choice: '?([^' ]*)'? \(choose from (.*)\)", message)
+        unknown = re.fullmatch(r"unrecognized arguments: (.*)", message)
         if wrong:
             choices = [c.strip(" '") for c in wrong.group(2).split(",")]
             near = difflib.get_close_matches(wrong.group(1), choices, 1)
             message += f"; did you mean {near[0]!r}?" if near else ""
+        elif unknown and Parser.deepest not in (None, self):
+            Parser.deepest.unknown(unknown.group(1).split())  # the verb's flags, the verb's help
         elif self.verbs is not None and message.endswith(f"required: {self.verbs.metavar}"):
             message += f" (one of: {', '.join(self.verbs.choices)})"  # `vaecf prepare` alone
         self.exit(2, f"{self.prog}: error: {message}\nsee `{self.prog} --help`\n")
+
+    def unknown(self, words: list[str]):
+        """Refuse the words this (verb's) parser does not know, with its nearest flag."""
+        import difflib
+        import re
+
+        flags = sorted(set(re.findall(r"(?<![\w-])--?[a-zA-Z][\w-]*", self.format_help())))
+        parts = []
+        for word in words:
+            near = difflib.get_close_matches(word.split("=")[0], flags, 1, 0.7)
+            hint = f" (did you mean {near[0]}?)" if word.startswith("-") and near else ""
+            parts.append(f"{word}{hint}")
+        what = "argument" if len(words) == 1 else "arguments"
+        self.exit(
+            2,
+            f"{self.prog}: error: unrecognized {what}: {', '.join(parts)}\n"
+            f"see `{self.prog} --help`\n",
+        )
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -98,7 +125,10 @@ def command() -> int:
     objects are frozen out of the collector first: the interpreter's last collection would
     otherwise walk every object PyTorch made. On a 2-core Zen 3, `python -c "import torch"`
     took 3.3 s, 2.6 s with gc.freeze() last (5 runs each); `vaecf bench infer 100 --seconds
-    0.1` 3.83 s, 3.47 s with it (farm-bench, medians of 8 pairs)."""
+    0.1` 3.83 s, 3.47 s with it (farm-bench, medians of 8 pairs). A native crash (a fatal
+    signal in a compiled library) prints the Python stack that reached it (faulthandler)
+    instead of dying without a word."""
+    faulthandler.enable()
     rc = main()
     gc.freeze()
     return rc

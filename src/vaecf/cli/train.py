@@ -152,6 +152,18 @@ def cmd_evaluate(a) -> int:
         from vaecf.errors import RunError
 
         raise RunError(f"{ds.path} is not the dataset {a.run} was trained on; pass its --data")
+    if not ds.manifest["counts"][f"n_{s.split}_users"]:
+        from vaecf.errors import ConfigError
+
+        other = "validation" if s.split == "test" else "test"
+        has_other = ds.manifest["counts"][f"n_{other}_users"]
+        raise ConfigError(
+            f"{ds.path} holds no {s.split} users (every user trained the model, as `vaecf.fit` "
+            f"and `--heldout-users 0` prepare): "
+            + (f"evaluate --split {other}, or " if has_other else "")
+            + "prepare the data with held-out users (`vaecf prepare ... --heldout-users N`) "
+            "and train on that"
+        )
     if s.precision is None:  # the run's precision: the test split reproduces results.json
         rec = Recommender.load(a.run, device=s.device)
         precision = cfg["train"]["precision"]
