@@ -14,7 +14,7 @@ from conftest import cpu_config
 import vaecf
 from vaecf import models
 from vaecf.data.vocab import Vocabulary
-from vaecf.errors import DataError
+from vaecf.errors import ConfigError, DataError
 from vaecf.recommender import Recommender
 
 
@@ -33,16 +33,33 @@ def _fit(df, **kw):
     return vaecf.fit(df, model="popular", progress=False, device="cpu", **kw)
 
 
-def test_fit_errors_name_the_keyword_argument_not_only_the_flag():
+def test_errors_name_the_keyword_argument_in_python_and_the_flag_on_the_command_line(
+    capsys, planted, tmp_path
+):
     df = _users(8)
-    with pytest.raises(DataError, match=r"lower --min-rating \(min_rating=\) or .*min_user_items="):
+    with pytest.raises(DataError, match=r"lower min_rating= or min_user_items=") as e:
         _fit(df, min_rating=10)
-    with pytest.raises(DataError, match=r"\(min_user_items=\) must be at least 1"):
+    assert "--" not in str(e.value)
+    with pytest.raises(DataError, match=r"^min_user_items= must be at least 1"):
         _fit(df, min_user_items=0)
-    with pytest.raises(DataError, match=r"vaecf.fit: test=\)"):
+    with pytest.raises(DataError, match=r"test_frac= must lie in \[0, 1\) \(vaecf.fit: test=\)"):
         _fit(df, test=1.5)
-    with pytest.raises(DataError, match=r"one of liang, thesis, not 'x' \(in Python: protocol=\)"):
+    with pytest.raises(DataError, match=r"^protocol= must be one of liang, thesis, not 'x'$"):
         vaecf.PrepareSettings(protocol="x").validate()
+    with pytest.raises(ConfigError, match=r"^epochs= must be at least 1$"):
+        vaecf.fit(df, model="multvae", epochs=0, progress=False)
+    with pytest.raises(ConfigError, match=r"^budget= must be a positive number"):
+        _fit(df, budget=-1)
+    from vaecf.cli import main
+
+    ds = planted("words", 60, 30, 3, 5, 0, 5)
+    assert (
+        main(["train", "--data", str(ds.path), "--out", str(tmp_path / "o"), "--epochs", "0"]) == 2
+    )
+    err = capsys.readouterr().err
+    assert "--epochs must be at least 1" in err and "epochs=" not in err
+    with pytest.raises(ConfigError, match=r"^epochs= "):  # the CLI's setting is undone
+        vaecf.fit(df, model="multvae", epochs=0, progress=False)
 
 
 def test_too_few_users_says_what_to_change_and_the_advice_works():
@@ -50,7 +67,7 @@ def test_too_few_users_says_what_to_change_and_the_advice_works():
         _fit(_users(1))
     msg = str(one.value)
     assert msg.startswith("1 user remains after filtering, too few to hold out 10%")
-    assert "(at least 6 users)" in msg and "lower --min-user-items (min_user_items=)" in msg
+    assert "(at least 6 users)" in msg and "lower min_user_items= or min_rating=" in msg
     assert "larger share" not in msg  # with one user, no share helps
     with pytest.raises(DataError, match=r"vaecf.fit: validation=, a share or a number of users"):
         _fit(_users(3))

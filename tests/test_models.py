@@ -942,11 +942,11 @@ def test_auto_defaults_fit_the_data():
 
 
 def test_settings_that_do_not_apply_are_refused(ds, tmp_path):
-    with pytest.raises(vaecf.VaecfError, match="--epochs does not apply to --model ease"):
+    with pytest.raises(vaecf.VaecfError, match="epochs= does not apply to model='ease'"):
         vaecf.train(ds, cfg_for("ease", epochs=3), tmp_path / "e", model="ease")
-    with pytest.raises(vaecf.VaecfError, match="--anneal-cap does not apply to --model recvae"):
+    with pytest.raises(vaecf.VaecfError, match="anneal_cap= does not apply to model='recvae'"):
         vaecf.train(ds, cfg_for("recvae", anneal_cap=0.3), tmp_path / "r", model="recvae")
-    with pytest.raises(vaecf.VaecfError, match="select-metric"):
+    with pytest.raises(vaecf.VaecfError, match="select_metric="):
         vaecf.train(ds, cfg_for("multvae", select_metric="ndcg"), tmp_path / "m")
     with pytest.raises(vaecf.VaecfError, match="not a setting of model ease"):
         models.config_from_dict("ease", {"gamma": 1.0})
@@ -954,7 +954,7 @@ def test_settings_that_do_not_apply_are_refused(ds, tmp_path):
 
 def test_resume_refuses_conflicting_settings(ds, tmp_path):
     vaecf.train(ds, cfg_for("multvae", epochs=1), tmp_path / "r", model_cfg("multvae"))
-    with pytest.raises(vaecf.RunError, match="--lr .* conflict"):
+    with pytest.raises(vaecf.RunError, match="lr=0.5 .* conflict"):
         vaecf.train(ds, cfg_for("multvae", epochs=2, lr=0.5), tmp_path / "r", resume=True)
     with pytest.raises(vaecf.RunError, match="cannot change the model"):
         vaecf.train(ds, cfg_for("multvae", epochs=2), tmp_path / "r", resume=True, model="ease")

@@ -687,9 +687,9 @@ def test_columns_not_given_are_found_by_name_or_refused_with_the_list(tmp_path):
     again = prepare_csv(bom, tmp_path / "bom", settings=settings)
     assert again.manifest["source"]["columns"] == ds.manifest["source"]["columns"]
     odd = _write(tmp_path / "odd.csv", "who,what,grade\n" + "\n".join(_rows()) + "\n")
-    with pytest.raises(DataError, match=r"--user-col \(user_col=\) \(the columns: \['who'"):
+    with pytest.raises(DataError, match=r"user_col= \(the columns: \[.who."):
         prepare_csv(odd, tmp_path / "odd")
-    with pytest.raises(DataError, match=r"holds the ratings: --rating-col \(rating_col=\)"):
+    with pytest.raises(DataError, match=r"holds the ratings: rating_col="):
         prepare_csv(odd, tmp_path / "odd", "who", "what", settings=settings)
     assert not (tmp_path / "odd").exists()
 
@@ -748,7 +748,7 @@ def test_too_few_users_for_heldout_split(tmp_path):
             settings=PrepareSettings(heldout_users=4),
         )
     msg = str(e.value)
-    assert "--heldout-users" in msg and "8 users" in msg and "at most 3" in msg
+    assert "heldout_users=" in msg and "8 users" in msg and "at most 3" in msg
     assert not (tmp_path / "out").exists()
     ds = prepare_csv(
         path,
@@ -779,7 +779,7 @@ def test_min_rating_without_rating_column(tmp_path):
         tmp_path / "r.csv",
         "userId,movieId\n" + "\n".join(r.rsplit(",", 1)[0] for r in _rows()) + "\n",
     )
-    with pytest.raises(DataError, match="--rating-col"):
+    with pytest.raises(DataError, match="rating_col="):
         prepare_csv(
             path,
             tmp_path / "out",
@@ -788,7 +788,7 @@ def test_min_rating_without_rating_column(tmp_path):
             settings=PrepareSettings(min_rating=4, heldout_users=1),
         )
     frame = pl.DataFrame({"user_id": [1, 2], "item_id": [1, 2]})
-    with pytest.raises(DataError, match="--rating-col"):
+    with pytest.raises(DataError, match="rating_col="):
         prepare_frame(frame, tmp_path / "out", PrepareSettings(min_rating=4, heldout_users=1))
     assert not (tmp_path / "out").exists()
 
@@ -797,10 +797,10 @@ def test_min_rating_without_rating_column(tmp_path):
     "kw, match",
     [
         (dict(protocol="paper"), "protocol"),
-        (dict(min_user_items=0), "--min-user-items"),
-        (dict(min_item_users=-1), "--min-item-users"),
+        (dict(min_user_items=0), "min_user_items="),
+        (dict(min_item_users=-1), "min_item_users="),
         (dict(target_frac=1.0), "target fraction"),
-        (dict(heldout_users=0), "--heldout-users"),
+        (dict(heldout_users=0), "heldout_users="),
         (dict(protocol="thesis", validation_frac=0.001), "too few"),
     ],
 )

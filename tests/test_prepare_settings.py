@@ -14,19 +14,19 @@ def test_lastfm_heldout_users_is_refused_with_what_applies():
     with pytest.raises(DataError) as e:
         dataset_settings("lastfm-360k", heldout_users=250)
     msg = str(e.value)
-    assert "--heldout-users applies to the liang protocol only" in msg
+    assert "heldout_users= applies to the liang protocol only" in msg  # Python's words
     assert "thesis protocol (its default)" in msg
-    assert "--validation-frac, --test-frac" in msg and "--protocol liang --heldout-users 250" in msg
+    assert "validation_frac=, test_frac=" in msg and "protocol='liang' heldout_users=250" in msg
 
 
 @pytest.mark.parametrize(
     "name, kw, flag",
     [
-        ("ml-20m", dict(validation_frac=0.1), "--validation-frac"),
-        ("netflix", dict(test_frac=0.1), "--test-frac"),
-        ("ml-1m", dict(heldout_users=10), "--heldout-users"),
-        ("ml-20m", dict(protocol="thesis", heldout_users=10), "--heldout-users"),
-        ("pinterest", dict(protocol="liang", test_frac=0.2), "--test-frac"),
+        ("ml-20m", dict(validation_frac=0.1), "validation_frac="),
+        ("netflix", dict(test_frac=0.1), "test_frac="),
+        ("ml-1m", dict(heldout_users=10), "heldout_users="),
+        ("ml-20m", dict(protocol="thesis", heldout_users=10), "heldout_users="),
+        ("pinterest", dict(protocol="liang", test_frac=0.2), "test_frac="),
     ],
 )
 def test_settings_of_the_other_protocol_are_refused(name, kw, flag):
@@ -53,11 +53,11 @@ def test_prepare_settings_validate_and_defaults():
     t = PrepareSettings(protocol="thesis")
     assert (t.heldout_users, t.validation_frac) == (None, 0.07)
     t.validate()
-    with pytest.raises(DataError, match="--heldout-users"):
+    with pytest.raises(DataError, match="heldout_users="):
         PrepareSettings(protocol="thesis", heldout_users=5).validate()
-    with pytest.raises(DataError, match="--test-frac"):
+    with pytest.raises(DataError, match="test_frac="):
         PrepareSettings(test_frac=0.1).validate()
-    with pytest.raises(DataError, match="--validation-frac must lie strictly between"):
+    with pytest.raises(DataError, match="validation_frac= must lie strictly between"):
         PrepareSettings(protocol="thesis", validation_frac=1.5).validate()
 
 

@@ -193,5 +193,5 @@ def test_prepare_settings_protocol_is_a_declared_literal():
     assert settings.choices_of(settings.hints(PrepareSettings)["protocol"]) == tuple(
         PROTOCOL_FIELDS
     )
-    with pytest.raises(DataError, match="--protocol must be one of liang, thesis"):  # as before
+    with pytest.raises(DataError, match="protocol= must be one of liang, thesis"):  # as before
         PrepareSettings(protocol="other").validate()

@@ -15,7 +15,7 @@ from typing import Literal
 from vaecf.data.prepare import PrepareSettings
 from vaecf.errors import ConfigError
 from vaecf.modelconfigs import ModelConfig
-from vaecf.settings import Compute, flag, setting, validate_fields
+from vaecf.settings import Compute, setting, spelled, validate_fields
 from vaecf.specs import ANNEAL_SETTINGS, GRADIENT_SETTINGS
 
 # Epochs without a better validation metric after which a gradient model stops (--preset auto).
@@ -98,23 +98,23 @@ class TrainConfig(Compute):
 
         validate_fields(self)
         if self.patience is not None and self.patience < 0:
-            raise ConfigError("--patience must be >= 0 epochs (0: no early stopping)")
+            raise ConfigError(f"{spelled('patience')} must be >= 0 epochs (0: no early stopping)")
         if self.budget is not None and not self.budget > 0:
-            raise ConfigError("--budget must be a positive number of seconds")
+            raise ConfigError(f"{spelled('budget')} must be a positive number of seconds")
         for name in ("epochs", "batch_size", "eval_every", "eval_batch_size", "total_anneal_steps"):
             v = getattr(self, name)
             if v is not None and v < 1:
-                raise ConfigError(f"{flag(name)} must be at least 1")
+                raise ConfigError(f"{spelled(name)} must be at least 1")
         if not self.checkpoint_every >= 0:
-            raise ConfigError("--checkpoint-every must be >= 0 seconds")
+            raise ConfigError(f"{spelled('checkpoint_every')} must be >= 0 seconds")
         if self.lr is not None and self.lr <= 0:
-            raise ConfigError("--lr must be positive")
+            raise ConfigError(f"{spelled('lr')} must be positive")
         if self.anneal_cap is not None and not self.anneal_cap >= 0:
-            raise ConfigError("--anneal-cap must be >= 0")
+            raise ConfigError(f"{spelled('anneal_cap')} must be >= 0")
         try:
             parse_metric(self.select_metric)
         except ValueError as e:
-            raise ConfigError(f"--select-metric: {e}") from None
+            raise ConfigError(f"{spelled('select_metric')} {e}") from None
 
     def to_dict(self) -> dict:
         return asdict(self)

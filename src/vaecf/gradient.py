@@ -23,6 +23,7 @@ from vaecf.errors import RunError
 from vaecf.models import Phase, first_layer
 from vaecf.models.base import LossModule
 from vaecf.run import Run, RunResult
+from vaecf.settings import spelled
 from vaecf.specs import FORECAST_MARGIN
 
 
@@ -358,7 +359,7 @@ class Trainer(Run):
         if stop.requested:
             raise KeyboardInterrupt(
                 f"stopped after epoch {self.epoch}; its checkpoint is saved in {self.out}: "
-                "continue with --resume (resume=True)"
+                f"continue with {spelled('resume', True)}"
             )
         return "budget" if over and self._done() is None else None
 

@@ -8,7 +8,7 @@ import torch
 
 from vaecf import runtime
 from vaecf.errors import ConfigError
-from vaecf.settings import TRAIN_PRECISIONS
+from vaecf.settings import TRAIN_PRECISIONS, spelled
 
 PRECISIONS = TRAIN_PRECISIONS
 
@@ -65,7 +65,9 @@ def check_precision(precision: str, device: torch.device) -> None:
     """Every precision runs on every device; on a CPU without native bf16/fp16 arithmetic the
     half-width ones are emulated (correct, and several times slower than fp32)."""
     if precision not in PRECISIONS:
-        raise ConfigError(f"--precision must be one of {', '.join(PRECISIONS)}, not {precision!r}")
+        raise ConfigError(
+            f"{spelled('precision')} must be one of {', '.join(PRECISIONS)}, not {precision!r}"
+        )
 
 
 def set_matmul_precision(precision: str) -> None:

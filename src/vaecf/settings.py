@@ -7,6 +7,7 @@ several verbs share (device, precision, model) are declared here, once.
 
 from __future__ import annotations
 
+import contextvars
 import typing
 from dataclasses import MISSING, dataclass, field
 from typing import Any, Literal
@@ -40,10 +41,20 @@ def flag(name: str) -> str:
     return "--" + name.replace("_", "-")
 
 
-def spelled(name: str) -> str:
-    """A setting as the command line and Python both spell it, for a message either may get:
-    `--min-rating (min_rating=)`."""
-    return f"{flag(name)} ({name}=)"
+# who reads vaecf's messages: "python" (keyword arguments) unless the command line, which sets
+# "cli" while it runs (flags)
+READER: contextvars.ContextVar[str] = contextvars.ContextVar("vaecf_reader", default="python")
+UNSET = object()
+
+
+def spelled(name: str, value: Any = UNSET, python: str | None = None) -> str:
+    """A setting as the message's reader spells it: `--min-rating` on the command line,
+    `min_rating=` in Python; with `value`, `--min-rating 4` or `min_rating=4` (a flag that is
+    True alone: `--resume`, `resume=True`). `python`: Python's spelling where it is not
+    that (`--no-header` is `header=False`)."""
+    if READER.get() == "cli":
+        return flag(name) + ("" if value is UNSET or value is True else f" {value}")
+    return python or f"{name}=" + ("" if value is UNSET else repr(value))
 
 
 def validate_fields(obj, error: type[Exception] = ConfigError) -> None:
@@ -53,8 +64,7 @@ def validate_fields(obj, error: type[Exception] = ConfigError) -> None:
         value = getattr(obj, name)
         if allowed is not None and value is not None and value not in allowed:
             raise error(
-                f"{flag(name)} must be one of {', '.join(map(str, allowed))}, not {value!r} "
-                f"(in Python: {name}=)"
+                f"{spelled(name)} must be one of {', '.join(map(str, allowed))}, not {value!r}"
             )
 
 

@@ -19,7 +19,7 @@ from vaecf.errors import ConfigError, RunError
 from vaecf.gradient import Trainer, TrainingDiverged, make_optimizer
 from vaecf.models import Model
 from vaecf.run import ClosedFormFit, RunResult
-from vaecf.settings import flag
+from vaecf.settings import spelled
 from vaecf.specs import SPECS
 from vaecf.writelock import writer_lock
 
@@ -81,8 +81,8 @@ def resolve_config(cfg: TrainConfig, model_cls: type[Model], n_train_users: int)
     ]
     if given:
         raise ConfigError(
-            f"{', '.join(map(flag, given))} "
-            f"{'does' if len(given) == 1 else 'do'} not apply to --model {model_cls.name}"
+            f"{', '.join(map(spelled, given))} "
+            f"{'does' if len(given) == 1 else 'do'} not apply to {spelled('model', model_cls.name)}"
         )
     d = cfg.to_dict()
     d.update(model_cls.resolve_train(d, n_train_users, cfg.preset))
@@ -107,7 +107,7 @@ def _resume_config(saved: dict, given: TrainConfig | None) -> TrainConfig:
     if clash:
         raise RunError(
             "a resumed run keeps its settings; "
-            + ", ".join(f"{flag(n)} {getattr(given, n)!r} (run: {saved[n]!r})" for n in clash)
+            + ", ".join(f"{spelled(n, getattr(given, n))} (run: {saved[n]!r})" for n in clash)
             + f" conflict. A resume may change only {', '.join(RESUME_MAY_CHANGE)}; "
             "start a new --out to train with other settings"
         )
@@ -155,11 +155,11 @@ def _what_to_train(ds, config, out, model_config, resume, model):
             p.unlink()
     elif rundir.is_run(out):
         raise RunError(
-            f"{out} already holds a run; pass --resume (resume=True) to continue it or choose "
-            "another --out (out=)"
+            f"{out} already holds a run; pass {spelled('resume', True)} to continue it or choose "
+            f"another {spelled('out')}"
         )
     elif out.exists() and any(not _leftover(p) for p in out.iterdir()):
-        raise RunError(f"{out} exists and is not a run directory; choose another --out (out=)")
+        raise RunError(f"{out} exists and is not a run directory; choose another {spelled('out')}")
     else:
         if out.exists():  # what a process killed before its first config.json left behind
             for p in out.iterdir():

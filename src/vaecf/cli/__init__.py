@@ -98,7 +98,9 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     args = parser.parse_args(argv)
     from vaecf.errors import VaecfError
+    from vaecf.settings import READER
 
+    reader = READER.set("cli")  # messages name flags, not keyword arguments
     try:
         return args.fn(args)
     except VaecfError as e:
@@ -118,6 +120,8 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt as e:
         print(f"vaecf {args.verb}: interrupted{f'; {e}' if str(e) else ''}", file=sys.stderr)
         return 130
+    finally:
+        READER.reset(reader)
 
 
 def command() -> int:

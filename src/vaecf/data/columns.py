@@ -13,7 +13,7 @@ from pathlib import Path
 from vaecf.data import files
 from vaecf.data.sources import scan_table, sep_for, sep_hint, sep_name, split_fields
 from vaecf.errors import DataError
-from vaecf.settings import spelled
+from vaecf.settings import READER, spelled
 
 # id and rating columns found by name where none is named (lower case, without separators), as
 # public datasets spell them: MovieLens userId/movieId, Amazon reviewerID/asin, H&M
@@ -111,10 +111,9 @@ def _name_them(n_fields: int) -> str:
     names = ["user", "item", "rating", "timestamp"][: max(n_fields, 2)]
     names += [f"field{k}" for k in range(len(names) + 1, n_fields + 1)]
     quoted = ", ".join(f'"{n}"' for n in names)
-    return (
-        f"name its columns in order, e.g. --no-header --columns {','.join(names)} "
-        f"(header=False, columns=[{quoted}])"
-    )
+    if READER.get() == "cli":
+        return f"name its columns in order, e.g. --no-header --columns {','.join(names)}"
+    return f"name its columns in order, e.g. header=False, columns=[{quoted}]"
 
 
 def _number(text: str) -> bool:

@@ -18,7 +18,7 @@ from vaecf.data import splits
 from vaecf.data.sources import ITEM, NAME, RATING, USER
 from vaecf.data.vocab import cut_names
 from vaecf.errors import DataError
-from vaecf.settings import flag, setting, spelled, validate_fields
+from vaecf.settings import setting, spelled, validate_fields
 
 # the settings that apply to one protocol only, and their defaults under it
 PROTOCOL_FIELDS = {
@@ -63,12 +63,12 @@ class PrepareSettings:
                 continue
             for key in keys:
                 if getattr(self, key) is not None:
-                    mine = ", ".join(flag(k) for k in PROTOCOL_FIELDS[self.protocol])
+                    mine = ", ".join(spelled(k) for k in PROTOCOL_FIELDS[self.protocol])
                     raise DataError(
-                        f"{flag(key)} ({key}={getattr(self, key)}) applies to the {other} "
+                        f"{spelled(key, getattr(self, key))} applies to the {other} "
                         f"protocol only, and this dataset is split with the {self.protocol} "
                         f"protocol, where it would do nothing. Drop it, use {mine} instead, or "
-                        f"pass --protocol {other}"
+                        f"pass {spelled('protocol', other)}"
                     )
         if self.min_user_items < 1 or self.min_item_users < 0:
             raise DataError(
@@ -80,13 +80,11 @@ class PrepareSettings:
         if self.protocol == "thesis":
             if not 0 < self.validation_frac < 1:
                 raise DataError(
-                    f"{flag('validation_frac')} must lie strictly between 0 and 1 "
-                    "(validation_frac=; vaecf.fit: validation=, a share or a number of users)"
+                    f"{spelled('validation_frac')} must lie strictly between 0 and 1 "
+                    "(vaecf.fit's validation= takes a share or a number of users)"
                 )
             if not 0 <= self.test_frac < 1:  # 0: no test users (a production fit)
-                raise DataError(
-                    f"{flag('test_frac')} must lie in [0, 1) (test_frac=; vaecf.fit: test=)"
-                )
+                raise DataError(f"{spelled('test_frac')} must lie in [0, 1) (vaecf.fit: test=)")
 
 
 def file_protocol(heldout_users: int | None) -> dict:
@@ -120,13 +118,13 @@ def dataset_settings(name: str, **overrides) -> PrepareSettings:
             continue
         for key in keys:
             if key in given:
-                mine = ", ".join(flag(k) for k in PROTOCOL_FIELDS.get(protocol, {}))
-                how = "its default" if "protocol" not in given else "--protocol"
+                mine = ", ".join(spelled(k) for k in PROTOCOL_FIELDS.get(protocol, {}))
+                how = "its default" if "protocol" not in given else spelled("protocol")
                 raise DataError(
-                    f"{flag(key)} applies to the {other} protocol only, but {name} is split "
+                    f"{spelled(key)} applies to the {other} protocol only, but {name} is split "
                     f"with the {protocol} protocol ({how}), where it would do nothing. Use "
-                    f"{mine} instead, or pass --protocol {other} {flag(key)} "
-                    f"{given[key]}"
+                    f"{mine} instead, or pass {spelled('protocol', other)} "
+                    f"{spelled(key, given[key])}"
                 )
             fields.pop(key, None)  # a registry default of the protocol not chosen
     settings = PrepareSettings(**fields)

@@ -18,6 +18,7 @@ import polars as pl
 from vaecf.data import files
 from vaecf.data.vocab import INT_ID
 from vaecf.errors import DataError
+from vaecf.settings import spelled
 
 USER, ITEM, RATING = "user_id", "item_id", "rating"
 NAME = "name"  # an item's display name (item names files; read_lastfm(names=True))
@@ -30,6 +31,15 @@ _SEP_NAMES = {"\\t": "\t", "tab": "\t", "space": " ", "ws": WHITESPACE}
 # the separators looked for, in order, where a file's first line has no comma
 _OTHER_SEPS = (("\t", "'\\t'"), (";", "';'"), ("|", "'|'"), (DOUBLE_COLON, "'::'"))
 _OTHER_SEPS += ((WHITESPACE, "whitespace"),)
+
+
+def no_header(columns: bool = False) -> str:
+    """A header-less file's setting (with its column names) as the message's reader spells it:
+    `--no-header --columns` or `header=False, columns=`."""
+    said = spelled("no_header", python="header=False")
+    return (
+        f"{said}{', ' if said.endswith('=False') else ' '}{spelled('columns')}" if columns else said
+    )
 
 
 def split_fields(line: str, sep: str) -> list[str]:
@@ -50,7 +60,7 @@ def sep_hint(line: str, sep: str | None) -> str:
                 f"; its fields look separated by {name}: pass --sep {name} "
                 f"(sep={name if cand != WHITESPACE else repr(name)})"
             )
-    return "; is --sep (sep=) right?"
+    return f"; is {spelled('sep')} right?"
 
 
 def sep_for(path: Path, sep: str | None) -> str:
@@ -60,7 +70,7 @@ def sep_for(path: Path, sep: str | None) -> str:
         sep = _SEP_NAMES.get(sep, sep)
         if sep not in SPLIT_SEPS and (len(sep) != 1 or sep in '\r\n"'):
             raise DataError(
-                f"--sep (sep=) {sep!r} is not a field separator: give one character (',', ';', "
+                f"{spelled('sep')} {sep!r} is not a field separator: give one character (',', ';', "
                 "'|', '\\t' or tab, space), '::', or 'whitespace' for runs of spaces and tabs"
             )
         return sep
@@ -101,24 +111,23 @@ def check_columns(header: bool, columns, named: bool = False) -> list[str] | Non
     if header:
         if columns:
             raise DataError(
-                "--columns (columns=) names the columns of a file without a header row; add "
-                "--no-header (header=False), or drop --columns and use the file's own header names"
+                f"{spelled('columns')} names the columns of a file without a header row; add "
+                f"{no_header()}, or drop {spelled('columns')} and use the file's own header names"
             )
         return None
     if named:
         raise DataError(
-            "--no-header (header=False) applies to CSV/TSV text files; Parquet and JSON name "
-            "their columns"
+            f"{no_header()} applies to CSV/TSV text files; Parquet and JSON name their columns"
         )
     if not columns:
         raise DataError(
-            "--no-header (header=False) needs --columns (columns=) to name the file's columns in "
+            f"{no_header()} needs {spelled('columns')} to name the file's columns in "
             "order, e.g. --columns user,item,rating (columns=['user', 'item', 'rating'])"
         )
     columns = list(columns)
     if any(not c for c in columns) or len(set(columns)) != len(columns):
         raise DataError(
-            f"--columns (columns=) {','.join(columns)!r}: give distinct, non-empty names"
+            f"{spelled('columns')} {','.join(columns)!r}: give distinct, non-empty names"
         )
     return columns
 
@@ -150,7 +159,7 @@ def _split_frame(src, path: Path, columns: list[str] | None, sep: str) -> pl.Dat
         n, fields = bad.row(0)
         raise DataError(
             f"{path}, line {n}: {len(fields)} field(s) where {len(columns)} "
-            f"({', '.join(columns)}) are expected; fix the file or pass the right --sep (sep=)"
+            f"({', '.join(columns)}) are expected; fix the file or pass the right {spelled('sep')}"
         )
     return f.select(pl.col("line").list.get(i).alias(c) for i, c in enumerate(columns))
 
@@ -214,12 +223,11 @@ def read_table(
         hint = sep_hint(names[0], sep) if len(names) == 1 and text else ""
         raise DataError(
             f"{path}: no column(s) {missing}; the file has columns {names}{hint}. "
-            "Pass the right --user-col/--item-col/--rating-col (user_col=, item_col=, rating_col=)"
+            f"Pass the right {spelled('user_col')}/{spelled('item_col')}/{spelled('rating_col')}"
             + (
                 ""
                 if columns or not text
-                else "; --no-header --columns (header=False, columns=) if the file "
-                "has no header row"
+                else f"; {no_header(columns=True)} if the file has no header row"
             )
             + "."
         )
@@ -234,7 +242,7 @@ def read_table(
         where = where or f": {str(e).splitlines()[0][:200]}"
         raise DataError(
             f"cannot parse {path}{where}; fix the file"
-            + (" or pass the right --sep (sep=)" if text else "")
+            + (f" or pass the right {spelled('sep')}" if text else "")
         ) from None
     if df.height == 0:
         raise DataError(f"{path} has {'a header but ' if header else ''}no rows")
@@ -274,9 +282,9 @@ def scan_table(
             if len(names) != len(columns):
                 first = ",".join(names) if len(names) > 1 else files.first_line(path)
                 raise DataError(
-                    f"{path}, line 1: {len(names)} field(s), but --columns (columns=) names "
+                    f"{path}, line 1: {len(names)} field(s), but {spelled('columns')} names "
                     f"{len(columns)} ({', '.join(columns)})"
-                    + (sep_hint(first, sep) if len(names) == 1 else "; is --sep (sep=) right?")
+                    + (sep_hint(first, sep) if len(names) == 1 else f"; is {spelled('sep')} right?")
                 )
             lf, names = lf.rename(dict(zip(names, columns))), columns
     except (pl.exceptions.PolarsError, OSError) as e:
@@ -368,7 +376,7 @@ def _ratings(s: pl.Series, path: Path, rating_col: str) -> pl.Series:
         )
         raise DataError(
             f"{path}, data row {row + 1}: {rating_col!r} is {what}; "
-            "fix the file or drop --rating-col (rating_col=) to treat every row as a positive"
+            f"fix the file or drop {spelled('rating_col')} to treat every row as a positive"
         )
     return r
 
@@ -385,7 +393,7 @@ def csv_bad_line(path: Path, sep: str, n_fields: int | None = None) -> str | Non
         r = csv.reader(f, delimiter=sep, quotechar='"', strict=True)
         try:
             want = len(next(r, [])) if n_fields is None else n_fields  # the header row
-            what = "the header has" if n_fields is None else "--columns (columns=) names"
+            what = "the header has" if n_fields is None else f"{spelled('columns')} names"
             for row in r:
                 if row and len(row) != want:
                     return f", line {r.line_num}: {len(row)} field(s) where {what} {want}"

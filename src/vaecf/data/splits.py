@@ -13,13 +13,13 @@ from __future__ import annotations
 import numpy as np
 
 from vaecf.errors import DataError
-from vaecf.settings import flag, spelled
+from vaecf.settings import spelled
 
 
 def heldout_counts_liang(n_users: int, n_heldout: int) -> tuple[int, int, int]:
     """(train, validation, test) user counts for N validation and N test users."""
     if n_heldout < 1:
-        raise DataError("--heldout-users must be at least 1")
+        raise DataError(f"{spelled('heldout_users')} must be at least 1")
     if n_users <= 2 * n_heldout:
         raise DataError(
             f"only {n_users} users remain after filtering, but {n_heldout} validation + "
@@ -59,16 +59,16 @@ def _too_few(n_users: int, val_frac: float, test_frac: float) -> str:
     more = f"keep more users: lower {spelled('min_user_items')} or {spelled('min_rating')}"
     if val_frac + test_frac >= 1:  # no number of users leaves any to train on
         more = (
-            f"hold out less: {flag('validation_frac')} (validation_frac=) and "
-            f"{flag('test_frac')} (test_frac=) must add up to less than 1"
+            f"hold out less: {spelled('validation_frac')} and "
+            f"{spelled('test_frac')} must add up to less than 1"
         )
     elif n_users >= 2 + (test_frac > 0):  # larger shares could make room for the held out
         more += (
-            f"; or hold out a larger share: {flag('validation_frac')} (validation_frac=; "
-            "vaecf.fit: validation=, a share or a number of users such as 1)"
+            f"; or hold out a larger share: {spelled('validation_frac')} "
+            "(vaecf.fit: validation=, a share or a number of users such as 1)"
         )
         if test_frac > 0:
-            more += f" and {flag('test_frac')} (test_frac=; vaecf.fit: test=)"
+            more += f" and {spelled('test_frac')} (vaecf.fit: test=)"
     return (
         f"{users} after filtering, too few to hold out {held} and train on the rest{need}: {more}"
     )
