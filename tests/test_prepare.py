@@ -692,6 +692,11 @@ def test_columns_not_given_are_found_by_name_or_refused_with_the_list(tmp_path):
     with pytest.raises(DataError, match=r"holds the ratings: rating_col="):
         prepare_csv(odd, tmp_path / "odd", "who", "what", settings=settings)
     assert not (tmp_path / "odd").exists()
+    # a wrong name into a directory prepared before: the name's error, not "pass --overwrite"
+    with pytest.raises(DataError, match=r"user_col= 'whoo' is not a column.*'who', 'what'"):
+        prepare_csv(odd, tmp_path / "out", "whoo", "what", "grade", settings=settings)
+    with pytest.raises(DataError, match=r"rating_col= 'stars' is not a column"):
+        prepare_csv(odd, tmp_path / "out", "who", "what", "stars")
 
 
 def test_empty_file(tmp_path):

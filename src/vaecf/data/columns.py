@@ -35,13 +35,15 @@ def resolve_columns(
     named rating is the ratings). The ratings are looked for where `want_rating` (a
     --min-rating to apply)."""
     rating_col = rating_col or ("rating" if "rating" in (columns or ()) else None)
-    if user_col and item_col and (rating_col or not want_rating):
-        return user_col, item_col, rating_col  # read_table checks that they exist
+    given = user_col and item_col and (rating_col or not want_rating)
+    if given and columns is None and files.kind(path) == files.JSON:
+        return user_col, item_col, rating_col  # a record may lack a field: read_table checks
+    # checked here, before the output is looked at: a wrong name is the error to see first
     names = file_columns(path, sep) if columns is None else list(columns)
     user_col = guess_column(names, user_col, USER_NAMES, "user")
     item_col = guess_column(names, item_col, ITEM_NAMES, "item")
-    if rating_col is None and want_rating:
-        rating_col = guess_column(names, None, RATING_NAMES, "rating")
+    if rating_col is not None or want_rating:
+        rating_col = guess_column(names, rating_col, RATING_NAMES, "rating")
     return user_col, item_col, rating_col
 
 
