@@ -115,7 +115,7 @@ def test_score_cli_writes_atomically_and_checks_columns(run, tmp_path, capsys):
     interactions(12).rename({"uid": "who", "movie": "what"}).write_parquet(odd)
     assert main(["score", str(run), "--input", str(odd), "--out", str(out), "--quiet"]) == 2
     err = capsys.readouterr().err
-    assert "--user-col (user_col=)" in err and "'who'" in err
+    assert "--user-col (the columns" in err and "'who'" in err
     with pytest.raises(DataError, match="does not exist"):
         score_file(Recommender.load(run), tmp_path / "nope.csv", "u", "i", tmp_path / "o.parquet")
 
@@ -275,3 +275,62 @@ def test_score_batches_are_sized_by_memory(run, tmp_path, monkeypatch):
     monkeypatch.setattr(score, "SCORE_BUDGET", 4 * len(IDS) * 3)  # three users' scores
     res = score_file(rec, src, "uid", "movie", tmp_path / "r.parquet", k=5, batch_users=1024)
     assert max(sizes) == 3 and sum(sizes) == res["users"] == 37
+
+
+@pytest.fixture(scope="module")
+def rated_run(tmp_path_factory):
+    """A run prepared keeping ratings of at least 4, with item names; its ratings file holds the
+    low ratings too, as a user's file of everything they rated would."""
+    import vaecf
+
+    root = tmp_path_factory.mktemp("rated")
+    rng = random.Random(3)
+    rows = [(u, i, rng.choice([1, 2, 4, 5])) for u in range(60) for i in rng.sample(IDS, 12)]
+    ratings = pl.DataFrame(rows, schema=["user", "item", "rating"], orient="row")
+    ratings.write_csv(root / "ratings.csv")
+    names = {i: f"Film {i}" for i in IDS}
+    rec = vaecf.fit(
+        ratings, model="ease", l2=10.0, min_rating=4, validation=5, test=0.1,
+        item_names=names, progress=False, out=root / "run",
+    )  # fmt: skip
+    return rec, root
+
+
+def test_score_keeps_the_runs_own_rating_threshold_and_names_the_items(rated_run, tmp_path):
+    rec, root = rated_run
+    out = tmp_path / "recs.parquet"
+    score_file(rec, root / "ratings.csv", None, None, out, k=5)
+    got = pl.read_parquet(out)
+    assert got.columns == ["user", "rank", "item_id", "score", "title"]
+    assert got.get_column("title").to_list() == [f"Film {i}" for i in got.get_column("item_id")]
+    users = rec.user_histories()
+    for u in (0, 1, 2):  # as `vaecf recommend --user`: the history the run was prepared with
+        want = rec.recommend_user(u, k=5).item_ids
+        assert got.filter(pl.col("user") == u).get_column("item_id").to_list() == want, u
+    assert len(users) > 0
+    every = tmp_path / "every.parquet"  # every row as history: the low ratings too
+    score_file(rec, root / "ratings.csv", None, None, every, k=5, rows=score.RowFilter())
+    assert not pl.read_parquet(every).equals(got)
+
+
+def test_score_needs_the_ratings_its_run_kept_and_reads_a_file_without_a_header(
+    rated_run, tmp_path, capsys
+):
+    rec, root = rated_run
+    ratings = pl.read_csv(root / "ratings.csv")
+    ratings.select("user", "item").write_csv(tmp_path / "pairs.csv")
+    with pytest.raises(DataError, match=r"the run's own preparation keeps ratings of at least 4"):
+        score_file(rec, tmp_path / "pairs.csv", None, None, tmp_path / "o.parquet")
+    run = str(root / "run")
+    assert main(["score", run, "--input", str(tmp_path / "pairs.csv"), "--out",
+                 str(tmp_path / "o.parquet"), "--quiet"]) == 2  # fmt: skip
+    assert "or pass --every-row" in capsys.readouterr().err
+    bare = tmp_path / "ratings.txt"  # FilmTrust's form: no header, fields split by spaces
+    bare.write_text("".join(f"{u} {i} {r}\n" for u, i, r in ratings.iter_rows()))
+    assert main(["score", run, "--input", str(bare), "--out", str(tmp_path / "b.csv")]) == 2
+    assert "has no header row" in capsys.readouterr().err
+    argv = ["score", run, "--input", str(bare), "--out", str(tmp_path / "b.csv"), "--quiet"]
+    assert main([*argv, "--no-header", "--columns", "user,item,rating", "-k", "5"]) == 0
+    score_file(rec, root / "ratings.csv", None, None, tmp_path / "a.csv", k=5)
+    got, want = (pl.read_csv(tmp_path / f).sort("user", "rank") for f in ("b.csv", "a.csv"))
+    assert got.drop("score").equals(want.drop("score"))

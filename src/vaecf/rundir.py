@@ -118,11 +118,26 @@ def start_run(run_dir: Path, model_name: str, model_config: dict, train: dict, d
         "fingerprint": ds.fingerprint,
         "n_items": ds.n_items,
         "n_train_users": c["n_train_users"],
+        "min_rating": ds.manifest["settings"].get("min_rating"),  # what a history keeps
     }
     write_config(run_dir, model_name, model_config, train, data, ds.manifest.get("vaecf_version"))
     copy_file(ds.path / "items.parquet", run_dir / ITEMS)
     copy_item_names(run_dir, ds.item_names_file())
     save_popularity(run_dir, ds.split("train").getnnz(axis=0))  # training users per item
+
+
+def prepared_min_rating(cfg: dict) -> float | None:
+    """The rating threshold the run's data was prepared with (None: every row a positive),
+    from its config (`load_config`); a run from before the config recorded it reads its
+    dataset's manifest where that is still there."""
+    data = cfg.get("data") or {}
+    if "min_rating" in data:
+        return data["min_rating"]
+    try:
+        manifest = json.loads((Path(data["path"]) / "manifest.json").read_text())
+        return manifest["settings"].get("min_rating")
+    except (KeyError, TypeError, OSError, ValueError):
+        return None
 
 
 def save_popularity(run_dir: Path, counts: np.ndarray) -> None:

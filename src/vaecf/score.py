@@ -17,8 +17,10 @@ lock beside it), and it first removes what a killed run left there. Peak memory:
 interactions and its recommendations, a batch's scores, plus the per-user row counts.
 
 Output rows, sorted by user then rank: the user column (as named in the input), rank (1 = best),
-item_id, score (the Recommender's: probability for multinomial models). A user none of whose
-items the model knows gets the training popularity ranking (counted as "cold_users").
+item_id, score (the Recommender's: probability for multinomial models), and title where the run
+has item names. A user none of whose items the model knows gets the training popularity ranking
+(counted as "cold_users"). A history is what the run's own preparation kept: rows rated below
+its `--min-rating` are dropped where it had one (`RowFilter`), as `vaecf recommend` sees it.
 """
 
 from __future__ import annotations
@@ -27,15 +29,17 @@ import os
 import shutil
 import tempfile
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import polars as pl
 import torch
 
+from vaecf import rundir
 from vaecf.data import files
-from vaecf.data.columns import ITEM_NAMES, USER_NAMES, guess_column
-from vaecf.data.sources import scan_table
+from vaecf.data.columns import ITEM_NAMES, RATING_NAMES, USER_NAMES, file_columns, guess_column
+from vaecf.data.sources import check_columns, found_sep, scan_table
 from vaecf.data.vocab import INT_ID
 from vaecf.errors import DataError, WriteError
 from vaecf.evaluate import SCORE_BUDGET
@@ -48,6 +52,7 @@ from vaecf.safewrite import (
     no_space_error,
     sweep_temps,
 )
+from vaecf.settings import spelled
 from vaecf.writelock import writer_lock
 
 IDX = "__vaecf_item_index"
@@ -58,17 +63,56 @@ CSV_ROW_BYTES = 40
 
 
 def scan_interactions(
-    path: str | os.PathLike, user_col: str | None, item_col: str | None
+    path: str | os.PathLike,
+    user_col: str | None,
+    item_col: str | None,
+    rows: RowFilter | None = None,
 ) -> tuple[pl.LazyFrame, str, str]:
     """(the file's user and item columns, without nulls, lazily; their names): those named, or
-    found by name as `vaecf prepare csv` finds them (`data.columns.guess_column`). Any file
-    `vaecf prepare csv` reads with a header row (`data.sources.scan_table`)."""
-    path = Path(path)
+    found by name as `vaecf prepare csv` finds them (`data.columns.guess_column`), read as
+    `rows` says (its separator, header, ratings kept). Any file `vaecf prepare csv` reads."""
+    path, rows = Path(path), rows or RowFilter()
     files.check_file(path)
-    lf, names = scan_table(path, typed=True)
+    columns = check_columns(rows.header, rows.columns, files.kind(path) != files.TEXT)
+    sep = rows.sep or found_sep(path)
+    if columns is None and files.kind(path) == files.TEXT:
+        file_columns(path, sep)  # a first line of data: refused with how to name the columns
+    lf, names = scan_table(path, sep, rows.header, columns, typed=True)
     user_col = guess_column(names, user_col, USER_NAMES, "user")
     item_col = guess_column(names, item_col, ITEM_NAMES, "item")
+    if rows.min_rating is not None:
+        try:
+            rating = guess_column(names, rows.rating_col, RATING_NAMES, "rating")
+        except DataError as e:
+            raise DataError(
+                f"{e}; {rows.why} keeps ratings of at least {rows.min_rating:g}, so the input "
+                f"needs its ratings (or pass {spelled('every_row', python='min_rating=None')} "
+                "to take every row as history)"
+            ) from None
+        lf = lf.filter(pl.col(rating).cast(pl.Float64, strict=False) >= rows.min_rating)
     return lf.select(user_col, item_col).drop_nulls(), user_col, item_col
+
+
+@dataclass
+class RowFilter:
+    """How `score_file` reads its input: the text file's separator, header row and column
+    names (as `vaecf prepare csv` takes them), and the rows kept as history: those rated at
+    least `min_rating` in `rating_col` (found by name where None); `why` names where the
+    threshold comes from, for a message."""
+
+    sep: str | None = None
+    header: bool = True
+    columns: list[str] | str | None = None
+    rating_col: str | None = None
+    min_rating: float | None = None
+    why: str = "the given min_rating"
+
+    @classmethod
+    def of_run(cls, rec: Recommender, **kw) -> RowFilter:
+        """The run's own preparation's threshold (as `vaecf recommend` sees a history), with
+        the reading settings `kw`."""
+        kept = rundir.prepared_min_rating(rec.info or {})
+        return cls(min_rating=kept, why="the run's own preparation", **kw)
 
 
 def _cast_ids(col: pl.Expr, given: pl.DataType, vocab: pl.DataType) -> pl.Expr:
@@ -126,9 +170,12 @@ def score_file(
     chunk_rows: int = 2_000_000,
     batch_users: int = 1024,
     progress: Callable[[int], None] | None = None,
+    rows: RowFilter | None = None,
 ) -> dict:
     """Write top-`k` recommendations for every user of `path` to `out` (.parquet or .csv);
-    its user and item columns `user_col` and `item_col`, or found by name (None).
+    its user and item columns `user_col` and `item_col`, or found by name (None); read and
+    filtered as `rows` says (default: `RowFilter.of_run(rec)`, the run's own rating threshold,
+    so that a user's history is the one `recommend` sees).
     `progress(n)` is called after every n users scored. Returns {"users", "rows", "chunks",
     "cold_users", "out"}: cold users had no known item and got the popularity ranking."""
     if chunk_rows < 1 or batch_users < 1:
@@ -136,7 +183,8 @@ def score_file(
     out = Path(out)
     if out.suffix.lower() not in (".parquet", ".csv"):
         raise DataError(f"--out {out}: give a .parquet or .csv file name")
-    lf, user_col, item_col = scan_interactions(path, user_col, item_col)
+    rows = rows or RowFilter.of_run(rec)
+    lf, user_col, item_col = scan_interactions(path, user_col, item_col, rows)
     out.parent.mkdir(parents=True, exist_ok=True)
     with writer_lock(out, "vaecf score"):
         sweep_temps(out)  # what a killed run left beside `out` (its parts, its temp file)
@@ -180,6 +228,8 @@ def _score_file(
             n_users, n_rows, n_cold = n_users + hist.height, n_rows + part.height, n_cold + cold
         empty = {user_col: schema[user_col], "rank": pl.Int32}
         empty.update({"item_id": rec.items.ids.dtype, "score": pl.Float32})
+        if rec.names is not None:
+            empty["title"] = pl.String
         _merge_parts(sorted(parts_dir.glob("*.parquet")), out, empty)
     finally:
         shutil.rmtree(parts_dir, ignore_errors=True)
@@ -209,16 +259,16 @@ def _top_k_rows(rec, hist, user_col, k, exclude_seen, batch_users, progress):
         n_cold += int(cold.sum())
         valid = np.arange(idx.shape[1])[None, :] < n[:, None]
         ranks = np.broadcast_to(np.arange(1, idx.shape[1] + 1, dtype=np.int32), idx.shape)
-        frames.append(
-            pl.DataFrame(
-                {
-                    user_col: users.slice(b, e - b).gather(np.repeat(np.arange(e - b), n)),
-                    "rank": ranks[valid],
-                    "item_id": rec.items.ids.gather(idx[valid]),
-                    "score": scores[valid].astype(np.float32),
-                }
-            )
-        )
+        ids = rec.items.ids.gather(idx[valid])
+        cols = {
+            user_col: users.slice(b, e - b).gather(np.repeat(np.arange(e - b), n)),
+            "rank": ranks[valid],
+            "item_id": ids,
+            "score": scores[valid].astype(np.float32),
+        }
+        if rec.names is not None:  # the run's item names: a title column, as recommend shows
+            cols["title"] = pl.Series(rec.titles(ids.to_list()), dtype=pl.String)
+        frames.append(pl.DataFrame(cols))
         if progress is not None:
             progress(e - b)
     return (pl.concat(frames) if frames else pl.DataFrame()), n_cold

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from vaecf.cli.common import print_json
-from vaecf.cli.options import add_settings, from_args, given
+from vaecf.cli.options import add_columns_options, add_settings, from_args, given
 from vaecf.settings import setting
 
 
@@ -19,38 +19,6 @@ class DataPlaces:
 
 
 # -- prepare ------------------------------------------------------------------------------------
-def add_columns_options(p) -> None:
-    """How a raw interactions file's columns are found (prepare csv, compare --data)."""
-    p.add_argument(
-        "--user-col",
-        help="the user id column (unset: found by name: user, userId, customer_id, reviewerID...)",
-    )
-    p.add_argument(
-        "--item-col",
-        help="the item id column (unset: found by name: item, movieId, product_id, asin, sku...)",
-    )
-    p.add_argument(
-        "--rating-col",
-        help="the rating column, which --min-rating reads (unset: a column named rating, score, "
-        "stars...; without --min-rating, with --columns: one named rating)",
-    )
-    p.add_argument(
-        "--sep",
-        help="field separator: one character ('\\t' or tab, space), '::', or 'whitespace' for "
-        "runs of spaces and tabs (unset: found in the file; ',' or tab for .tsv where the first "
-        "line holds one)",
-    )
-    p.add_argument(
-        "--no-header",
-        action="store_true",
-        help="the file has no header row: name its columns in order with --columns",
-    )
-    p.add_argument(
-        "--columns",
-        help="with --no-header: the columns' names in order, e.g. user,item,rating,timestamp",
-    )
-
-
 def cmd_prepare(a) -> int:
     from vaecf.data.columns import found_by_name
     from vaecf.data.prepare import PrepareSettings, prepare_csv

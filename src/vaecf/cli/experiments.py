@@ -8,8 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from vaecf.cli.common import metrics_table, print_json
-from vaecf.cli.data import add_columns_options
-from vaecf.cli.options import add_settings, from_args
+from vaecf.cli.options import add_columns_options, add_settings, from_args
 from vaecf.settings import Compute, ModelChoice, flag, setting
 
 

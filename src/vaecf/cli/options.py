@@ -90,3 +90,35 @@ def given(args: argparse.Namespace, names) -> dict:
 def from_args(cls, args: argparse.Namespace, **extra):
     """`cls` built from the options it declares that the user set (the others: its defaults)."""
     return cls(**given(args, [f.name for f in fields(cls) if f.name not in extra]), **extra)
+
+
+def add_columns_options(p) -> None:
+    """How a raw interactions file's columns are found (prepare csv, compare --data, score)."""
+    p.add_argument(
+        "--user-col",
+        help="the user id column (unset: found by name: user, userId, customer_id, reviewerID...)",
+    )
+    p.add_argument(
+        "--item-col",
+        help="the item id column (unset: found by name: item, movieId, product_id, asin, sku...)",
+    )
+    p.add_argument(
+        "--rating-col",
+        help="the rating column, which --min-rating reads (unset: a column named rating, score, "
+        "stars...; without --min-rating, with --columns: one named rating)",
+    )
+    p.add_argument(
+        "--sep",
+        help="field separator: one character ('\\t' or tab, space), '::', or 'whitespace' for "
+        "runs of spaces and tabs (unset: found in the file; ',' or tab for .tsv where the first "
+        "line holds one)",
+    )
+    p.add_argument(
+        "--no-header",
+        action="store_true",
+        help="the file has no header row: name its columns in order with --columns",
+    )
+    p.add_argument(
+        "--columns",
+        help="with --no-header: the columns' names in order, e.g. user,item,rating,timestamp",
+    )

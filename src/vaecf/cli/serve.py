@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from vaecf.cli.common import print_json
-from vaecf.cli.options import add_settings, from_args
+from vaecf.cli.options import add_columns_options, add_settings, from_args
 from vaecf.errors import ConfigError
 from vaecf.settings import Scoring, setting
 
@@ -46,8 +46,6 @@ def cmd_serve(a) -> int:
 class ScoreSettings(Scoring):
     """`vaecf score`: the history file's columns, k, and how much is read and scored at once."""
 
-    user_col: str | None = setting(None, "user column (unset: found by name, as prepare csv does)")
-    item_col: str | None = setting(None, "item column (unset: found by name, as prepare csv does)")
     k: int = setting(100, "items per user", flag="-k")
     chunk_rows: int = setting(2_000_000, "interactions read at once")
     batch_users: int = setting(1024, "users per scoring call")
@@ -57,10 +55,17 @@ def cmd_score(a) -> int:
     from tqdm.auto import tqdm
 
     from vaecf.recommender import Recommender
-    from vaecf.score import score_file
+    from vaecf.score import RowFilter, score_file
 
     s = from_args(ScoreSettings, a)
     rec = Recommender.load(a.run, device=s.device, precision=s.precision)
+    how = dict(sep=a.sep, header=not a.no_header, columns=a.columns, rating_col=a.rating_col)
+    if a.every_row:
+        rows = RowFilter(**how)
+    elif a.min_rating is not None:
+        rows = RowFilter(min_rating=a.min_rating, why="--min-rating", **how)
+    else:
+        rows = RowFilter.of_run(rec, **how)
     with tqdm(unit="user", disable=True if a.quiet else None, desc="scoring") as bar:
 
         def progress(n: int) -> None:
@@ -69,14 +74,15 @@ def cmd_score(a) -> int:
         res = score_file(
             rec,
             a.input,
-            s.user_col,
-            s.item_col,
+            a.user_col,
+            a.item_col,
             a.out,
             k=s.k,
             exclude_seen=not a.include_seen,
             chunk_rows=s.chunk_rows,
             batch_users=s.batch_users,
             progress=progress,
+            rows=rows,
         )
     if a.json:
         print_json(res)
@@ -162,6 +168,19 @@ def register(sub) -> None:
     pc.add_argument("--out", required=True, help="output .parquet or .csv")
     pc.add_argument(
         "--include-seen", action="store_true", help="may recommend the user's own items"
+    )
+    add_columns_options(pc)
+    keep = pc.add_mutually_exclusive_group()
+    keep.add_argument(
+        "--min-rating",
+        type=float,
+        help="keep as history only the rows rated at least this (unset: the run's own "
+        "prepare --min-rating, so that a user's history is the one `recommend` uses)",
+    )
+    keep.add_argument(
+        "--every-row",
+        action="store_true",
+        help="take every row as history, whatever the run was prepared with",
     )
     add_settings(pc, ScoreSettings)
     pc.add_argument("--quiet", action="store_true", help="no progress bar")
