@@ -303,6 +303,12 @@ def test_the_line_naming_the_columns_found_by_name():
     used = {"user": "userId", "item": "movieId", "rating": None}
     assert found_by_name({"user": "userId"}, used) == "columns found by name: items 'movieId'"
     assert found_by_name({"user": "userId", "item": "movieId"}, used) == ""
+    rated = {**used, "rating": "rating"}  # a rating column no min_rating reads: every row counts
+    given = {"user": "userId", "item": "movieId", "rating": "rating"}
+    said = found_by_name(given, rated, None, None)
+    assert said.startswith("the ratings in 'rating' were not read: every row is a positive")
+    assert said.endswith("prepare with min_rating=4 (or the threshold of your scale)")
+    assert found_by_name(given, rated, None, 3.5) == ""
 
 
 def test_compressed_text_and_json_read_like_the_plain_csv(tmp_path):

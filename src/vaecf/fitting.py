@@ -285,7 +285,8 @@ def fit(
         left = default_budget(frame.height) - (time.perf_counter() - t0)
         train_cfg.budget = round(max(1.0, left), 1)  # a tenth of a second: shown in the card
     given = {"user": user_col, "item": item_col, "rating": rating_col}
-    if train_cfg.progress and (found := found_by_name(given, used, used.get("sep"))):
+    found = found_by_name(given, used, used.get("sep"), min_rating)
+    if train_cfg.progress and found:
         print(f"vaecf.fit: {found}", flush=True)
     if train_cfg.progress:
         print(

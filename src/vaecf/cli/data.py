@@ -44,7 +44,8 @@ def cmd_prepare(a) -> int:
     else:
         given = {"user": a.user_col, "item": a.item_col, "rating": a.rating_col}
         src = ds.manifest["source"]
-        if found := found_by_name(given, src["columns"], src.get("sep_found")):
+        kept = ds.manifest["settings"]["min_rating"]
+        if found := found_by_name(given, src["columns"], src.get("sep_found"), kept):
             print(found)
         print(_prepared_summary(ds))
     return 0

@@ -47,15 +47,24 @@ def resolve_columns(
     return user_col, item_col, rating_col
 
 
-def found_by_name(given: dict, used: dict, sep: str | None = None) -> str:
+def found_by_name(
+    given: dict, used: dict, sep: str | None = None, min_rating: float | None = None
+) -> str:
     """A line naming the columns of `used` ({"user": ..., "item": ..., "rating": ...}, as a
-    prepared dataset's manifest records them) that were found by name, not `given`, and the
-    separator `sep` found in the file (`sources.found_sep`); "" if neither."""
+    prepared dataset's manifest records them) that were found by name, not `given`, the
+    separator `sep` found in the file (`sources.found_sep`), and, where a rating column is
+    there but no `min_rating` reads it, that every row counted; "" if none of these."""
     found = [
         f"{w}s {used[w]!r}" for w in ("user", "item", "rating") if used.get(w) and not given.get(w)
     ]
     said = [f"fields separated by {sep_name(sep)}"] if sep else []
     said += [f"columns found by name: {', '.join(found)}"] if found else []
+    if used.get("rating") and min_rating is None:
+        said.append(
+            f"the ratings in {used['rating']!r} were not read: every row is a positive "
+            f"interaction, its rating whatever it is; to keep only high ratings, prepare with "
+            f"{spelled('min_rating', 4)} (or the threshold of your scale)"
+        )
     return "; ".join(said)
 
 

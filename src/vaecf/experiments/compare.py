@@ -142,7 +142,8 @@ def _train_all(csv_path, out, entries, seeds, prepare, epochs, device, log) -> l
         if seed == seeds[0] and prepared is None:
             given = {w: columns.get(f"{w}_col") for w in ("user", "item", "rating")}
             src = ds.manifest["source"]
-            if found := found_by_name(given, src["columns"], src.get("sep_found")):
+            kept = ds.manifest["settings"]["min_rating"]
+            if found := found_by_name(given, src["columns"], src.get("sep_found"), kept):
                 log(found)
         for e in entries:
             run = out / "runs" / e.label / f"seed-{seed}"
