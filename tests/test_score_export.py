@@ -308,6 +308,9 @@ def test_score_keeps_the_runs_own_rating_threshold_and_names_the_items(rated_run
         want = rec.recommend_user(u, k=5).item_ids
         assert got.filter(pl.col("user") == u).get_column("item_id").to_list() == want, u
     assert len(users) > 0
+    import pandas as pd  # as a user reads it: make demo's environment has what pandas needs
+
+    assert pd.read_parquet(out).shape == got.shape
     every = tmp_path / "every.parquet"  # every row as history: the low ratings too
     score_file(rec, root / "ratings.csv", None, None, every, k=5, rows=score.RowFilter())
     assert not pl.read_parquet(every).equals(got)
