@@ -172,3 +172,59 @@ def test_page_asks_for_the_key_and_shows_nothing_without_it(named_run, tmp_path)
         dom = subprocess.run(cmd, capture_output=True, text=True, timeout=120).stdout
     assert re.search(r'<form id="key-form"(?![^>]*hidden)', dom)  # the key form is shown
     assert "Toy Story" not in dom and "<tr data-item" not in dom
+
+
+def keys(value):
+    """A JSON value's shape: a dict's keys (each with its value's shape), a list's first item."""
+    if isinstance(value, dict):
+        return {k: keys(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [keys(value[0])] if value else []
+    return type(value).__name__ if value is not None else None
+
+
+def same_shape(got, want) -> bool:
+    """`got` has every key `want` has, at every level (a model version may say more)."""
+    if isinstance(want, dict):
+        return isinstance(got, dict) and all(
+            k in got and same_shape(got[k], w) for k, w in want.items()
+        )
+    if isinstance(want, list):
+        return isinstance(got, list) and (not want or not got or same_shape(got[0], want[0]))
+    return True
+
+
+def test_the_docs_examples_are_what_a_live_server_takes_and_answers(named_run):
+    """docs/serving.md's example request and answer, and each route's OpenAPI examples (what
+    /docs shows), against a live server over a run with titles."""
+    import json
+    from pathlib import Path
+
+    doc = (Path(__file__).resolve().parents[1] / "docs" / "serving.md").read_text()
+    m = re.search(r"curl -s localhost:8000(\S+) .*?-d '(\{.*?\})'\n(\{.*?\})\n```", doc, re.S)
+    path, body, answer = m.group(1), json.loads(m.group(2)), json.loads(m.group(3))
+    with running(ServeSettings(run=str(named_run))) as (base, _), client(base) as c:
+        got = c.post(path, json=body).json()
+        assert same_shape(got, answer) and same_shape(answer, {k: got[k] for k in answer})
+        assert (
+            set(keys(got["items"])[0])
+            == set(keys(answer["items"])[0])
+            == {"item_id", "score", "title"}
+        )
+        spec = c.get("/openapi.json").json()
+        schemas = spec["components"]["schemas"]
+        resolve = lambda s: schemas[s["$ref"].rsplit("/", 1)[1]] if "$ref" in s else s  # noqa: E731
+        shown = 0
+        for route, methods in spec["paths"].items():
+            for method, op in methods.items():
+                ok = (op["responses"].get("200") or {}).get("content", {}).get("application/json")
+                if route.startswith("/v1/") and ok:  # every API answer has an example
+                    (want,) = resolve(ok["schema"])["examples"]
+                    shown += 1
+                req = op.get("requestBody", {}).get("content", {}).get("application/json")
+                if req and route.startswith("/v1/recommend"):  # the example body is taken
+                    (sent,) = resolve(req["schema"])["examples"]
+                    r = c.request(method, route, json=sent)
+                    assert r.status_code == 200, (route, r.text)
+                    assert same_shape(r.json(), want), route
+        assert shown >= 6

@@ -61,6 +61,34 @@ def error(status: int, code: str, message: str, **extra: Any) -> JSONResponse:
 
 
 # -- schemas --------------------------------------------------------------------------------------
+# The examples /docs and /openapi.json show (ml-latest-small's ids and titles; docs/serving.md
+# shows the same answer, and tests/test_serve_docs.py checks both against a live server's)
+MODEL_EXAMPLE = {
+    "id": "3f2a9c1b7d0e",
+    "run": "ml",
+    "name": "ease",
+    "n_items": 8986,
+    "checkpoint": "best.pt",
+    "checkpoint_mtime": "2026-11-28T12:00:00+00:00",
+    "best_epoch": None,
+    "loaded_at": "2026-11-28T12:05:00+00:00",
+}
+RANKED_EXAMPLE = {
+    "items": [
+        {"item_id": 593, "score": 0.4147, "title": "Silence of the Lambs, The (1991)"},
+        {"item_id": 2571, "score": 0.3906, "title": "Matrix, The (1999)"},
+        {"item_id": 260, "score": 0.3541, "title": "Star Wars: Episode IV - A New Hope (1977)"},
+    ],
+    "unknown": [],
+    "fallback": None,
+}
+
+
+def example(value: Any) -> ConfigDict:
+    """A model's config whose JSON Schema carries `value` as its example."""
+    return ConfigDict(json_schema_extra={"examples": [value]})
+
+
 class ItemScore(BaseModel):
     item_id: ItemId
     score: float
@@ -72,7 +100,7 @@ class ItemScore(BaseModel):
 class ModelVersion(BaseModel):
     """Which model answered: run directory, model name, checkpoint and when it was loaded."""
 
-    model_config = ConfigDict(extra="allow")
+    model_config = ConfigDict(extra="allow", json_schema_extra={"examples": [MODEL_EXAMPLE]})
     id: str = Field(description="short hash of run directory, checkpoint mtime and size")
     run: str
     name: str | None
@@ -93,20 +121,30 @@ class Ranked(BaseModel):
 
 
 class RecommendResponse(Ranked):
+    model_config = example({**RANKED_EXAMPLE, "model": MODEL_EXAMPLE})
     model: ModelVersion
 
 
 class UserRecommendResponse(RecommendResponse):
+    model_config = example({**RANKED_EXAMPLE, "user_id": 1, "history": 232, "model": MODEL_EXAMPLE})
     user_id: ItemId = Field(description="the user, as the run's data spells the id")
     history: int = Field(description="items in the user's history there (not recommended back)")
 
 
 class BatchResponse(BaseModel):
+    model_config = example({"results": [RANKED_EXAMPLE], "model": MODEL_EXAMPLE})
     results: list[Ranked]
     model: ModelVersion
 
 
 class SimilarResponse(BaseModel):
+    model_config = example(
+        {
+            "item_id": 1,
+            "items": [{"item_id": 3114, "score": 0.5713, "title": "Toy Story 2 (1999)"}],
+            "model": MODEL_EXAMPLE,
+        }
+    )
     item_id: ItemId
     items: list[ItemScore] = Field(description="most similar first; score = cosine similarity")
     model: ModelVersion
@@ -118,6 +156,9 @@ class FoundItem(BaseModel):
 
 
 class ItemsResponse(BaseModel):
+    model_config = example(
+        {"items": [{"item_id": 1, "title": "Toy Story (1995)"}], "model": MODEL_EXAMPLE}
+    )
     items: list[FoundItem] = Field(description="the item whose id matches, then names, by "
                                    "training popularity")  # fmt: skip
     model: ModelVersion
@@ -125,6 +166,20 @@ class ItemsResponse(BaseModel):
 
 class ModelCard(BaseModel):
     """The model served, what it was trained on, how it scored."""
+
+    model_config = example(
+        {
+            "model": MODEL_EXAMPLE,
+            "settings": {"l2": 300.0},
+            "train": {"select_metric": "ndcg@100", "seed": 98765},
+            "data": {"n_items": 8986, "n_train_users": 410, "fingerprint": "9c1e2b7a40f3"},
+            "validation": {"ndcg@100": 0.4012, "n_users": 50},
+            "test": {"ndcg@100": 0.3951, "n_users": 50},
+            "precision": "fp32",
+            "titles": True,
+            "similar": True,
+        }
+    )
 
     model: ModelVersion
     settings: dict[str, Any] = Field(description="the model's settings (its config)")
@@ -172,6 +227,7 @@ def documented(*statuses: int) -> dict:
 
 
 class ReadyResponse(BaseModel):
+    model_config = example({"ready": True, "model": MODEL_EXAMPLE})
     ready: bool
     model: ModelVersion | None = Field(
         None, description="the model served; absent for a Host this server does not answer to"
@@ -179,12 +235,15 @@ class ReadyResponse(BaseModel):
 
 
 class ReloadResponse(BaseModel):
+    model_config = example({"reloaded": True, "model": MODEL_EXAMPLE})
     reloaded: bool
     model: ModelVersion
 
 
 class ReloadRequest(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(
+        extra="forbid", json_schema_extra={"examples": [{"run": "runs/ml-v2"}]}
+    )
     run: str | None = Field(
         None,
         max_length=4096,
@@ -198,17 +257,16 @@ def request_schemas(s: ServeSettings) -> tuple[type[BaseModel], type[BaseModel]]
     History = Annotated[list[ItemId], Field(max_length=s.max_history)]
     Filter = Annotated[list[ItemId] | None, Field(max_length=s.max_filter)]
 
+    # an allow list and a deny list together are refused; the schema says so too
+    one_filter = {
+        "not": {
+            "required": ["allow", "deny"],
+            "properties": {"allow": {"type": "array"}, "deny": {"type": "array"}},
+        }
+    }
+
     class Filters(BaseModel):
-        # an allow list and a deny list together are refused; the schema says so too
-        model_config = ConfigDict(
-            extra="forbid",
-            json_schema_extra={
-                "not": {
-                    "required": ["allow", "deny"],
-                    "properties": {"allow": {"type": "array"}, "deny": {"type": "array"}},
-                }
-            },
-        )
+        model_config = ConfigDict(extra="forbid", json_schema_extra=one_filter)
         k: WholeNumber = Field(
             10, ge=1, le=s.max_k, description=f"how many items (max_k {s.max_k})"
         )
@@ -224,9 +282,15 @@ def request_schemas(s: ServeSettings) -> tuple[type[BaseModel], type[BaseModel]]
             return self
 
     class RecommendRequest(Filters):
+        model_config = ConfigDict(
+            json_schema_extra={**one_filter, "examples": [{"items": [1, 296, 318], "k": 3}]}
+        )
         items: History = Field(description=f"the history: raw item ids (max {s.max_history})")
 
     class BatchRequest(Filters):
+        model_config = ConfigDict(
+            json_schema_extra={**one_filter, "examples": [{"histories": [[1, 296], [318]], "k": 3}]}
+        )
         histories: list[History] = Field(
             max_length=s.max_batch, description=f"histories (max_batch {s.max_batch})"
         )
