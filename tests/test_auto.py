@@ -178,10 +178,33 @@ def test_a_later_candidate_needs_a_tenth_of_the_budget(ds, tmp_path, monkeypatch
 
     monkeypatch.setattr(auto_module, "train", slow_train)
     auto = models.AutoConfig(candidates=["popular", "ease"], blend=False, linear_cv=False)
-    res = vaecf.train(ds, quiet(budget=100.0), tmp_path / "b", auto)
+    said = []
+    res = auto_module.train_auto(ds, quiet(budget=100.0), tmp_path / "b", auto, True, said.append)
     record = json.loads((res.run_dir / "results.json").read_text())["auto"]["candidates"]
     assert [c["model"] for c in record] == ["popular", "ease"]
     assert "seconds" in record[0] and "budget" in record[1]["skipped"]
+    # and says so, with what would let auto compare them
+    (note,) = [s for s in said if s.startswith("auto: only popular was judged")]
+    assert "no time for ease" in note and "budget=" in note
+
+
+def test_the_first_candidate_leaves_the_next_its_share(ds, tmp_path, monkeypatch):
+    """The first of several candidates is given the budget less the reserve and the next
+    candidate's tenth, so that a slow first one (EDLAE on a loaded machine) cannot leave auto
+    comparing nothing; the last is given all that is left."""
+    from vaecf import auto as auto_module
+
+    given, real_train = [], auto_module.train
+
+    def train(ds, cfg, *args, **kwargs):
+        given.append(cfg.budget)
+        return real_train(ds, cfg, *args, **kwargs)
+
+    monkeypatch.setattr(auto_module, "train", train)
+    auto = models.AutoConfig(candidates=["popular", "ease"], blend=False, linear_cv=False)
+    vaecf.train(ds, quiet(budget=100.0), tmp_path / "b", auto)
+    share = auto_module.BUDGET_RESERVE + auto_module.MIN_CANDIDATE_SHARE
+    assert len(given) == 2 and given[0] <= 100.0 * (1 - share) < given[1]
     assert (
         auto_module.BUDGET_RESERVE + auto_module.MIN_CANDIDATE_SHARE
         > 0.15

@@ -28,6 +28,7 @@ from vaecf.errors import ConfigError, RunError
 from vaecf.evaluate import evaluate_model, metrics_with, model_scores, per_user_metric
 from vaecf.modelconfigs import LINEAR_CV_BETAS, AutoConfig
 from vaecf.safewrite import atomic_file, write_json
+from vaecf.settings import spelled
 from vaecf.trainer import RunResult, train
 
 BLEND_WEIGHTS = [0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9]
@@ -131,10 +132,13 @@ def fit_candidates(ds, cfg: TrainConfig, out: Path, auto: AutoConfig, t_start: f
         + ("" if cfg.budget is None else f" within {cfg.budget:.0f} s")
         + f"; each candidate's epochs and search are in {out / 'candidates'}"
     )
-    for name in auto.candidates:
+    for i, name in enumerate(auto.candidates):
         row = {"model": name, "family": models.get(name).family}
         left = None if cfg.budget is None else cfg.budget - (time.perf_counter() - t_start)
         need = BUDGET_RESERVE + (MIN_CANDIDATE_SHARE if fitted else 0.0)
+        given = left
+        if left is not None and not fitted and i + 1 < len(auto.candidates):
+            given = left - MIN_CANDIDATE_SHARE * cfg.budget  # the next candidate's room: two judged
         if left is not None and left <= need * cfg.budget:
             record.append({**row, "skipped": f"the budget ({cfg.budget:.0f} s) was spent"})
             log(f"auto: {name} skipped, the budget is spent")
@@ -143,7 +147,7 @@ def fit_candidates(ds, cfg: TrainConfig, out: Path, auto: AutoConfig, t_start: f
         try:
             res = train(
                 ds,
-                candidate_config(cfg, name, left),
+                candidate_config(cfg, name, given),
                 out / "candidates" / name,
                 candidate_model_config(name, auto),
                 model=name,
@@ -168,6 +172,15 @@ def fit_candidates(ds, cfg: TrainConfig, out: Path, auto: AutoConfig, t_start: f
         record.append(row)
         fitted[name] = res
         log(f"auto: {name} validation {metric} {res.validation_metrics[metric]:.4f} ({how})")
+    spent = [r["model"] for r in record if "budget" in r.get("skipped", "")]
+    if len(fitted) == 1 and spent:
+        (only,) = fitted
+        took = next(r["seconds"] for r in record if r["model"] == only)
+        log(
+            f"auto: only {only} was judged: the budget ({cfg.budget:.0f} s) left no time for "
+            f"{', '.join(spent)}; {only} alone took {took:.0f} s, so "
+            f"{spelled('budget', round(3 * took))} or more lets auto compare it with them"
+        )
     return record, fitted
 
 
