@@ -72,6 +72,7 @@ def test_closed_form_card_has_no_epochs_and_only_its_settings(runs, name, capsys
     assert cli("info", run, "--json") == 0
     card = json.loads(capsys.readouterr().out)
     assert card["closed_form"] and card["best_epoch"] is None and card["epochs"] is None
+    assert rundir.load_results(run)["best_epoch"] is None  # results.json agrees: not "1"
     assert not unread & set(card["train"]) and card["train"]["precision"] == "fp32"
     assert card["validation"]["ndcg@100"] > 0 and card["test"]["n_users"] == 40
     assert cli("info", run) == 0

@@ -320,7 +320,7 @@ def _materialise(ds, cfg, out, winner, record, fitted, test, t_start, selection)
     """Write the winner into `out` as a run of its own and score the test split once."""
     kind, what, val = winner
     out.mkdir(parents=True, exist_ok=True)
-    source = {"best_epoch": 1, "epochs": 1, "steps": 0}  # a blend: no epochs of its own
+    source = {"best_epoch": None, "epochs": 1, "steps": 0}  # a blend: no epochs of its own
     if kind == "single":
         src = fitted[what].run_dir
         model, saved = rundir.load_model(src, "cpu")

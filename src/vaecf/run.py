@@ -34,7 +34,7 @@ from vaecf.safewrite import atomic_file, write_json
 @dataclass
 class RunResult:
     run_dir: Path
-    best_epoch: int
+    best_epoch: int | None  # None for a closed form, fitted once
     validation_metrics: dict
     test_metrics: dict
     history: list = field(default_factory=list)
@@ -226,7 +226,8 @@ class ClosedFormFit(Run):
         self.stopped = record.get("stopped")
         val = self.validate()
         self.epoch = 1
-        self.best = {"epoch": 1, "value": val[self.cfg.select_metric], "metrics": val}
+        # fitted once: no best epoch (results.json's best_epoch is null, as the card shows it)
+        self.best = {"epoch": None, "value": val[self.cfg.select_metric], "metrics": val}
         row = {"epoch": 1, "fit_seconds": round(time.perf_counter() - t0, 3), **record}
         row["validation"] = val
         self.history = [row]
