@@ -61,23 +61,24 @@ def error(status: int, code: str, message: str, **extra: Any) -> JSONResponse:
 
 
 # -- schemas --------------------------------------------------------------------------------------
-# The examples /docs and /openapi.json show (ml-latest-small's ids and titles; docs/serving.md
-# shows the same answer, and tests/test_serve_docs.py checks both against a live server's)
+# The examples /docs and /openapi.json show: EASE on ml-latest-small as the README trains it
+# (docs/serving.md shows the same answer; tests/test_serve_page.py checks the examples' shapes
+# against a live server's answers)
 MODEL_EXAMPLE = {
-    "id": "3f2a9c1b7d0e",
-    "run": "ml",
+    "id": "8f56f792daf6",
+    "run": "ml-latest-small",
     "name": "ease",
-    "n_items": 8986,
+    "n_items": 5770,
     "checkpoint": "best.pt",
-    "checkpoint_mtime": "2026-11-28T12:00:00+00:00",
+    "checkpoint_mtime": "2026-11-28T13:00:16+00:00",
     "best_epoch": None,
-    "loaded_at": "2026-11-28T12:05:00+00:00",
+    "loaded_at": "2026-11-28T13:00:58+00:00",
 }
 RANKED_EXAMPLE = {
     "items": [
-        {"item_id": 593, "score": 0.4147, "title": "Silence of the Lambs, The (1991)"},
-        {"item_id": 2571, "score": 0.3906, "title": "Matrix, The (1999)"},
-        {"item_id": 260, "score": 0.3541, "title": "Star Wars: Episode IV - A New Hope (1977)"},
+        {"item_id": 356, "score": 0.1670, "title": "Forrest Gump (1994)"},
+        {"item_id": 50, "score": 0.1381, "title": "Usual Suspects, The (1995)"},
+        {"item_id": 593, "score": 0.1296, "title": "Silence of the Lambs, The (1991)"},
     ],
     "unknown": [],
     "fallback": None,
@@ -141,7 +142,7 @@ class SimilarResponse(BaseModel):
     model_config = example(
         {
             "item_id": 1,
-            "items": [{"item_id": 3114, "score": 0.5713, "title": "Toy Story 2 (1999)"}],
+            "items": [{"item_id": 3114, "score": 0.2777, "title": "Toy Story 2 (1999)"}],
             "model": MODEL_EXAMPLE,
         }
     )
@@ -170,11 +171,11 @@ class ModelCard(BaseModel):
     model_config = example(
         {
             "model": MODEL_EXAMPLE,
-            "settings": {"l2": 300.0},
+            "settings": {"l2": 177.83, "search": "fast"},
             "train": {"select_metric": "ndcg@100", "seed": 98765},
-            "data": {"n_items": 8986, "n_train_users": 410, "fingerprint": "9c1e2b7a40f3"},
-            "validation": {"ndcg@100": 0.4012, "n_users": 50},
-            "test": {"ndcg@100": 0.3951, "n_users": 50},
+            "data": {"n_items": 5770, "n_train_users": 519, "fingerprint": "d76a35704f1e6d72"},
+            "validation": {"ndcg@100": 0.2983, "n_users": 42},
+            "test": {"ndcg@100": 0.3243, "n_users": 41},
             "precision": "fp32",
             "titles": True,
             "similar": True,
