@@ -183,7 +183,7 @@ def test_cpu_training_replays_no_graph_and_closed_forms_refuse_the_setting(tmp_p
     run = vaecf.train(ds, vaecf.TrainConfig(epochs=1, device="cpu", progress=False), tmp_path / "r")
     timing = rundir.load_results(run.run_dir)["timing"]
     assert timing["graph_steps"] == 0
-    with pytest.raises(ConfigError, match="cuda-graphs"):
+    with pytest.raises(ConfigError, match="cuda_graphs="):
         vaecf.train(
             ds,
             vaecf.TrainConfig(cuda_graphs=False, progress=False),
