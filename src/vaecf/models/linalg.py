@@ -10,14 +10,14 @@ when the next page is unmapped, silently corrupted memory when it is not. Measur
 scipy 1.17's OpenBLAS 0.3.30 on an Intel Emerald Rapids (SkylakeX kernels: GEMM_Q 448 float32,
 384 float64), two threads: spotrf crashes from 26,500 items on (26,000 finishes), dpotrf from
 16,000 (15,000 finishes); the Haswell kernels (GEMM_Q 320) from 40,000 float32 (32,602 runs).
-One thread takes the unthreaded path and never crashes, but its potri ran 443 s at 32,602
-items, against 121 s for the whole PyTorch inverse (`benchmarks/dense_solve.py`).
+One thread takes the unthreaded path and never crashes, but took 240 s at 32,602 items
+against PyTorch's 148 s (`benchmarks/dense_solve.py`).
 
-So scipy's LAPACK, the faster solver on these CPUs (1.3x on an Emerald Rapids at 8,000-16,000
-items, 1.86x on a Zen 3 at 5,000), is used only where the largest x86-64 kernel's buffer need
+So scipy's LAPACK, the faster solver on these CPUs (1.24x PyTorch's at 20,000 items on that
+Intel, 1.86x on a Zen 3 at 5,000), is used only where the largest x86-64 kernel's buffer need
 stays well inside the buffer: n x itemsize <= OPENBLAS_ROW_BYTES (22,000 items in float32,
-11,000 in float64; SkylakeX's need there is 27.4 and 23.1 MB of the 32 MiB, the thresholds
-measured above sit 20% and 45% higher). Beyond it, and on other architectures (whose kernels
+11,000 in float64; SkylakeX's need there is 27.4 and 23.1 MB of the 32 MiB, and the edges
+measured above sit 18-20% and 36-45% higher). Beyond it, and on other architectures (whose kernels
 set other GEMM_Q), PyTorch's LAPACK (MKL in its x86-64 builds) does the same work in place.
 """
 
