@@ -114,7 +114,7 @@ class ForkRunner:
         "vaecf.cli",
         "vaecf.data.prepare",
         "vaecf.trainer",
-        "vaecf.checkpoint",
+        "vaecf.storage.checkpoint",
         "torch._dynamo",
         "?optuna",
         "?matplotlib.pyplot",
@@ -634,8 +634,8 @@ def run_state(run_dir: Path):
     load, or metrics.jsonl does not begin with the checkpoint's history."""
     import torch
 
-    from vaecf import checkpoint
     from vaecf.errors import VaecfError
+    from vaecf.storage import checkpoint
 
     if not run_dir.exists() or not any(p for p in run_dir.iterdir() if not p.name.startswith(".")):
         return None
@@ -738,7 +738,7 @@ class TrainDrill(Drill):
         return [self.out]
 
     def diagnose(self) -> str:
-        from vaecf import checkpoint
+        from vaecf.storage import checkpoint
 
         try:
             last = checkpoint.load(self.out / "last.pt")["epoch"]

@@ -25,7 +25,7 @@ def graph():
 
 def layers() -> list[list[str]]:
     config = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["importlinter"]
-    (contract,) = config["contracts"]
+    (contract,) = [c for c in config["contracts"] if c["containers"] == ["vaecf"]]
     return [[m.strip() for m in layer.split("|")] for layer in contract["layers"]]
 
 

@@ -13,8 +13,8 @@ import torch
 from conftest import cpu_config
 
 import vaecf
-from vaecf import checkpoint
 from vaecf.background import CheckpointWriter, snapshot
+from vaecf.storage import checkpoint
 
 
 @pytest.fixture(scope="module")
@@ -169,7 +169,7 @@ def test_signal_stops_after_the_epoch_with_a_checkpoint(ds, tmp_path, sig):
 def test_a_second_trainer_into_the_same_run_is_refused(ds, tmp_path):
     out = tmp_path / "r"
     holder = subprocess.Popen(
-        [sys.executable, "-c", "import sys, time\nfrom vaecf.writelock import writer_lock\n"
+        [sys.executable, "-c", "import sys, time\nfrom vaecf.storage.writelock import writer_lock\n"
          f"with writer_lock({str(out)!r}, 'vaecf train'):\n"
          "    print('held', flush=True)\n    time.sleep(60)"],
         stdout=subprocess.PIPE, text=True,

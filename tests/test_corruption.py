@@ -10,11 +10,11 @@ import shutil
 import pytest
 import torch
 
-from vaecf import checkpoint
 from vaecf.data import prepare as prep
 from vaecf.data.prepare import SPLIT_FILES, PreparedDataset, PrepareSettings, prepare_frame
 from vaecf.data.synthetic import generate
 from vaecf.errors import DataError, RunError
+from vaecf.storage import checkpoint
 
 REPREPARE = "prepare the dataset again"
 

@@ -67,7 +67,7 @@ def test_killed_train_resumes_to_the_same_weights_bit_for_bit(runner, tmp_path):
     d = TrainDrill(epochs=3)
     d.setup(tmp_path, runner)
     # item 7: the run directory's files have the modes an ordinary write would (not 0600)
-    from vaecf.safewrite import current_umask
+    from vaecf.storage.safewrite import current_umask
 
     mask = current_umask()
     assert {f.name: f.stat().st_mode & 0o777 for f in d.ref.iterdir()} == {

@@ -17,8 +17,8 @@ import pytest
 import scipy.sparse as sp
 from drillkit import Tmpfs, can_mount, drill_env
 
-from vaecf import safewrite, writelock
 from vaecf.errors import BusyError, DataError, WriteError
+from vaecf.storage import safewrite, writelock
 
 
 @pytest.fixture
@@ -171,7 +171,7 @@ def test_full_disk_is_a_write_error_naming_the_path(small_fs):
 # -- one writer ----------------------------------------------------------------------------------
 HOLD = """
 import sys, time
-from vaecf.writelock import writer_lock
+from vaecf.storage.writelock import writer_lock
 with writer_lock(sys.argv[1], "holding it for a test"):
     print("held", flush=True)
     time.sleep(60)

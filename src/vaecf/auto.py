@@ -27,8 +27,8 @@ from vaecf.data.prepare import PreparedDataset
 from vaecf.errors import ConfigError, RunError
 from vaecf.evaluate import evaluate_model, metrics_with, model_scores, per_user_metric
 from vaecf.modelconfigs import LINEAR_CV_BETAS, AutoConfig
-from vaecf.safewrite import atomic_file, write_json
 from vaecf.settings import spelled
+from vaecf.storage.safewrite import atomic_file, write_json
 from vaecf.trainer import RunResult, train
 
 BLEND_WEIGHTS = [0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9]

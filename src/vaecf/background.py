@@ -2,10 +2,11 @@
 
 `snapshot(obj)` copies every tensor of a nested state (model, optimizers, RNG) to host memory,
 so training may go on changing the originals. `CheckpointWriter` writes snapshots one at a time,
-in submission order, on one background thread, each atomically (vaecf.checkpoint.save): never
-two writes at once, and a later file never lands before an earlier one (best.pt before the
-last.pt that records it). A failed write is raised in the training thread at the next submit or
-at `close()`. It counts the bytes and the seconds the training thread waited.
+in submission order, on one background thread, each atomically
+(vaecf.storage.checkpoint.save): never two writes at once, and a later file never lands before
+an earlier one (best.pt before the last.pt that records it). A failed write is raised in the
+training thread at the next submit or at `close()`. It counts the bytes and the seconds the
+training thread waited.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from pathlib import Path
 
 import torch
 
-from vaecf import checkpoint
+from vaecf.storage import checkpoint
 
 
 def snapshot(obj):

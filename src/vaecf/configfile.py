@@ -127,7 +127,7 @@ def dumps(
 
 def write(path: str | os.PathLike, *args, **kwargs) -> None:
     """Write `dumps(*args, **kwargs)` to `path` atomically."""
-    from vaecf.safewrite import atomic_file
+    from vaecf.storage.safewrite import atomic_file
 
     with atomic_file(path, "w") as f:
         f.write(dumps(*args, **kwargs))

@@ -13,7 +13,7 @@ from vaecf.data.matrix import CSR
 from vaecf.data.prepare import PrepareSettings, prepare_csv
 from vaecf.evaluate import evaluate_scores, popularity_scores
 from vaecf.recommender import Recommender
-from vaecf.safewrite import atomic_file
+from vaecf.storage.safewrite import atomic_file
 from vaecf.training import train
 
 

@@ -26,7 +26,7 @@ from vaecf import rundir
 from vaecf.data.matrix import SparseBatch
 from vaecf.errors import ConfigError
 from vaecf.models.base import Model
-from vaecf.safewrite import current_umask, free_bytes, no_space_error
+from vaecf.storage.safewrite import current_umask, free_bytes, no_space_error
 
 MAX_BYTES = 2_000_000_000  # protobuf's limit on one ONNX file
 

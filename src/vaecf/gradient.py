@@ -15,7 +15,7 @@ import scipy.sparse as sp
 import torch
 from tqdm.auto import tqdm
 
-from vaecf import checkpoint, footprint, graphs, memory, resume, rundir
+from vaecf import footprint, graphs, memory, resume, rundir
 from vaecf import precision as prec
 from vaecf.background import CheckpointWriter, snapshot
 from vaecf.data.matrix import CSR, prefetch_batches
@@ -25,6 +25,7 @@ from vaecf.models.base import LossModule
 from vaecf.run import Run, RunResult
 from vaecf.settings import spelled
 from vaecf.specs import FORECAST_MARGIN
+from vaecf.storage import checkpoint
 
 
 class TrainingDiverged(RuntimeError):

@@ -129,8 +129,8 @@ class Recommender:
 
         import polars as pl
 
-        from vaecf.safewrite import atomic_dir, atomic_file, write_json
-        from vaecf.writelock import writer_lock
+        from vaecf.storage.safewrite import atomic_dir, atomic_file, write_json
+        from vaecf.storage.writelock import writer_lock
 
         if self.precision not in ("fp32", "tf32"):
             raise ConfigError(

@@ -15,10 +15,11 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
-from vaecf import checkpoint, distributed, rundir
+from vaecf import distributed, rundir
 from vaecf.background import CheckpointWriter, snapshot
 from vaecf.errors import RunError
-from vaecf.safewrite import atomic_file
+from vaecf.storage import checkpoint
+from vaecf.storage.safewrite import atomic_file
 
 
 class StopRequests:

@@ -19,7 +19,7 @@ import scipy.sparse as sp
 import torch
 from tqdm.auto import tqdm
 
-from vaecf import checkpoint, distributed, models, rundir
+from vaecf import distributed, models, rundir
 from vaecf import precision as prec
 from vaecf.config import TrainConfig
 from vaecf.data.matrix import CSR
@@ -28,7 +28,8 @@ from vaecf.errors import RunError
 from vaecf.evaluate import evaluate_model, metrics_with
 from vaecf.models import Model
 from vaecf.runtime import tune_cpu_allocator
-from vaecf.safewrite import atomic_file, write_json
+from vaecf.storage import checkpoint
+from vaecf.storage.safewrite import atomic_file, write_json
 
 
 @dataclass

@@ -29,9 +29,10 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from vaecf import checkpoint, configfile, specs
+from vaecf import configfile, specs
 from vaecf.errors import RunError
-from vaecf.safewrite import atomic_file, write_json
+from vaecf.storage import checkpoint
+from vaecf.storage.safewrite import atomic_file, write_json
 
 CONFIG = "config.json"
 CONFIG_TOML = "config.toml"

@@ -45,15 +45,15 @@ from vaecf.errors import DataError, WriteError
 from vaecf.evaluate import SCORE_BUDGET
 from vaecf.memory import gib
 from vaecf.recommender import Recommender
-from vaecf.safewrite import (
+from vaecf.settings import spelled
+from vaecf.storage.safewrite import (
     current_umask,
     free_bytes,
     fsync_dir,
     no_space_error,
     sweep_temps,
 )
-from vaecf.settings import spelled
-from vaecf.writelock import writer_lock
+from vaecf.storage.writelock import writer_lock
 
 IDX = "__vaecf_item_index"
 # bytes per output row, with room to spare (measured on ml-latest-small at k=100: 5.0 in

@@ -21,7 +21,7 @@ from vaecf.models import Model
 from vaecf.run import ClosedFormFit, RunResult
 from vaecf.settings import spelled
 from vaecf.specs import SPECS
-from vaecf.writelock import writer_lock
+from vaecf.storage.writelock import writer_lock
 
 __all__ = [
     "RESUME_MAY_CHANGE",
@@ -55,7 +55,8 @@ load_run_config = rundir.load_config  # vaecf 0.1 name
 
 
 def _leftover(path: Path) -> bool:
-    """A temp file of an interrupted atomic write (vaecf.safewrite.atomic_file's `.NAME.*.tmp`)."""
+    """A temp file of an interrupted atomic write (`.NAME.*.tmp`, as
+    vaecf.storage.safewrite.atomic_file names it)."""
     return path.is_file() and path.name.startswith(".") and path.name.endswith(".tmp")
 
 

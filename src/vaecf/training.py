@@ -14,8 +14,8 @@ from vaecf import models, trainer
 from vaecf.auto import saved_settings, train_auto
 from vaecf.config import TrainConfig
 from vaecf.data.prepare import PreparedDataset
+from vaecf.storage.writelock import writer_lock
 from vaecf.trainer import RunResult
-from vaecf.writelock import writer_lock
 
 
 def train(

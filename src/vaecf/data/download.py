@@ -27,7 +27,7 @@ from pathlib import Path
 from vaecf.data.archive import ARCHIVE_SUFFIXES, extract, is_archive
 from vaecf.data.registry import DatasetSpec, RemoteFile, raw_dir
 from vaecf.errors import DataError
-from vaecf.safewrite import write_json
+from vaecf.storage.safewrite import write_json
 
 CHUNK = 1 << 20
 RECORD = "download.json"

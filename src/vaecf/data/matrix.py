@@ -15,7 +15,7 @@ import numpy as np
 import scipy.sparse as sp
 import torch
 
-from vaecf.safewrite import load_csr, save_csr  # noqa: F401  (CSR <-> disk, torch-free)
+from vaecf.storage.safewrite import load_csr, save_csr  # noqa: F401  (CSR <-> disk, torch-free)
 
 
 @dataclass

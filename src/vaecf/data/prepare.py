@@ -40,10 +40,10 @@ from vaecf.data.preprocess import (
 from vaecf.data.sources import ITEM, NAME, RATING, USER, check_columns, found_sep, read_table
 from vaecf.data.vocab import Vocabulary
 from vaecf.errors import DataError
-from vaecf.safewrite import atomic_dir, atomic_file, save_csr, sweep_temps, write_json
 from vaecf.settings import spelled
+from vaecf.storage.safewrite import atomic_dir, atomic_file, save_csr, sweep_temps, write_json
+from vaecf.storage.writelock import writer_lock
 from vaecf.version import __version__
-from vaecf.writelock import writer_lock
 
 __all__ = [
     "FORMAT_VERSION",

@@ -26,7 +26,7 @@ from vaecf.data import files
 from vaecf.data.sources import ITEM
 from vaecf.data.vocab import Vocabulary, load_item_names
 from vaecf.errors import DataError
-from vaecf.safewrite import load_csr
+from vaecf.storage.safewrite import load_csr
 
 FORMAT_VERSION = 2  # 2: per-file checksums in the manifest; part of the fingerprint
 SPLIT_FILES = ("train", "validation_tr", "validation_te", "test_tr", "test_te")

@@ -13,7 +13,7 @@ import numpy as np
 import polars as pl
 
 from vaecf.errors import DataError
-from vaecf.safewrite import atomic_file
+from vaecf.storage.safewrite import atomic_file
 
 # The one spelling of an integer id as text: Python's str(int), so "10" is item 10 and "010",
 # "-0", "+10" are no item; at most 19 digits (an int64), so no long text reaches int().

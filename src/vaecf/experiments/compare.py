@@ -27,7 +27,7 @@ from pathlib import Path
 
 from vaecf import configfile, models, rundir
 from vaecf.errors import ConfigError, RunError
-from vaecf.safewrite import atomic_file, write_json
+from vaecf.storage.safewrite import atomic_file, write_json
 
 METRICS = ("ndcg@100", "recall@20", "recall@50")
 

@@ -9,7 +9,7 @@ from pathlib import Path
 def save_figure(fig, path: Path) -> Path:
     """Write `fig` to `path` (the format its suffix names; PNG, and a .png suffix, without one)
     atomically: a process killed while drawing leaves the previous picture, never a torn one."""
-    from vaecf.safewrite import atomic_file
+    from vaecf.storage.safewrite import atomic_file
 
     if not path.suffix:
         path = path.with_name(path.name + ".png")

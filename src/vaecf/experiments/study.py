@@ -17,7 +17,7 @@ from pathlib import Path
 from vaecf import rundir
 from vaecf.errors import RunError, VaecfError, WriteError
 from vaecf.experiments.space import require_optuna
-from vaecf.safewrite import atomic_file, disk_full_in, write_json
+from vaecf.storage.safewrite import atomic_file, disk_full_in, write_json
 
 STUDY_DB = "study.db"
 TRIALS = "trials"

@@ -61,7 +61,7 @@ from vaecf.experiments.study import (
     trial_rows,
     write_csv,
 )
-from vaecf.safewrite import write_json
+from vaecf.storage.safewrite import write_json
 
 
 class _Stopped(Exception):
@@ -231,7 +231,7 @@ class _Objective:
 def _checkpointed_epoch(run: Path) -> float:
     """The last epoch a run can continue from: all of them when it finished, else last.pt's
     (metrics.jsonl may hold later epochs, which the trainer drops and trains again)."""
-    from vaecf import checkpoint
+    from vaecf.storage import checkpoint
 
     if (run / rundir.RESULTS).is_file():
         return math.inf

@@ -14,7 +14,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from vaecf.errors import BusyError
-from vaecf.safewrite import free_bytes, no_space_error
+from vaecf.storage.safewrite import free_bytes, no_space_error
 
 
 def process_start_time(pid: int) -> str | None:

@@ -15,7 +15,7 @@ from pathlib import Path
 import torch
 
 from vaecf.errors import RunError
-from vaecf.safewrite import atomic_file
+from vaecf.storage.safewrite import atomic_file
 
 MAGIC = "vaecf-checkpoint-1"
 FOOTER = b"VAECFSUM"
