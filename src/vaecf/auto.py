@@ -172,16 +172,23 @@ def fit_candidates(ds, cfg: TrainConfig, out: Path, auto: AutoConfig, t_start: f
         record.append(row)
         fitted[name] = res
         log(f"auto: {name} validation {metric} {res.validation_metrics[metric]:.4f} ({how})")
-    spent = [r["model"] for r in record if "budget" in r.get("skipped", "")]
-    if len(fitted) == 1 and spent:
-        (only,) = fitted
-        took = next(r["seconds"] for r in record if r["model"] == only)
-        log(
-            f"auto: only {only} was judged: the budget ({cfg.budget:.0f} s) left no time for "
-            f"{', '.join(spent)}; {only} alone took {took:.0f} s, so "
-            f"{spelled('budget', round(3 * took))} or more lets auto compare it with them"
-        )
+    if len(fitted) == 1:
+        _say_if_alone(record, cfg.budget, log)
     return record, fitted
+
+
+def _say_if_alone(record: list[dict], budget: float, log) -> None:
+    """Where the budget let one candidate alone be judged: which were left out, and a budget
+    that would compare them."""
+    spent = [r["model"] for r in record if "budget" in r.get("skipped", "")]
+    if not spent:
+        return
+    (only,) = [r for r in record if "seconds" in r]
+    log(
+        f"auto: only {only['model']} was judged: the budget ({budget:.0f} s) left no time for "
+        f"{', '.join(spent)}; {only['model']} alone took {only['seconds']:.0f} s, so "
+        f"{spelled('budget', round(3 * only['seconds']))} or more lets auto compare it with them"
+    )
 
 
 def chosen_cv(run_dir: Path) -> dict:

@@ -208,6 +208,18 @@ def _split_settings(model: str, settings: dict):
     return train, model_cfg
 
 
+def _say_plan(found: str, model: str, cfg, run_dir: Path) -> None:
+    """What fit prints before training: the columns and separator it found, the budget, and
+    where the run is kept."""
+    if found:
+        print(f"vaecf.fit: {found}", flush=True)
+    print(
+        f"vaecf.fit: {model} within {cfg.budget:.0f} s; the run is kept in {run_dir} "
+        "(resume=True continues it if interrupted)",
+        flush=True,
+    )
+
+
 def default_budget(n_rows: int) -> float:
     """fit's wall-time budget in seconds when none is given: 60 s up to 100,000 interactions,
     plus 60 s for each further million (ML-1M's 1,000,209 ratings: 114 s)."""
@@ -284,15 +296,10 @@ def fit(
     if train_cfg.budget is None:
         left = default_budget(frame.height) - (time.perf_counter() - t0)
         train_cfg.budget = round(max(1.0, left), 1)  # a tenth of a second: shown in the card
-    given = {"user": user_col, "item": item_col, "rating": rating_col}
-    found = found_by_name(given, used, used.get("sep"), min_rating)
-    if train_cfg.progress and found:
-        print(f"vaecf.fit: {found}", flush=True)
     if train_cfg.progress:
-        print(
-            f"vaecf.fit: {model} within {train_cfg.budget:.0f} s; the run is kept in "
-            f"{run_dir} (resume=True continues it if interrupted)",
-            flush=True,
+        given = {"user": user_col, "item": item_col, "rating": rating_col}
+        _say_plan(
+            found_by_name(given, used, used.get("sep"), min_rating), model, train_cfg, run_dir
         )
     try:
         train(ds, train_cfg, run_dir, model_config=model_cfg, model=model, resume=resume)

@@ -230,7 +230,7 @@ class Trainer(Run):
         )
         timing = {"setup_s": time.perf_counter() - t_setup, "train_s": 0.0, "validation_s": 0.0}
         self._last_saved = time.perf_counter()
-        deadline = None if cfg.budget is None else self.t_start + cfg.budget
+        deadline = self.deadline
         stop = resume.StopRequests(enabled=not self.ctx.enabled)
         try:
             with stop:

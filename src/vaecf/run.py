@@ -87,6 +87,13 @@ class Run:
         self.stopped: str | None = None  # why training ended: epochs, patience or budget
         self.facts: dict = {}  # what the fit chose for itself, recorded in results.json
 
+    @property
+    def deadline(self) -> float | None:
+        """The `time.perf_counter()` value at which the run's --budget ends (None: no budget),
+        counted from the run's start; the one place it is computed, for the closed-form fit and
+        the gradient loop alike."""
+        return None if self.cfg.budget is None else self.t_start + self.cfg.budget
+
     def check_memory(self) -> None:
         """Before the model is built: refuse what will not fit (closed-form models check
         inside their fit, where the solver is chosen)."""
@@ -214,7 +221,7 @@ class ClosedFormFit(Run):
         self.write_config()
         show = self.cfg.progress and self.ctx.is_main
         t0 = time.perf_counter()
-        budget = {} if self.cfg.budget is None else {"deadline": self.t_start + self.cfg.budget}
+        budget = {} if self.deadline is None else {"deadline": self.deadline}
         record = self.model.fit(
             self.ds.split("train"),
             validate=lambda m: self.validate(),

@@ -156,12 +156,32 @@ def register(sub) -> None:
     add_settings(ps, ServeSettings, skip=("run", "api_key", "admin_key"))
     ps.set_defaults(fn=cmd_serve)
 
+    register_score(sub)
+
+    px = sub.add_parser(
+        "export",
+        help="export a run's model (ONNX)",
+        description="Write the run's best model as ONNX: input `history` (batch, n_items) "
+        "float32 multi-hot in the column order of the run's items.parquet, output `scores` "
+        "(batch, n_items) raw scores (logits for Mult-VAE/DAE, RecVAE); dynamic batch axis. "
+        "The history is not masked in the graph. Checked against PyTorch with onnxruntime.",
+    )
+    px.add_argument("run", help="run directory written by `vaecf train`")
+    add_settings(px, ExportSettings)
+    px.add_argument("--out", help="output file (unset: RUN/model.onnx)")
+    px.add_argument("--no-check", action="store_true", help="skip the onnxruntime check")
+    px.add_argument("--json", action="store_true", help="print the result as JSON")
+    px.set_defaults(fn=cmd_export)
+
+
+def register_score(sub) -> None:
     pc = sub.add_parser(
         "score",
         help="top-k for every user of an interaction file, to Parquet/CSV",
         description="Recommend k items for every user of a history file (text, JSON or "
         "Parquet), in chunks of users (bounded memory), written atomically. Output columns: "
-        "the user column, rank, item_id, score; sorted by user then rank.",
+        "the user column, rank, item_id, score (and title, where the run names its items); "
+        "sorted by user then rank. A history keeps what the run's own preparation kept.",
     )
     pc.add_argument("run", help="run directory written by `vaecf train`")
     pc.add_argument("--input", required=True, help="interactions: CSV, TSV, JSON or Parquet")
@@ -186,18 +206,3 @@ def register(sub) -> None:
     pc.add_argument("--quiet", action="store_true", help="no progress bar")
     pc.add_argument("--json", action="store_true", help="print {users, rows, chunks, out}")
     pc.set_defaults(fn=cmd_score)
-
-    px = sub.add_parser(
-        "export",
-        help="export a run's model (ONNX)",
-        description="Write the run's best model as ONNX: input `history` (batch, n_items) "
-        "float32 multi-hot in the column order of the run's items.parquet, output `scores` "
-        "(batch, n_items) raw scores (logits for Mult-VAE/DAE, RecVAE); dynamic batch axis. "
-        "The history is not masked in the graph. Checked against PyTorch with onnxruntime.",
-    )
-    px.add_argument("run", help="run directory written by `vaecf train`")
-    add_settings(px, ExportSettings)
-    px.add_argument("--out", help="output file (unset: RUN/model.onnx)")
-    px.add_argument("--no-check", action="store_true", help="skip the onnxruntime check")
-    px.add_argument("--json", action="store_true", help="print the result as JSON")
-    px.set_defaults(fn=cmd_export)
