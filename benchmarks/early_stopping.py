@@ -29,11 +29,12 @@ from pathlib import Path
 import numpy as np
 
 import vaecf
-from vaecf import models, trainer
+from vaecf import models
 from vaecf.data import synthetic
 from vaecf.data.matrix import CSR
 from vaecf.evaluate import evaluate_model, metrics_with
 from vaecf.hardware import machine
+from vaecf.training import trainer
 
 METRIC = "ndcg@100"
 ROOT = Path(__file__).resolve().parents[1]

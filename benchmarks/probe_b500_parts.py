@@ -23,11 +23,12 @@ import time
 import numpy as np
 import torch
 
-from vaecf import bench, graphs, models
+from vaecf import bench, models
 from vaecf import precision as prec
 from vaecf.data.matrix import CSR
-from vaecf.gradient import make_optimizer
 from vaecf.hardware import device_name
+from vaecf.training import graphs
+from vaecf.training.gradient import make_optimizer
 
 
 def timed(fn, device: torch.device, replays: int) -> float:

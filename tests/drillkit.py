@@ -113,7 +113,7 @@ class ForkRunner:
     preload = (
         "vaecf.cli",
         "vaecf.data.prepare",
-        "vaecf.trainer",
+        "vaecf.training.trainer",
         "vaecf.storage.checkpoint",
         "torch._dynamo",
         "?optuna",

@@ -112,7 +112,7 @@ def test_auto_blends_and_skips_what_does_not_fit(ds, tmp_path, monkeypatch):
 
 
 def test_choose_asks_a_challenger_for_a_paired_lead():
-    from vaecf.auto import choose
+    from vaecf.training.auto import choose
 
     rng = np.random.default_rng(0)
     base = rng.uniform(0, 1, 400)
@@ -133,7 +133,7 @@ def test_choose_asks_a_challenger_for_a_paired_lead():
 
 
 def test_a_blend_is_judged_on_users_its_weight_was_not_chosen_on():
-    from vaecf.auto import choose, cross_fitted
+    from vaecf.training.auto import choose, cross_fitted
 
     rng = np.random.default_rng(1)
     base = rng.uniform(0, 1, 300)
@@ -164,7 +164,7 @@ def test_a_later_candidate_needs_a_tenth_of_the_budget(ds, tmp_path, monkeypatch
     """After the first candidate, one starts only with at least MIN_CANDIDATE_SHARE of the
     budget beyond the reserve: here the first takes 85% (a clock moved on), and the second,
     which 15% would have let start, is skipped."""
-    from vaecf import auto as auto_module
+    from vaecf.training import auto as auto_module
 
     clock, real_train, real_time = [0.0], auto_module.train, time.perf_counter
     monkeypatch.setattr(
@@ -192,7 +192,7 @@ def test_the_first_candidate_leaves_the_next_its_share(ds, tmp_path, monkeypatch
     """The first of several candidates is given the budget less the reserve and the next
     candidate's tenth, so that a slow first one (EDLAE on a loaded machine) cannot leave auto
     comparing nothing; the last is given all that is left."""
-    from vaecf import auto as auto_module
+    from vaecf.training import auto as auto_module
 
     given, real_train = [], auto_module.train
 

@@ -168,7 +168,7 @@ PRELOAD = (
     "vaecf",
     "vaecf.bench",
     "vaecf.cli",
-    "vaecf.trainer",
+    "vaecf.training.trainer",
     "vaecf.data.prepare",
     "vaecf.data.synthetic",
     "vaecf.recommender",

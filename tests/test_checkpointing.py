@@ -13,8 +13,8 @@ import torch
 from conftest import cpu_config
 
 import vaecf
-from vaecf.background import CheckpointWriter, snapshot
 from vaecf.storage import checkpoint
+from vaecf.training.background import CheckpointWriter, snapshot
 
 
 @pytest.fixture(scope="module")

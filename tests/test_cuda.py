@@ -100,9 +100,10 @@ def test_a_graphed_step_replays_the_eager_step(name, kernel):
     eval mode), RecVAE's with one graph per phase (3 encoder steps, 1 decoder step a batch)."""
     if not DEVICE.startswith("cuda"):
         pytest.skip("CUDA graphs need a GPU")
-    from vaecf import graphs, models
+    from vaecf import models
     from vaecf.bench import synthetic_csr
-    from vaecf.trainer import make_optimizer
+    from vaecf.training import graphs
+    from vaecf.training.trainer import make_optimizer
 
     m = synthetic_csr(3000, 800, 60_000, seed=4)
     csr = CSR.from_scipy(m, DEVICE)

@@ -299,7 +299,7 @@ def test_tune_ctrl_c_and_timeout_resume(tiny, tmp_path, monkeypatch):
 
 @pytest.mark.parametrize("name", ["multvae", "multdae", "recvae", "ease"])
 def test_search_spaces_give_valid_settings(tiny, name):
-    from vaecf.trainer import resolve_config
+    from vaecf.training.trainer import resolve_config
 
     study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=1))
     for _ in range(5):

@@ -8,10 +8,11 @@ import torch
 import torch.nn.functional as F
 
 import vaecf
-from vaecf import graphs, models, rundir
+from vaecf import models, rundir
 from vaecf.bench import synthetic_csr
 from vaecf.data.matrix import CSR
 from vaecf.models import first_layer
+from vaecf.training import graphs
 
 
 @pytest.fixture(scope="module")

@@ -30,7 +30,7 @@ from vaecf.models.neighbourhood import (
     popular_tier,
     rank_weights,
 )
-from vaecf.trainer import resolve_config
+from vaecf.training.trainer import resolve_config
 
 # every model fitted on its own (auto and blend are selections of these: tests/test_auto.py)
 NAMES = [n for n, m in models.MODELS.items() if m.family != "selection"]

@@ -6,7 +6,8 @@ import torch
 from conftest import cpu_config
 
 import vaecf
-from vaecf import background, footprint, memory, models
+from vaecf import memory, models
+from vaecf.training import background, footprint
 
 
 def free_bytes(n: int):

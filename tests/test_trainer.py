@@ -146,7 +146,7 @@ def test_fp16_trains_on_cpu_with_loss_scaling(small_ds, tmp_path):
 
 def test_fp16_scaler_skips_an_overflowing_step_and_backs_off():
     from vaecf import precision as prec
-    from vaecf.trainer import make_optimizer
+    from vaecf.training.trainer import make_optimizer
 
     torch.manual_seed(0)
     cpu = torch.device("cpu")
@@ -248,7 +248,7 @@ def test_fold_in_rows_join_the_training_rows_only_when_asked(small_ds, tmp_path,
     users' fold-in rows (exactly those, never their targets); without, on the first alone."""
     import scipy.sparse as sp
 
-    from vaecf.trainer import Trainer, resolve_config
+    from vaecf.training.trainer import Trainer, resolve_config
 
     n = {k: small_ds.split(k).shape[0] for k in ("train", "validation_tr", "test_tr")}
     for use in (False, True):

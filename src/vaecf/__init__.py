@@ -40,7 +40,7 @@ _EXPORTS = {
     "popularity_scores": "vaecf.evaluate",
     "Recommendation": "vaecf.recommender",
     "Recommender": "vaecf.recommender",
-    "RunResult": "vaecf.run",
+    "RunResult": "vaecf.training.run",
     "train": "vaecf.training",
 }
 _ALIASES = {"prepare": "prepare_dataset"}  # vaecf.prepare("ml-20m")

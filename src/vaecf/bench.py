@@ -19,7 +19,7 @@ import scipy.sparse as sp
 import torch
 from tqdm.auto import tqdm
 
-from vaecf import graphs, models, roofline
+from vaecf import models, roofline
 from vaecf import precision as prec
 from vaecf.data.matrix import CSR
 from vaecf.errors import ConfigError
@@ -27,6 +27,7 @@ from vaecf.models import first_layer
 from vaecf.models.multvae import MultAE
 from vaecf.models.serving import serving_copy
 from vaecf.runtime import tune_cpu_allocator
+from vaecf.training import graphs
 
 ML20M = {"users": 136_677, "items": 20_108, "nnz": 10_000_000}  # the paper's ML-20M training set
 
@@ -109,7 +110,7 @@ def bench_train(
     prec.check_precision(precision, dev)
     if dev.type == "cpu":
         tune_cpu_allocator()
-    from vaecf.trainer import make_optimizer
+    from vaecf.training.trainer import make_optimizer
 
     if data is None:
         data = synthetic_csr(users, items, nnz, seed)

@@ -340,7 +340,7 @@ def _digest(frame: pl.DataFrame) -> str:
 
 def _key(data_fingerprint: str, model: str, settings: dict) -> str:
     """The name of a fit's working directory: its data and the settings a resume keeps."""
-    from vaecf.trainer import RESUME_MAY_CHANGE
+    from vaecf.training.trainer import RESUME_MAY_CHANGE
 
     kept = {k: v for k, v in settings.items() if k not in RESUME_MAY_CHANGE}
     blob = json.dumps([data_fingerprint, model, kept], sort_keys=True, default=str)

@@ -1,6 +1,6 @@
 """Memory: what is free on a device and what limits it, one way of saying what a fit needs and
 refusing it, for a person, and which items fit when only some do (what each part holds is worked
-out beside it: vaecf.footprint, vaecf.models.linear, models.infae).
+out beside it: vaecf.training.footprint, vaecf.models.linear, models.infae).
 
 On the host the free memory is the least of three: the kernel's MemAvailable, what the process's
 address-space limit (`ulimit -v`, RLIMIT_AS) leaves above its present size (less what the

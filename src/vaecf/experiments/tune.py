@@ -248,7 +248,7 @@ def _run_one(study, objective: _Objective, log) -> None:
     import optuna
     from optuna.trial import TrialState
 
-    from vaecf.trainer import TrainingDiverged
+    from vaecf.training.trainer import TrainingDiverged
 
     trial = study.ask()
     t0 = time.monotonic()

@@ -60,7 +60,7 @@ class Model(nn.Module):
     # a `loss` free of host reads: each phase's step may be a CUDA graph (graphs.py)
     graph_step: ClassVar[bool] = False
     multinomial: ClassVar[bool] = False
-    # an unset `fold_in_rows` setting under --preset auto (gradient models: vaecf.run)
+    # an unset `fold_in_rows` setting under --preset auto (gradient models: vaecf.training.run)
     fold_in_default: ClassVar[bool] = False
 
     def __init_subclass__(cls, **kwargs) -> None:
@@ -134,7 +134,7 @@ class Model(nn.Module):
 
     def prepare_bytes(self) -> int:
         """Bytes `prepare` holds at its peak beyond the model's own tensors, for the memory
-        check before anything is allocated (vaecf.footprint); default none."""
+        check before anything is allocated (vaecf.training.footprint); default none."""
         return 0
 
     def first_layer_input(self) -> tuple[torch.Tensor, Callable] | None:

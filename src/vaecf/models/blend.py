@@ -1,5 +1,5 @@
 """Selection models: `blend`, a weighted mix of two fitted models' standardised scores, and
-`auto`, the declaration behind `--model auto` (vaecf.auto runs the selection; its run
+`auto`, the declaration behind `--model auto` (vaecf.training.auto runs the selection; its run
 directory then holds the winner, which may be a blend).
 
 A blend scores a history with each part, standardises each part's scores over the items (zero

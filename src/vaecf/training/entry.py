@@ -1,6 +1,6 @@
 """`vaecf.train`: the one entry point that trains any model into a run directory. `--model auto`
-goes to its selection (vaecf.auto), which fits each candidate through the trainer; every other
-model goes to the trainer (vaecf.trainer) directly."""
+goes to its selection (auto), which fits each candidate through the trainer; every other
+model goes to the trainer (vaecf.training.trainer) directly."""
 
 from __future__ import annotations
 
@@ -10,12 +10,13 @@ from pathlib import Path
 
 from tqdm.auto import tqdm
 
-from vaecf import models, trainer
-from vaecf.auto import saved_settings, train_auto
+from vaecf import models
 from vaecf.config import TrainConfig
 from vaecf.data.prepare import PreparedDataset
 from vaecf.storage.writelock import writer_lock
-from vaecf.trainer import RunResult
+from vaecf.training import trainer
+from vaecf.training.auto import saved_settings, train_auto
+from vaecf.training.trainer import RunResult
 
 
 def train(

@@ -1,6 +1,6 @@
 """vaecf.train for one model: its settings resolved (or, on a resume, the run's own, checked
-against what was given), the run directory claimed, then the fit: vaecf.run's `ClosedFormFit`
-for closed-form models, vaecf.gradient's `Trainer` for gradient models (epochs, precision, data
+against what was given), the run directory claimed, then the fit: run's `ClosedFormFit`
+for closed-form models, gradient's `Trainer` for gradient models (epochs, precision, data
 parallelism, checkpoints and bit-for-bit resume). The names other modules take from the fit
 are here too.
 """
@@ -16,12 +16,12 @@ from vaecf import distributed, models, rundir
 from vaecf.config import ANNEAL_SETTINGS, GRADIENT_SETTINGS, PATIENCE, TrainConfig, from_dict
 from vaecf.data.prepare import PreparedDataset
 from vaecf.errors import ConfigError, RunError
-from vaecf.gradient import Trainer, TrainingDiverged, make_optimizer
 from vaecf.models import Model
-from vaecf.run import ClosedFormFit, RunResult
 from vaecf.settings import spelled
 from vaecf.specs import SPECS
 from vaecf.storage.writelock import writer_lock
+from vaecf.training.gradient import Trainer, TrainingDiverged, make_optimizer
+from vaecf.training.run import ClosedFormFit, RunResult
 
 __all__ = [
     "RESUME_MAY_CHANGE",

@@ -1,6 +1,6 @@
-"""The gradient models' fit (`Trainer`, on vaecf.run's `Run`): epochs of phases (each phase steps
+"""The gradient models' fit (`Trainer`, on run's `Run`): epochs of phases (each phase steps
 its own optimizers), KL annealing, precision, CUDA graphs, data parallelism, checkpoints and
-bit-for-bit resume (what last.pt holds: vaecf.resume), early stopping and a time budget, model
+bit-for-bit resume (what last.pt holds: resume), early stopping and a time budget, model
 selection on validation, then the test.
 """
 
@@ -15,17 +15,18 @@ import scipy.sparse as sp
 import torch
 from tqdm.auto import tqdm
 
-from vaecf import footprint, graphs, memory, resume, rundir
+from vaecf import memory, rundir
 from vaecf import precision as prec
-from vaecf.background import CheckpointWriter, snapshot
 from vaecf.data.matrix import CSR, prefetch_batches
 from vaecf.errors import RunError
 from vaecf.models import Phase, first_layer
 from vaecf.models.base import LossModule
-from vaecf.run import Run, RunResult
 from vaecf.settings import spelled
 from vaecf.specs import FORECAST_MARGIN
 from vaecf.storage import checkpoint
+from vaecf.training import footprint, graphs, resume
+from vaecf.training.background import CheckpointWriter, snapshot
+from vaecf.training.run import Run, RunResult
 
 
 class TrainingDiverged(RuntimeError):
@@ -73,7 +74,7 @@ class Trainer(Run):
 
     def check_memory(self) -> None:
         """What training will hold, stated, and refused with the figures before anything large
-        is allocated (vaecf.footprint.check_training); where the background checkpoints' copies
+        is allocated (footprint.check_training); where the background checkpoints' copies
         do not fit, last.pt is written in the foreground."""
         self.background_checkpoints, plan = footprint.check_training(
             self.model_name,
@@ -89,7 +90,7 @@ class Trainer(Run):
 
     # -- run directory ------------------------------------------------------------------------
     def _save_last(self) -> None:
-        """last.pt now (and best.pt before it if the best model changed): vaecf.resume."""
+        """last.pt now (and best.pt before it if the best model changed): vaecf.training.resume."""
         self._last_saved = time.perf_counter()
         if not self.ctx.is_main:
             return

@@ -1,0 +1,19 @@
+"""Training: from a prepared dataset and settings to a run directory, for every model.
+
+entry.py       train(): `vaecf.train`, the one entry point (`--model auto` or one model)
+auto.py        `--model auto`: the candidates fitted, blended, the best kept on validation
+trainer.py     one model into a run directory: settings resolved, a resume checked, the fit
+gradient.py    Trainer: the gradient models' epochs, early stopping, the budget, selection
+run.py         Run: what every fit shares (device, validation, the test, results.json), the
+               closed-form fit, and the budget's one deadline
+resume.py      stopping a gradient run and resuming it (last.pt, the random state)
+footprint.py   what a gradient model's training will hold, checked before it starts
+background.py  checkpoint writes off the training loop
+graphs.py      a run's training steps as CUDA graphs
+"""
+
+from __future__ import annotations
+
+from vaecf.training.entry import train
+
+__all__ = ["train"]
