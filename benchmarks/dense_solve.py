@@ -27,7 +27,7 @@ import time
 
 import torch
 
-from vaecf.hardware import machine
+from vaecf.bench.hardware import machine
 from vaecf.models import linalg
 
 CHILD = r"""

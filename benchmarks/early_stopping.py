@@ -30,10 +30,10 @@ import numpy as np
 
 import vaecf
 from vaecf import models
+from vaecf.bench.hardware import machine
 from vaecf.data import synthetic
 from vaecf.data.matrix import CSR
 from vaecf.evaluate import evaluate_model, metrics_with
-from vaecf.hardware import machine
 from vaecf.training import trainer
 
 METRIC = "ndcg@100"

@@ -4,8 +4,8 @@
                                     [--l2 500] [--dtype float32]
                                     [--model ease|edlae] [--device cuda]
 
-The data is `vaecf.bench.synthetic_csr` (power-law items); the solve's cost depends only on the
-item count. Prints the CPU, the thread count, the dtype and the phases' seconds.
+The data is `vaecf.bench.speed.synthetic_csr` (power-law items); the solve's cost depends only
+on the item count. Prints the CPU, the thread count, the dtype and the phases' seconds.
 """
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ import time
 import torch
 
 from vaecf import models
-from vaecf.bench import add_shape_arguments, synthetic_csr
-from vaecf.hardware import device_name
+from vaecf.bench.hardware import device_name
+from vaecf.bench.speed import add_shape_arguments, synthetic_csr
 
 
 def main() -> int:

@@ -16,8 +16,9 @@ import argparse
 
 import torch
 
-from vaecf import bench, hardware
 from vaecf import precision as prec
+from vaecf.bench import hardware
+from vaecf.bench import speed as bench
 from vaecf.data.matrix import CSR
 from vaecf.models import first_layer
 

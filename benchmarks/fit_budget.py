@@ -29,12 +29,12 @@ import polars as pl
 
 import vaecf
 from vaecf import rundir
+from vaecf.bench.hardware import machine
 from vaecf.data import synthetic
 from vaecf.data.matrix import CSR
 from vaecf.data.prepared import PreparedDataset
 from vaecf.evaluate import evaluate_model
 from vaecf.fitting import default_budget
-from vaecf.hardware import machine
 
 ROOT = Path(__file__).resolve().parents[1]
 METRIC = "ndcg@100"

@@ -21,7 +21,7 @@ import sys
 import time
 from pathlib import Path
 
-from vaecf.hardware import machine
+from vaecf.bench.hardware import machine
 
 MODELS = {
     "infae": ["--model", "infae"],

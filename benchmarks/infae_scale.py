@@ -87,7 +87,7 @@ def main() -> int:
         print(json.dumps(one(a.one, a.items, a.ridge, a.dtype, a.search)))
         return 0
     what = f"9 + 2 lambdas on {a.search:,} validation users" if a.search else "one lambda"
-    from vaecf.hardware import cpu_name
+    from vaecf.bench.hardware import cpu_name
 
     print(f"CPU: {cpu_name()}; kernel {a.dtype}, {what}")
     print("| users | items | interactions | fit s | peak RSS GiB | estimate GiB |")

@@ -34,8 +34,8 @@ import torch
 
 import vaecf
 from vaecf import models
+from vaecf.bench.hardware import cpu_name, machine
 from vaecf.data import synthetic
-from vaecf.hardware import cpu_name, machine
 from vaecf.modelconfigs import LINEAR_CV_BETAS
 from vaecf.models.linalg import spd_inverse
 

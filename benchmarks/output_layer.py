@@ -20,8 +20,9 @@ import time
 
 import torch
 
-from vaecf import bench, hardware
 from vaecf import precision as prec
+from vaecf.bench import hardware
+from vaecf.bench import speed as bench
 from vaecf.data.matrix import CSR
 from vaecf.models import fused
 

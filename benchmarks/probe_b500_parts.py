@@ -23,10 +23,11 @@ import time
 import numpy as np
 import torch
 
-from vaecf import bench, models
+from vaecf import models
 from vaecf import precision as prec
+from vaecf.bench import speed as bench
+from vaecf.bench.hardware import device_name
 from vaecf.data.matrix import CSR
-from vaecf.hardware import device_name
 from vaecf.training import graphs
 from vaecf.training.gradient import make_optimizer
 

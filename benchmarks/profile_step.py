@@ -19,7 +19,7 @@ import argparse
 
 from torch.profiler import ProfilerActivity, profile, schedule
 
-from vaecf import bench
+from vaecf.bench import speed as bench
 
 
 def main() -> int:

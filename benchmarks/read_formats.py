@@ -27,7 +27,7 @@ WRITE = """
 import gzip, sys
 from pathlib import Path
 import numpy as np, polars as pl
-from vaecf import hardware
+from vaecf.bench import hardware
 from vaecf.data import files
 n, work = int(sys.argv[1]), Path(sys.argv[2])
 rng = np.random.default_rng(1)

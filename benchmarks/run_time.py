@@ -40,8 +40,8 @@ import numpy as np
 import polars as pl
 
 import vaecf
-from vaecf.bench import synthetic_csr
-from vaecf.hardware import cpu_name, device_name
+from vaecf.bench.hardware import cpu_name, device_name
+from vaecf.bench.speed import synthetic_csr
 from vaecf.precision import resolve_device
 
 ROOT = Path(__file__).resolve().parents[1]

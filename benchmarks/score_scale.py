@@ -27,8 +27,8 @@ import polars as pl
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 
-from vaecf.bench import ML20M, synthetic_csr  # noqa: E402
-from vaecf.hardware import cpu_name  # noqa: E402
+from vaecf.bench.hardware import cpu_name  # noqa: E402
+from vaecf.bench.speed import ML20M, synthetic_csr  # noqa: E402
 from vaecf.serve.fixtures import fresh_run  # noqa: E402
 
 

@@ -29,7 +29,7 @@ from pathlib import Path
 
 import numpy as np
 
-from vaecf.hardware import cpu_name
+from vaecf.bench.hardware import cpu_name
 from vaecf.recommender import Recommender
 from vaecf.serve.fixtures import fresh_run
 

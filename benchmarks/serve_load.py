@@ -34,7 +34,7 @@ from pathlib import Path
 import httpx
 from serve_client import ML20M_ITEMS, Connection, Server, pct
 
-from vaecf.bench import bench_infer
+from vaecf.bench.speed import bench_infer
 from vaecf.serve.fixtures import fresh_run
 
 

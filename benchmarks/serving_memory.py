@@ -77,7 +77,7 @@ def main() -> None:
     import torch
 
     from vaecf import precision as prec
-    from vaecf.hardware import cpu_name
+    from vaecf.bench.hardware import cpu_name
     from vaecf.serve.fixtures import fresh_run
 
     native = prec.native_bf16(torch.device("cpu"))

@@ -31,11 +31,11 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 
 from vaecf import models  # noqa: E402
-from vaecf.bench import bench_infer, synthetic_csr  # noqa: E402
+from vaecf.bench.hardware import cpu_name  # noqa: E402
+from vaecf.bench.speed import bench_infer, synthetic_csr  # noqa: E402
 from vaecf.data.matrix import CSR  # noqa: E402
 from vaecf.data.prepare import PreparedDataset  # noqa: E402
 from vaecf.evaluate import evaluate_model  # noqa: E402
-from vaecf.hardware import cpu_name  # noqa: E402
 from vaecf.models.serving import serving_copy  # noqa: E402
 from vaecf.precision import native_bf16  # noqa: E402
 from vaecf.rundir import load_config, load_model  # noqa: E402

@@ -97,7 +97,7 @@ def main() -> None:
             out = subprocess.run(cmd, env=env, check=True, capture_output=True, text=True)
             info = json.loads(out.stdout.strip().splitlines()[-1])
             times[label].append(info["seconds"])
-    from vaecf.hardware import cpu_name
+    from vaecf.bench.hardware import cpu_name
 
     print(f"CPU: {cpu_name()}, {os.cpu_count()} CPUs")
     print(f"{info['items']:,} items, X^T X with {info['gram_nnz']:,} non-zeros")

@@ -16,7 +16,8 @@ import argparse
 
 import torch
 
-from vaecf import bench, hardware
+from vaecf.bench import hardware
+from vaecf.bench import speed as bench
 
 
 def main() -> None:

@@ -24,8 +24,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from vaecf import bench, hardware
 from vaecf import precision as prec
+from vaecf.bench import hardware
+from vaecf.bench import speed as bench
 from vaecf.runtime import tune_cpu_allocator
 
 

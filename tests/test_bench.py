@@ -12,8 +12,8 @@ import sys
 import pytest
 import torch
 
-from vaecf import bench
 from vaecf import precision as prec
+from vaecf.bench import speed as bench
 from vaecf.models.multvae import ModelConfig, build_model
 
 

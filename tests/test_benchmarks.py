@@ -166,7 +166,7 @@ PRELOAD = (
     "httpx",
     "hypothesis",
     "vaecf",
-    "vaecf.bench",
+    "vaecf.bench.speed",
     "vaecf.cli",
     "vaecf.training.trainer",
     "vaecf.data.prepare",

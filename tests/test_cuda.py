@@ -101,7 +101,7 @@ def test_a_graphed_step_replays_the_eager_step(name, kernel):
     if not DEVICE.startswith("cuda"):
         pytest.skip("CUDA graphs need a GPU")
     from vaecf import models
-    from vaecf.bench import synthetic_csr
+    from vaecf.bench.speed import synthetic_csr
     from vaecf.training import graphs
     from vaecf.training.trainer import make_optimizer
 
@@ -160,7 +160,7 @@ def test_first_layer_kernels_and_the_fused_loss_equal_the_cpus(precision):
     """On the device, each first-layer kernel and the fused output layer (its GPU softmax)
     against the CPU's embedding_bag and chunked softmax: fp32 to 1e-5, bf16 within its
     rounding; forward and gradients."""
-    from vaecf.bench import synthetic_csr
+    from vaecf.bench.speed import synthetic_csr
     from vaecf.models.fused import linear_multinomial_nll
 
     m = synthetic_csr(2000, 3000, 80_000, seed=5)

@@ -9,7 +9,7 @@ import torch.nn.functional as F
 
 import vaecf
 from vaecf import models, rundir
-from vaecf.bench import synthetic_csr
+from vaecf.bench.speed import synthetic_csr
 from vaecf.data.matrix import CSR
 from vaecf.models import first_layer
 from vaecf.training import graphs

@@ -3,7 +3,8 @@ reports them: the shapes are the step's, the best layout is the fastest measured
 
 import torch
 
-from vaecf import models, roofline
+from vaecf import models
+from vaecf.bench import roofline
 
 
 def test_the_step_shapes_are_each_layers_three_products():

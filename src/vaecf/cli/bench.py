@@ -86,7 +86,8 @@ def cmd_demo(a) -> int:
 
 # -- bench --------------------------------------------------------------------------------------
 def cmd_bench(a) -> int:
-    from vaecf import bench, hardware
+    from vaecf.bench import hardware
+    from vaecf.bench import speed as bench
 
     s = from_args({"train": BenchTrain, "infer": BenchInfer, "eval": BenchEval}[a.what], a)
     if a.what == "train":
@@ -131,7 +132,7 @@ def cmd_bench(a) -> int:
         print_json(rows)
     else:
         from vaecf import precision as prec
-        from vaecf import roofline
+        from vaecf.bench import roofline
 
         cpu = prec.resolve_device(s.device).type == "cpu"
         print(format_infer(rows, roofline.read_bandwidth() if cpu else None, roofline.INT8_GOAL))
@@ -143,8 +144,9 @@ def cmd_bench(a) -> int:
 def print_rooflines(s, results) -> None:
     """On a CPU, each Mult-VAE/DAE step (fp32, and bf16 where native) against its dense
     products at this CPU's best rate."""
-    from vaecf import hardware, models, roofline
+    from vaecf import models
     from vaecf import precision as prec
+    from vaecf.bench import hardware, roofline
 
     dev = prec.resolve_device(s.device)
     if dev.type != "cpu" or s.model not in ("multvae", "multdae"):

@@ -19,8 +19,9 @@ import scipy.sparse as sp
 import torch
 from tqdm.auto import tqdm
 
-from vaecf import models, roofline
+from vaecf import models
 from vaecf import precision as prec
+from vaecf.bench import roofline
 from vaecf.data.matrix import CSR
 from vaecf.errors import ConfigError
 from vaecf.models import first_layer
