@@ -35,8 +35,8 @@ import torch
 import vaecf
 from vaecf import models
 from vaecf.bench.hardware import cpu_name, machine
+from vaecf.config.modelconfigs import LINEAR_CV_BETAS
 from vaecf.data import synthetic
-from vaecf.modelconfigs import LINEAR_CV_BETAS
 from vaecf.models.linalg import spd_inverse
 
 

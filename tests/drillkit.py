@@ -1229,7 +1229,8 @@ class TuneDrill(Drill):
     def _retrain(self, params: str) -> tuple:
         """(validation value, test metrics JSON) of `vaecf train` with a trial's settings."""
         if params not in self.retrained:
-            from vaecf import configfile, models
+            from vaecf import models
+            from vaecf.config import toml as configfile
             from vaecf.data.prepare import PreparedDataset
             from vaecf.experiments.space import parse_fixed, settings_of
             from vaecf.experiments.study import METRIC

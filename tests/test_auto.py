@@ -13,11 +13,11 @@ from conftest import cpu_config
 
 import vaecf
 from vaecf import memory, models
+from vaecf.config.specs import FAMILIES
 from vaecf.data.matrix import CSR
 from vaecf.errors import RunError
 from vaecf.evaluate import evaluate_model
 from vaecf.models.blend import standardise
-from vaecf.specs import FAMILIES
 
 
 def free_bytes(n: int):

@@ -648,7 +648,8 @@ def test_parser_help_and_data_verbs_do_not_import_torch(tmp_path):
 
 
 def test_model_classes_take_their_declarations_from_specs():
-    from vaecf import models, specs
+    from vaecf import models
+    from vaecf.config import specs
 
     assert list(models.MODELS) == list(specs.SPECS)
     for name, cls in models.MODELS.items():
@@ -661,6 +662,16 @@ def test_model_classes_take_their_declarations_from_specs():
         )
         assert cls.train_settings == spec.train_settings and cls.closed_form == spec.closed_form
     assert models.describe() == specs.describe()
+
+
+def test_output_cut_short_by_its_reader_ends_quietly():
+    """`vaecf models | head -1`: the reader leaves after a line; no BrokenPipeError traceback."""
+    p = subprocess.run(
+        f"{sys.executable} -m vaecf models | head -1", shell=True, capture_output=True, text=True,
+        timeout=120,
+    )  # fmt: skip
+    assert p.stdout.startswith("multvae") and len(p.stdout.splitlines()) == 1
+    assert "Traceback" not in p.stderr and "BrokenPipe" not in p.stderr, p.stderr
 
 
 def test_a_mistyped_flag_gets_the_verbs_nearest_flag_and_help(capsys):

@@ -12,12 +12,13 @@ from conftest import cpu_config
 from serve_helpers import client, running
 
 import vaecf
-from vaecf import configfile, models, rundir
+from vaecf import models, rundir
 from vaecf.cli import main
+from vaecf.config import toml as configfile
+from vaecf.config.specs import ANNEAL_SETTINGS, GRADIENT_SETTINGS
 from vaecf.data.matrix import CSR
 from vaecf.evaluate import evaluate_model
 from vaecf.serve.settings import ServeSettings
-from vaecf.specs import ANNEAL_SETTINGS, GRADIENT_SETTINGS
 
 SEARCHED = {  # a small search each: lambda and p, and beta from a grid (EDLAE); inf-AE's ridge
     "edlae": {"l2_grid": [10.0, 100.0], "dropout_grid": [0.0, 0.5], "popularity_grid": [0.0, 0.25]},

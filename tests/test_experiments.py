@@ -14,8 +14,9 @@ import pytest
 from scipy import stats
 
 import vaecf
-from vaecf import configfile, models, rundir
+from vaecf import models, rundir
 from vaecf.cli import main
+from vaecf.config import toml as configfile
 from vaecf.data import synthetic
 from vaecf.errors import ConfigError, RunError
 

@@ -1,6 +1,6 @@
 """Adding a model is its module plus one declaration: a toy model in a temporary module,
-declared with `vaecf.specs.register`, is found by the registry, `vaecf models`, the CLI's flags,
-TOML settings files, the model contract and `vaecf.fit`, with no other edit."""
+declared with `vaecf.config.specs.register`, is found by the registry, `vaecf models`, the CLI's
+flags, TOML settings files, the model contract and `vaecf.fit`, with no other edit."""
 
 from __future__ import annotations
 
@@ -13,8 +13,10 @@ import pandas as pd
 import pytest
 
 import vaecf
-from vaecf import configfile, models, specs
+from vaecf import models
 from vaecf.cli import build_parser, main
+from vaecf.config import specs
+from vaecf.config import toml as configfile
 
 TOY_MODULE = """
 from dataclasses import dataclass
@@ -22,9 +24,9 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from vaecf import specs
+from vaecf.config import specs
 from vaecf.models.base import Model
-from vaecf.settings import setting
+from vaecf.config.settings import setting
 
 
 @dataclass

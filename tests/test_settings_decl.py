@@ -1,5 +1,5 @@
 """One way to declare settings: every option of every verb takes its default, its choices and
-its help from a `setting()` declaration (vaecf.settings), or has none of them.
+its help from a `setting()` declaration (vaecf.config.settings), or has none of them.
 
 The rule the walk enforces, for every option of every (sub)parser of `vaecf.cli.build_parser()`:
 - argparse holds no default (None; False for a hand-written switch): a default lives in the
@@ -20,9 +20,9 @@ from dataclasses import MISSING, fields
 
 import pytest
 
-from vaecf import settings, specs
 from vaecf.cli import build_parser
 from vaecf.cli.options import add_settings, from_args
+from vaecf.config import settings, specs
 from vaecf.data import registry
 from vaecf.data.prepare import PROTOCOL_FIELDS, PrepareSettings
 from vaecf.serve.settings import ServeSettings

@@ -87,7 +87,7 @@ def test_patience_is_a_gradient_setting_and_the_paper_preset_trains_every_epoch(
     vaecf.train(ds, cpu_config(epochs=1, preset="paper"), tmp_path / "p")
     assert rundir.load_config(tmp_path / "p")["train"]["patience"] == 0
     vaecf.train(ds, cpu_config(epochs=1), tmp_path / "d")
-    assert rundir.load_config(tmp_path / "d")["train"]["patience"] == vaecf.config.PATIENCE
+    assert rundir.load_config(tmp_path / "d")["train"]["patience"] == vaecf.config.train.PATIENCE
 
 
 def test_an_auto_winner_keeps_its_own_epochs_on_its_card(ds, tmp_path):

@@ -23,7 +23,7 @@ calm_openblas()  # before scipy's OpenBLAS loads (vaecf.runtime)
 
 _EXPORTS = {
     "ModelConfig": "vaecf.config",
-    "PrepareSettings": "vaecf.config",
+    "PrepareSettings": "vaecf.data.prepare",
     "TrainConfig": "vaecf.config",
     "PreparedDataset": "vaecf.data.prepare",
     "load_prepared": "vaecf.data.prepare",

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import torch
 
-from vaecf.config import TrainConfig
+from vaecf.config.train import TrainConfig
 from vaecf.data import synthetic
 from vaecf.data.matrix import CSR
 from vaecf.data.prepare import PrepareSettings, prepare_csv

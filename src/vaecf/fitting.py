@@ -190,7 +190,7 @@ def _split_settings(model: str, settings: dict):
     """(TrainConfig, model config) from fit's keyword settings, each routed to the one that
     declares it."""
     from vaecf import models
-    from vaecf.config import TrainConfig
+    from vaecf.config.train import TrainConfig
 
     cls = models.get(model).Config
     train_keys = {f.name for f in fields(TrainConfig)}

@@ -7,8 +7,8 @@ import contextlib
 import torch
 
 from vaecf import runtime
+from vaecf.config.settings import TRAIN_PRECISIONS, spelled
 from vaecf.errors import ConfigError
-from vaecf.settings import TRAIN_PRECISIONS, spelled
 
 PRECISIONS = TRAIN_PRECISIONS
 

@@ -4,7 +4,7 @@
                     n_items, n_train_users}, "vaecf_version"}: every setting, resolved (a
                     search's choice too: EDLAE's lambda, p and beta as the fit chose them),
                     and of the training settings only those the model reads
-    config.toml     the same settings as a file for `vaecf train --config` (vaecf.configfile):
+    config.toml     the same settings as a file for `vaecf train --config` (vaecf.config.toml):
                     the run repeated from its own directory
     items.parquet   the item vocabulary (raw id of every model column)
     item_names.parquet  item_id, name: the items' names, where the dataset has them (optional)
@@ -29,7 +29,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from vaecf import configfile, specs
+from vaecf.config import specs
+from vaecf.config import toml as configfile
 from vaecf.errors import RunError
 from vaecf.storage import checkpoint
 from vaecf.storage.safewrite import atomic_file, write_json

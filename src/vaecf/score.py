@@ -37,6 +37,7 @@ import polars as pl
 import torch
 
 from vaecf import rundir
+from vaecf.config.settings import spelled
 from vaecf.data import files
 from vaecf.data.columns import ITEM_NAMES, RATING_NAMES, USER_NAMES, file_columns, guess_column
 from vaecf.data.sources import check_columns, found_sep, scan_table
@@ -45,7 +46,6 @@ from vaecf.errors import DataError, WriteError
 from vaecf.evaluate import SCORE_BUDGET
 from vaecf.memory import gib
 from vaecf.recommender import Recommender
-from vaecf.settings import spelled
 from vaecf.storage.safewrite import (
     current_umask,
     free_bytes,

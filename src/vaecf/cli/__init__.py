@@ -10,6 +10,7 @@ import argparse
 import errno
 import faulthandler
 import gc
+import os
 import sys
 
 from vaecf.cli import bench, data, experiments, serve, train
@@ -97,8 +98,8 @@ def main(argv: list[str] | None = None) -> int:
         print("\nstart with `vaecf demo`; `vaecf VERB --help` for a verb's flags", file=sys.stderr)
         return 2
     args = parser.parse_args(argv)
+    from vaecf.config.settings import READER
     from vaecf.errors import VaecfError
-    from vaecf.settings import READER
 
     reader = READER.set("cli")  # messages name flags, not keyword arguments
     try:
@@ -131,9 +132,15 @@ def command() -> int:
     took 3.3 s, 2.6 s with gc.freeze() last (5 runs each); `vaecf bench infer 100 --seconds
     0.1` 3.83 s, 3.47 s with it (farm-bench, medians of 8 pairs). A native crash (a fatal
     signal in a compiled library) prints the Python stack that reached it (faulthandler)
-    instead of dying without a word."""
+    instead of dying without a word; a reader that closes the output early (`vaecf models |
+    head`) ends it quietly, as other commands do."""
     faulthandler.enable()
-    rc = main()
+    try:
+        rc = main()
+        sys.stdout.flush()
+    except BrokenPipeError:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error at exit
+        return 141  # 128 + SIGPIPE, as a shell reports it
     gc.freeze()
     return rc
 

@@ -8,7 +8,14 @@ from typing import Literal
 
 from vaecf.cli.common import home, print_json
 from vaecf.cli.options import add_settings, from_args
-from vaecf.settings import Compute, ModelChoice, Scoring, ServingPrecision, TrainPrecision, setting
+from vaecf.config.settings import (
+    Compute,
+    ModelChoice,
+    Scoring,
+    ServingPrecision,
+    TrainPrecision,
+    setting,
+)
 
 ML20M_ITEMS = 20_108  # the default catalogue of the synthetic benchmarks: ML-20M's shape
 
@@ -161,7 +168,7 @@ def print_rooflines(s, results) -> None:
 
 
 def register(sub) -> None:
-    from vaecf.specs import SPECS
+    from vaecf.config.specs import SPECS
 
     pd = sub.add_parser(
         "demo",

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from vaecf.cli.common import print_json
 from vaecf.cli.options import add_columns_options, add_settings, from_args, given
-from vaecf.settings import setting
+from vaecf.config.settings import setting
 
 
 @dataclass

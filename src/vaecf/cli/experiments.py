@@ -9,7 +9,7 @@ from pathlib import Path
 
 from vaecf.cli.common import metrics_table, print_json
 from vaecf.cli.options import add_columns_options, add_settings, from_args
-from vaecf.settings import Compute, ModelChoice, flag, setting
+from vaecf.config.settings import Compute, ModelChoice, flag, setting
 
 
 @dataclass
@@ -24,7 +24,7 @@ class CompareSettings:
 
 # -- tune ---------------------------------------------------------------------------------------
 def cmd_tune(a) -> int:
-    from vaecf import configfile
+    from vaecf.config import toml as configfile
     from vaecf.experiments import space, study, tune
 
     s = from_args(TuneSettings, a)
@@ -183,7 +183,7 @@ def register(sub) -> None:
 
 
 def _register_tune(sub) -> None:
-    from vaecf.specs import SPECS
+    from vaecf.config.specs import SPECS
 
     pt = sub.add_parser(
         "tune",

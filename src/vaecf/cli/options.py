@@ -1,5 +1,6 @@
-"""Options derived from settings dataclasses (vaecf.settings): one declaration gives the flag,
-its type, its choices and its help; what the user set explicitly is kept apart from defaults."""
+"""Options derived from settings dataclasses (vaecf.config.settings): one declaration gives the
+flag, its type, its choices and its help; what the user set explicitly is kept apart from
+defaults."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import argparse
 import typing
 from dataclasses import MISSING, fields
 
-from vaecf.settings import choices_of, flag, hints
+from vaecf.config.settings import choices_of, flag, hints
 
 
 def _base_type(tp):

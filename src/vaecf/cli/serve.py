@@ -8,8 +8,8 @@ from typing import Literal
 
 from vaecf.cli.common import print_json
 from vaecf.cli.options import add_columns_options, add_settings, from_args
+from vaecf.config.settings import Scoring, setting
 from vaecf.errors import ConfigError
-from vaecf.settings import Scoring, setting
 
 
 def _need(extra: str, *modules: str) -> None:

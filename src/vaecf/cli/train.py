@@ -10,14 +10,14 @@ from typing import Literal
 
 from vaecf.cli.common import metrics_table, print_json, printable
 from vaecf.cli.options import add_settings, flag, from_args, given
+from vaecf.config.settings import Compute, ModelChoice, Scoring, ServingPrecision, setting
 from vaecf.errors import VaecfError
-from vaecf.settings import Compute, ModelChoice, Scoring, ServingPrecision, setting
 
 
 # -- train --------------------------------------------------------------------------------------
 def _model_settings() -> dict[str, list[str]]:
     """Model name -> the names of its config's settings (model-specific options)."""
-    from vaecf.specs import SPECS
+    from vaecf.config.specs import SPECS
 
     return {
         name: [f.name for f in fields(spec.Config) if f.name != "model"]
@@ -26,7 +26,7 @@ def _model_settings() -> dict[str, list[str]]:
 
 
 def cmd_train(a) -> int:
-    from vaecf import configfile
+    from vaecf.config import toml as configfile
     from vaecf.errors import ConfigError
     from vaecf.training import train
 
@@ -58,7 +58,7 @@ def _settings(a, file, name: str):
     override the --config file, which overrides the defaults. A model flag of another model,
     or a resume asking other model settings than its run's, is refused."""
     from vaecf import models
-    from vaecf.config import TrainConfig
+    from vaecf.config.train import TrainConfig
     from vaecf.errors import ConfigError
 
     per_model = _model_settings()
@@ -115,7 +115,7 @@ def _report(res, as_json: bool) -> None:
 
 # -- models -------------------------------------------------------------------------------------
 def cmd_models(a) -> int:
-    from vaecf.specs import describe
+    from vaecf.config.specs import describe
 
     table = describe()
     if a.json:
@@ -272,8 +272,8 @@ def register(sub) -> None:
 
 
 def _register_train(sub) -> None:
-    from vaecf.config import TrainConfig
-    from vaecf.specs import SPECS
+    from vaecf.config.specs import SPECS
+    from vaecf.config.train import TrainConfig
 
     pt = sub.add_parser(
         "train",

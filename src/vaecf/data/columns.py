@@ -10,10 +10,10 @@ import json
 import re
 from pathlib import Path
 
+from vaecf.config.settings import READER, spelled
 from vaecf.data import files
 from vaecf.data.sources import scan_table, sep_for, sep_hint, sep_name, split_fields
 from vaecf.errors import DataError
-from vaecf.settings import READER, spelled
 
 # id and rating columns found by name where none is named (lower case, without separators), as
 # public datasets spell them: MovieLens userId/movieId, Amazon reviewerID/asin, H&M

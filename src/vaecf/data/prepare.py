@@ -19,6 +19,7 @@ from pathlib import Path
 import numpy as np
 import polars as pl
 
+from vaecf.config.settings import spelled
 from vaecf.data import files
 from vaecf.data.columns import resolve_columns
 from vaecf.data.prepared import (
@@ -40,7 +41,6 @@ from vaecf.data.preprocess import (
 from vaecf.data.sources import ITEM, NAME, RATING, USER, check_columns, found_sep, read_table
 from vaecf.data.vocab import Vocabulary
 from vaecf.errors import DataError
-from vaecf.settings import spelled
 from vaecf.storage.safewrite import atomic_dir, atomic_file, save_csr, sweep_temps, write_json
 from vaecf.storage.writelock import writer_lock
 from vaecf.version import __version__

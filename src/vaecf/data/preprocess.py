@@ -14,11 +14,11 @@ import numpy as np
 import polars as pl
 import scipy.sparse as sp
 
+from vaecf.config.settings import setting, spelled, validate_fields
 from vaecf.data import splits
 from vaecf.data.sources import ITEM, NAME, RATING, USER
 from vaecf.data.vocab import cut_names
 from vaecf.errors import DataError
-from vaecf.settings import setting, spelled, validate_fields
 
 # the settings that apply to one protocol only, and their defaults under it
 PROTOCOL_FIELDS = {

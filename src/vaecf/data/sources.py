@@ -15,10 +15,10 @@ from pathlib import Path
 
 import polars as pl
 
+from vaecf.config.settings import spelled
 from vaecf.data import files
 from vaecf.data.vocab import INT_ID
 from vaecf.errors import DataError
-from vaecf.settings import spelled
 
 USER, ITEM, RATING = "user_id", "item_id", "rating"
 NAME = "name"  # an item's display name (item names files; read_lastfm(names=True))

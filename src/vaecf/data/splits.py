@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from vaecf.config.settings import spelled
 from vaecf.errors import DataError
-from vaecf.settings import spelled
 
 
 def heldout_counts_liang(n_users: int, n_heldout: int) -> tuple[int, int, int]:

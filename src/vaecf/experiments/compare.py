@@ -25,7 +25,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from vaecf import configfile, models, rundir
+from vaecf import models, rundir
+from vaecf.config import toml as configfile
 from vaecf.errors import ConfigError, RunError
 from vaecf.storage.safewrite import atomic_file, write_json
 
@@ -118,7 +119,7 @@ def train_all(
 
 
 def _train_all(csv_path, out, entries, seeds, prepare, epochs, device, log) -> list[Record]:
-    from vaecf.config import TrainConfig
+    from vaecf.config.train import TrainConfig
     from vaecf.data.columns import found_by_name
     from vaecf.data.prepare import PrepareSettings, load_prepared, prepare_csv
     from vaecf.training import train

@@ -10,7 +10,8 @@ import os
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from vaecf import rundir, specs
+from vaecf import rundir
+from vaecf.config import specs
 from vaecf.errors import RunError
 from vaecf.experiments.figures import pyplot, save_figure
 

@@ -6,7 +6,8 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 
-from vaecf import configfile, models
+from vaecf import models
+from vaecf.config import toml as configfile
 from vaecf.errors import ConfigError
 
 SpaceFn = Callable[[object, int], dict]

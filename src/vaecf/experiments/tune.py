@@ -35,7 +35,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from vaecf import configfile, models, rundir
+from vaecf import models, rundir
+from vaecf.config import toml as configfile
 from vaecf.errors import ConfigError, RunError
 from vaecf.experiments.space import (
     SpaceFn,
@@ -173,7 +174,7 @@ class _Objective:
     def __call__(self, trial) -> float:
         import optuna
 
-        from vaecf.config import TrainConfig
+        from vaecf.config.train import TrainConfig
         from vaecf.training import train
 
         n_train = self.ds.manifest["counts"]["n_train_users"]

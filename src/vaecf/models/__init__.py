@@ -1,13 +1,13 @@
 """Models behind one contract (models/base.py), by registry name: `--model NAME`. What each
-model is (its settings and declaration) lives in vaecf.specs, which imports no torch; the
+model is (its settings and declaration) lives in vaecf.config.specs, which imports no torch; the
 registry (models/registry.py) finds each class from its declaration. A model class or its
 settings is here by name too (`vaecf.models.EASE`, `vaecf.models.EASEConfig`)."""
 
 from __future__ import annotations
 
+from vaecf.config.specs import SPECS, describe
 from vaecf.models.base import Model, Phase
 from vaecf.models.registry import MODELS, build, config_from_dict, config_to_dict, get
-from vaecf.specs import SPECS, describe
 
 __all__ = [
     "MODELS",

@@ -28,8 +28,8 @@ import torch
 from torch import nn
 
 from vaecf import precision as prec
+from vaecf.config.specs import GRADIENT_SETTINGS, Spec
 from vaecf.data.matrix import SparseBatch
-from vaecf.specs import GRADIENT_SETTINGS, Spec
 
 ScoreFn = Callable[[SparseBatch], torch.Tensor]  # batch -> (B, n_items) scores
 
@@ -46,8 +46,9 @@ class Phase:
 
 
 class Model(nn.Module):
-    # the declaration (vaecf.specs, torch-free); a class with a `spec` has its fields as class
-    # attributes: name, title, family, summary, Config, closed_form, trainable, train_settings
+    # the declaration (vaecf.config.specs, torch-free); a class with a `spec` has its fields as
+    # class attributes: name, title, family, summary, Config, closed_form, trainable,
+    # train_settings
     spec: ClassVar[Spec]
     name: ClassVar[str]  # registry name, `--model NAME`
     Config: ClassVar[type]  # the config dataclass

@@ -13,10 +13,10 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from vaecf import specs
+from vaecf.config import specs
+from vaecf.config.modelconfigs import BlendConfig
 from vaecf.data.matrix import SparseBatch
 from vaecf.errors import ConfigError
-from vaecf.modelconfigs import BlendConfig
 from vaecf.models.base import Model
 from vaecf.models.registry import build
 

@@ -18,10 +18,11 @@ import numpy as np
 import scipy.sparse as sp
 import torch
 
-from vaecf import memory, specs
+from vaecf import memory
+from vaecf.config import specs
+from vaecf.config.modelconfigs import EASEConfig, EDLAEConfig
 from vaecf.data.matrix import SparseBatch
 from vaecf.errors import ConfigError, RunError
-from vaecf.modelconfigs import EASEConfig, EDLAEConfig
 from vaecf.models import linalg
 from vaecf.models.base import Model
 from vaecf.models.linear import (

@@ -26,9 +26,9 @@ import scipy.sparse as sp
 import torch
 from torch import nn
 
-from vaecf import specs
+from vaecf.config import specs
+from vaecf.config.modelconfigs import HybridConfig
 from vaecf.data.matrix import CSR, SparseBatch
-from vaecf.modelconfigs import HybridConfig
 from vaecf.models.base import Phase
 from vaecf.models.ease import EDLAE
 from vaecf.models.fused import linear_multinomial_nll

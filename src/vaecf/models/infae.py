@@ -36,11 +36,12 @@ import numpy as np
 import scipy.sparse as sp
 import torch
 
-from vaecf import memory, specs
+from vaecf import memory
+from vaecf.config import specs
+from vaecf.config.modelconfigs import InfAEConfig
 from vaecf.data.matrix import CSR, SparseBatch
 from vaecf.errors import ConfigError, RunError
 from vaecf.evaluate import evaluate_scores, metrics_with
-from vaecf.modelconfigs import InfAEConfig
 from vaecf.models import first_layer
 from vaecf.models.base import Model
 from vaecf.models.linalg import NotPositiveDefinite, add_gram_, cholesky, cholesky_solve

@@ -18,9 +18,9 @@ from dataclasses import dataclass, field
 import scipy.sparse as sp
 import torch
 
+from vaecf.config.specs import FORECAST_MARGIN
 from vaecf.models.linear import beta_metrics, csr_on, linear_weights, pooled, restrict
 from vaecf.models.neighbourhood import dense_block, neighbour_weights, sparse_b_rows
-from vaecf.specs import FORECAST_MARGIN
 
 REFINE_STEP = 10**0.25  # the fast search's step around the coarse best: half a grid step
 

@@ -19,9 +19,10 @@ import torch.nn.functional as F
 from torch import nn
 
 from vaecf import precision as prec
-from vaecf import runtime, specs
+from vaecf import runtime
+from vaecf.config import specs
+from vaecf.config.modelconfigs import ModelConfig
 from vaecf.data.matrix import SparseBatch
-from vaecf.modelconfigs import ModelConfig
 from vaecf.models import first_layer
 from vaecf.models.base import Model, Phase, ScoreFn, l2_rows
 from vaecf.models.fused import linear_multinomial_nll

@@ -7,10 +7,10 @@ import numpy as np
 import scipy.sparse as sp
 import torch
 
-from vaecf import specs
+from vaecf.config import specs
+from vaecf.config.modelconfigs import PopularConfig
 from vaecf.data.matrix import SparseBatch
 from vaecf.errors import RunError
-from vaecf.modelconfigs import PopularConfig
 from vaecf.models.base import Model
 
 

@@ -22,9 +22,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from vaecf import specs
+from vaecf.config import specs
+from vaecf.config.modelconfigs import RecVAEConfig
 from vaecf.data.matrix import SparseBatch
-from vaecf.modelconfigs import RecVAEConfig
 from vaecf.models import first_layer
 from vaecf.models.base import Model, Phase, ScoreFn, l2_rows
 from vaecf.models.fused import linear_multinomial_nll

@@ -1,5 +1,5 @@
-"""The registry: every declared model (vaecf.specs.SPECS) by name, its class imported from the
-module its declaration names on first use. Adding a model is its module plus its declaration;
+"""The registry: every declared model (vaecf.config.specs.SPECS) by name, its class imported from
+the module its declaration names on first use. Adding a model is its module plus its declaration;
 `MODELS`, `--model`, `vaecf models`, TOML and `vaecf.fit` all read the declarations."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ import importlib
 from collections.abc import Iterator, Mapping
 from dataclasses import asdict, fields
 
+from vaecf.config.specs import SPECS, Spec
 from vaecf.errors import RunError
-from vaecf.specs import SPECS, Spec
 
 
 def model_class(spec: Spec) -> type:
@@ -23,7 +23,7 @@ def model_class(spec: Spec) -> type:
 
 class Registry(Mapping):
     """name -> model class, in the declarations' order, live: a model declared after import
-    (vaecf.specs.register) is here too."""
+    (vaecf.config.specs.register) is here too."""
 
     def __getitem__(self, name: str) -> type:
         return model_class(SPECS[name])

@@ -47,9 +47,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from vaecf import precision as prec
+from vaecf.config.settings import SERVING_PRECISIONS
 from vaecf.errors import ConfigError
 from vaecf.models.base import Model, ScoreFn
-from vaecf.settings import SERVING_PRECISIONS
 
 INT8_KERNEL_ROWS = 16  # without int8 x int8: batches up to this many use the weight-only kernel
 DEQ_ROWS = 2048  # and larger batches dequantize this many weight rows at a time

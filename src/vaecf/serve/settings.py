@@ -9,8 +9,8 @@ import os
 from dataclasses import dataclass
 from typing import Literal
 
+from vaecf.config.settings import Scoring, setting
 from vaecf.errors import ConfigError
-from vaecf.settings import Scoring, setting
 
 API_KEY_ENV = "VAECF_API_KEY"
 # the scoring worker turns at least this often when idle; /healthz calls it stuck after

@@ -21,13 +21,13 @@ import numpy as np
 
 from vaecf import models, rundir
 from vaecf import precision as prec
-from vaecf.config import ANNEAL_SETTINGS, GRADIENT_SETTINGS, TrainConfig, from_dict
+from vaecf.config.modelconfigs import LINEAR_CV_BETAS, AutoConfig
+from vaecf.config.settings import spelled
+from vaecf.config.train import ANNEAL_SETTINGS, GRADIENT_SETTINGS, TrainConfig, from_dict
 from vaecf.data.matrix import CSR
 from vaecf.data.prepare import PreparedDataset
 from vaecf.errors import ConfigError, RunError
 from vaecf.evaluate import evaluate_model, metrics_with, model_scores, per_user_metric
-from vaecf.modelconfigs import LINEAR_CV_BETAS, AutoConfig
-from vaecf.settings import spelled
 from vaecf.storage.safewrite import atomic_file, write_json
 from vaecf.training.trainer import RunResult, train
 

@@ -11,7 +11,7 @@ from pathlib import Path
 from tqdm.auto import tqdm
 
 from vaecf import models
-from vaecf.config import TrainConfig
+from vaecf.config.train import TrainConfig
 from vaecf.data.prepare import PreparedDataset
 from vaecf.storage.writelock import writer_lock
 from vaecf.training import trainer

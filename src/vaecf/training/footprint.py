@@ -23,7 +23,7 @@ import numpy as np
 import torch
 
 from vaecf import memory, models
-from vaecf.config import TrainConfig
+from vaecf.config.train import TrainConfig
 from vaecf.data.prepare import PreparedDataset
 from vaecf.distributed import DistContext
 from vaecf.errors import RunError

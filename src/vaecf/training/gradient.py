@@ -17,12 +17,12 @@ from tqdm.auto import tqdm
 
 from vaecf import memory, rundir
 from vaecf import precision as prec
+from vaecf.config.settings import spelled
+from vaecf.config.specs import FORECAST_MARGIN
 from vaecf.data.matrix import CSR, prefetch_batches
 from vaecf.errors import RunError
 from vaecf.models import Phase, first_layer
 from vaecf.models.base import LossModule
-from vaecf.settings import spelled
-from vaecf.specs import FORECAST_MARGIN
 from vaecf.storage import checkpoint
 from vaecf.training import footprint, graphs, resume
 from vaecf.training.background import CheckpointWriter, snapshot

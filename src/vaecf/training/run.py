@@ -21,7 +21,7 @@ from tqdm.auto import tqdm
 
 from vaecf import distributed, models, rundir
 from vaecf import precision as prec
-from vaecf.config import TrainConfig
+from vaecf.config.train import TrainConfig
 from vaecf.data.matrix import CSR
 from vaecf.data.prepare import PreparedDataset
 from vaecf.errors import RunError

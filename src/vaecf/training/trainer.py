@@ -13,12 +13,12 @@ from pathlib import Path
 import torch
 
 from vaecf import distributed, models, rundir
-from vaecf.config import ANNEAL_SETTINGS, GRADIENT_SETTINGS, PATIENCE, TrainConfig, from_dict
+from vaecf.config.settings import spelled
+from vaecf.config.specs import SPECS
+from vaecf.config.train import ANNEAL_SETTINGS, GRADIENT_SETTINGS, PATIENCE, TrainConfig, from_dict
 from vaecf.data.prepare import PreparedDataset
 from vaecf.errors import ConfigError, RunError
 from vaecf.models import Model
-from vaecf.settings import spelled
-from vaecf.specs import SPECS
 from vaecf.storage.writelock import writer_lock
 from vaecf.training.gradient import Trainer, TrainingDiverged, make_optimizer
 from vaecf.training.run import ClosedFormFit, RunResult

@@ -103,6 +103,6 @@ class Scoring:
 
 @dataclass
 class ModelChoice:
-    """The model a verb trains or times: a registry name (choices from vaecf.specs.SPECS)."""
+    """The model a verb trains or times: a registry name (choices from vaecf.config.specs.SPECS)."""
 
     model: str = setting("multvae", "`vaecf models` describes them")

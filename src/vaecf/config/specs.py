@@ -1,5 +1,5 @@
 """What the models are, without the models: every model's declaration (registry name, title,
-family, one line on what it is, its settings dataclass from `vaecf.modelconfigs`, which
+family, one line on what it is, its settings dataclass from `vaecf.config.modelconfigs`, which
 training settings it reads), importing no torch. The command line builds its options, choices
 and help from here, so `vaecf --help` and the data verbs start without torch; each model class
 (vaecf.models) takes its declaration from its `Spec`, so every fact is stated once.
@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import MISSING, dataclass, fields
 
-from vaecf.modelconfigs import (
+from vaecf.config.modelconfigs import (
     AutoConfig,
     BlendConfig,
     EASEConfig,

@@ -46,7 +46,7 @@ class RunSettings:
 
 
 def _train_fields() -> set[str]:
-    from vaecf.config import TrainConfig
+    from vaecf.config.train import TrainConfig
 
     return {f.name for f in fields(TrainConfig)} - set(NOT_IN_FILE)
 

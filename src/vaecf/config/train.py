@@ -1,7 +1,7 @@
-"""Settings as dataclasses. Each setting is declared once, with `setting()`: its type (the
-annotation), its default and its help; the command line's options and their help are derived
-from the declarations, and `validate_fields` checks the enumerations (`Literal` types) before
-any work starts.
+"""The training settings (`TrainConfig`), as dataclasses. Each setting is declared once, with
+`setting()`: its type (the annotation), its default and its help; the command line's options and
+their help are derived from the declarations, and `validate_fields` checks the enumerations
+(`Literal` types) before any work starts.
 
 Training settings left at None are resolved from the model and the data when a run starts
 (`Model.resolve_train`) and recorded, resolved, in the run's config.json.
@@ -12,11 +12,10 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, fields
 from typing import Literal
 
-from vaecf.data.prepare import PrepareSettings
+from vaecf.config.modelconfigs import ModelConfig
+from vaecf.config.settings import Compute, setting, spelled, validate_fields
+from vaecf.config.specs import ANNEAL_SETTINGS, GRADIENT_SETTINGS
 from vaecf.errors import ConfigError
-from vaecf.modelconfigs import ModelConfig
-from vaecf.settings import Compute, setting, spelled, validate_fields
-from vaecf.specs import ANNEAL_SETTINGS, GRADIENT_SETTINGS
 
 # Epochs without a better validation metric after which a gradient model stops (--preset auto).
 # Mult-VAE against its 200 epochs (benchmarks/README.md, "Early stopping"): test NDCG@100
@@ -136,7 +135,6 @@ __all__ = [
     "ANNEAL_SETTINGS",
     "GRADIENT_SETTINGS",
     "ModelConfig",
-    "PrepareSettings",
     "TrainConfig",
     "from_dict",
     "setting",

@@ -1,7 +1,7 @@
 """Every model's settings: its config dataclass (one declaration per setting: default, help and
 check) and the defaults they share (the linear models' grids and popularity penalty), importing
-no torch. `vaecf.specs` declares the models on these; the command line builds its options from
-them.
+no torch. `vaecf.config.specs` declares the models on these; the command line builds its options
+from them.
 """
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
+from vaecf.config.settings import setting, validate_fields
 from vaecf.errors import ConfigError
-from vaecf.settings import setting, validate_fields
 
 # EASE's lambda grid; p = 0 (EASE) is on EDLAE's dropout grid, so without the popularity
 # penalty the search can only match or beat EASE up to noise; Steck's notebook used 0.25 (MSD)
