@@ -47,9 +47,9 @@ def _subparsers(p: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser
 
 
 def _registry_names() -> list[str]:
-    from vaecf.data import registry
+    from vaecf.data import datasets
 
-    return list(registry.names())
+    return list(datasets.names())
 
 
 def commands() -> dict[str, argparse.ArgumentParser]:

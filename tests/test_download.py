@@ -16,7 +16,7 @@ import pytest
 
 from vaecf.data import archive
 from vaecf.data import download as dl
-from vaecf.data.registry import DatasetSpec, RemoteFile
+from vaecf.data.datasets import DatasetSpec, RemoteFile
 from vaecf.errors import DataError
 
 PAYLOAD = os.urandom(300_000) + b"userId,movieId\n" * 1000

@@ -23,7 +23,7 @@ import pytest
 from vaecf.cli import build_parser
 from vaecf.cli.options import add_settings, from_args
 from vaecf.config import settings, specs
-from vaecf.data import registry
+from vaecf.data import datasets
 from vaecf.data.prepare import PROTOCOL_FIELDS, PrepareSettings
 from vaecf.serve.settings import ServeSettings
 
@@ -50,9 +50,9 @@ def declared(prog: str, action):
     f = {f.name: f for f in fields(cls)}[name]
     default = f.default if f.default is not MISSING else f.default_factory()
     words = prog.split()
-    if cls is PrepareSettings and words[1:2] == ["prepare"] and words[2] in registry.SPECS:
+    if cls is PrepareSettings and words[1:2] == ["prepare"] and words[2] in datasets.SPECS:
         own = {k: v for p in PROTOCOL_FIELDS.values() for k, v in p.items()}
-        default = {**own, **registry.SPECS[words[2]].defaults}.get(name, default)
+        default = {**own, **datasets.SPECS[words[2]].defaults}.get(name, default)
     return f, default
 
 
@@ -74,7 +74,7 @@ def hand_written(help_text: str, choices, default) -> list[str]:
 
 def from_registry(choices) -> bool:
     names = [str(c) for c in choices]
-    return set(names) <= set(specs.SPECS) or names == registry.names()
+    return set(names) <= set(specs.SPECS) or names == datasets.names()
 
 
 def problems(parser: argparse.ArgumentParser) -> list[str]:
@@ -113,7 +113,7 @@ def test_the_walk_sees_every_verb_and_the_generated_options():
     progs = {prog for prog, _ in seen}
     for verb in ("serve", "score", "train", "evaluate", "bench train", "bench infer", "demo"):
         assert f"vaecf {verb}" in progs
-    assert {f"vaecf prepare {n}" for n in [*registry.names(), "csv"]} <= progs
+    assert {f"vaecf prepare {n}" for n in [*datasets.names(), "csv"]} <= progs
     assert hasattr(seen["vaecf serve", ("--port",)], "setting")
     assert hasattr(seen["vaecf prepare csv", ("--min-user-items",)], "setting")
 

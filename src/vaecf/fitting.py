@@ -37,8 +37,8 @@ from vaecf.data.columns import (
     guess_column,
     resolve_columns,
 )
+from vaecf.data.datasets import home
 from vaecf.data.prepare import PreparedDataset, PrepareSettings, fingerprint, prepare_frame
-from vaecf.data.registry import home
 from vaecf.data.sources import (
     ITEM,
     NAME,

@@ -93,12 +93,12 @@ def cmd_prepare_dataset(a) -> int:
 
 # -- download -----------------------------------------------------------------------------------
 def cmd_download(a) -> int:
-    from vaecf.data import registry
+    from vaecf.data import datasets
     from vaecf.data.download import download
 
-    spec = registry.get(a.name)
+    spec = datasets.get(a.name)
     records = download(spec, a.root, url=a.url, progress=not a.quiet)
-    d = registry.raw_dir(spec.name, a.root)
+    d = datasets.raw_dir(spec.name, a.root)
     if a.json:
         print_json({"dataset": spec.name, "dir": str(d), "files": records})
     else:
@@ -114,14 +114,14 @@ def cmd_download(a) -> int:
 def _dataset_info(a) -> int:
     from dataclasses import asdict
 
-    from vaecf.data import registry
+    from vaecf.data import datasets
     from vaecf.data.prepare import PreparedDataset
 
-    spec = registry.get(a.path)
-    d = registry.raw_dir(spec.name, a.root)
+    spec = datasets.get(a.path)
+    d = datasets.raw_dir(spec.name, a.root)
     raw = sorted(p.name for p in d.iterdir() if not p.name.startswith(".")) if d.is_dir() else []
     prepared = []
-    for p in sorted(registry.prepared_root(a.root).glob(f"{spec.name}-*")):
+    for p in sorted(datasets.prepared_root(a.root).glob(f"{spec.name}-*")):
         if (p / "manifest.json").is_file():
             m = PreparedDataset(p).manifest
             prepared.append({"path": str(p), "counts": m["counts"], "settings": m["settings"]})
@@ -157,10 +157,10 @@ def _dataset_info(a) -> int:
 
 
 def cmd_info(a) -> int:
-    from vaecf.data import registry
+    from vaecf.data import datasets
     from vaecf.data.prepare import PreparedDataset
 
-    if a.path in registry.SPECS and not Path(a.path).is_dir():
+    if a.path in datasets.SPECS and not Path(a.path).is_dir():
         return _dataset_info(a)
     if (Path(a.path) / "config.json").is_file():  # a run directory (vaecf.rundir.CONFIG)
         from vaecf.cli.runcard import print_card
@@ -277,14 +277,14 @@ def _register_prepare(sub) -> None:
     )
     pc.add_argument("--json", action="store_true", help="print the manifest as JSON")
     pc.set_defaults(fn=cmd_prepare)
-    from vaecf.data import registry
+    from vaecf.data import datasets
 
-    for name, spec in registry.SPECS.items():
+    for name, spec in datasets.SPECS.items():
         _add_dataset_prepare(psub, name, spec)
 
 
 def _register_download(sub) -> None:
-    from vaecf.data import registry
+    from vaecf.data import datasets
 
     pdl = sub.add_parser(
         "download",
@@ -295,9 +295,9 @@ def _register_download(sub) -> None:
     )
     pdl.add_argument(
         "name",
-        choices=registry.names(),
+        choices=datasets.names(),
         metavar="NAME",
-        help="one of: " + ", ".join(registry.names()),
+        help="one of: " + ", ".join(datasets.names()),
     )
     add_settings(pdl, DataPlaces)
     pdl.add_argument("--quiet", action="store_true", help="no progress bar")
@@ -306,7 +306,7 @@ def _register_download(sub) -> None:
 
 
 def _register_info(sub) -> None:
-    from vaecf.data import registry
+    from vaecf.data import datasets
 
     pi = sub.add_parser(
         "info", help="describe a prepared dataset, a registry dataset or a run (its model card)"
@@ -316,7 +316,7 @@ def _register_info(sub) -> None:
         metavar="NAME|DIR",
         help="prepared dataset directory, run directory (the model, its settings as fitted, "
         "the training settings it reads, its metrics), or a dataset name ("
-        + ", ".join(registry.names())
+        + ", ".join(datasets.names())
         + ")",
     )
     add_settings(pi, DataPlaces, only=("root",))

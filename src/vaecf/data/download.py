@@ -25,7 +25,7 @@ import urllib.request
 from pathlib import Path
 
 from vaecf.data.archive import ARCHIVE_SUFFIXES, extract, is_archive
-from vaecf.data.registry import DatasetSpec, RemoteFile, raw_dir
+from vaecf.data.datasets import DatasetSpec, RemoteFile, raw_dir
 from vaecf.errors import DataError
 from vaecf.storage.safewrite import write_json
 

@@ -316,8 +316,8 @@ def prepare_dataset(
     `out` defaults to <root>/prepared/<name>-<fingerprint>/; an existing directory with the same
     fingerprint is reused.
     """
+    from vaecf.data.datasets import get, prepared_root, raw_dir
     from vaecf.data.download import locate
-    from vaecf.data.registry import get, prepared_root, raw_dir
 
     spec = get(name)
     settings = settings or dataset_settings(name)

@@ -101,7 +101,7 @@ def dataset_settings(name: str, **overrides) -> PrepareSettings:
     setting that the resulting protocol does not use (e.g. heldout_users under "thesis") raises a
     DataError that says which settings apply.
     """
-    from vaecf.data.registry import get
+    from vaecf.data.datasets import get
 
     spec = get(name)
     fields = {**spec.defaults}

@@ -3,7 +3,7 @@
     settings.py   ServeSettings: address, auth, limits, micro-batching (one place, one default each)
     reload.py     ModelHolder: the model that answers, loaded, checked and swapped atomically
     batcher.py    MicroBatcher: concurrent requests gathered and scored as one batch, one thread
-    metrics.py    Prometheus counters and histograms of one app
+    prometheus.py Prometheus counters and histograms of one app
     schemas.py    request and response models (with the limits), JSON answers and errors
     service.py    Service: what the routes share, and the steps they take (score, answer, reload)
     guard.py      Guard: the one middleware: Host, keys, limits, metrics, no tracebacks to clients

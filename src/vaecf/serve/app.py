@@ -18,7 +18,7 @@ from vaecf.serve import admin, items, ops, page, recommend
 from vaecf.serve.batcher import MicroBatcher
 from vaecf.serve.guard import Guard
 from vaecf.serve.invalid import validation_error
-from vaecf.serve.metrics import Metrics
+from vaecf.serve.prometheus import Metrics
 from vaecf.serve.reload import ModelHolder
 from vaecf.serve.schemas import error
 from vaecf.serve.service import Service

@@ -13,8 +13,8 @@ import time
 from fastapi.responses import JSONResponse
 
 from vaecf.serve.batcher import client_gone
-from vaecf.serve.metrics import Metrics
 from vaecf.serve.page import PAGE_PATHS
+from vaecf.serve.prometheus import Metrics
 from vaecf.serve.schemas import error
 from vaecf.serve.service import CLIENT_CLOSED, busy
 from vaecf.serve.settings import ServeSettings, host_name

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from vaecf.data import registry
+from vaecf.data import datasets
 from vaecf.data.parsers import PARSERS
 from vaecf.data.prepare import PrepareSettings, dataset_settings
 from vaecf.errors import DataError
@@ -20,7 +20,7 @@ PUBLISHED_MD5 = {
 
 
 def test_every_dataset_the_issue_names_is_registered():
-    assert set(registry.names()) == {
+    assert set(datasets.names()) == {
         "ml-20m",
         "ml-1m",
         "ml-25m",
@@ -33,9 +33,9 @@ def test_every_dataset_the_issue_names_is_registered():
     }
 
 
-@pytest.mark.parametrize("name", registry.names())
+@pytest.mark.parametrize("name", datasets.names())
 def test_spec_is_complete(name):
-    spec = registry.get(name)
+    spec = datasets.get(name)
     assert spec.parser in PARSERS
     assert spec.raw_files and spec.homepage.startswith("http") and spec.licence and spec.size
     assert spec.files or spec.manual  # either a download or instructions
@@ -50,7 +50,7 @@ def test_spec_is_complete(name):
 
 @pytest.mark.parametrize("name, md5", PUBLISHED_MD5.items())
 def test_movielens_published_checksums(name, md5):
-    (f,) = registry.get(name).files
+    (f,) = datasets.get(name).files
     assert f.md5 == md5
     assert f.url == f"https://files.grouplens.org/datasets/movielens/{name}.zip"
 
@@ -80,7 +80,7 @@ def test_paper_protocols():
 
 
 def test_known_figures_of_ml20m():
-    k = registry.get("ml-20m").known
+    k = datasets.get("ml-20m").known
     assert k["raw_ratings"] == 20_000_263 and k["raw_users"] == 138_493
     assert k["paper_train_users"] == 136_677 and k["paper_items"] == 20_108
 
@@ -91,20 +91,20 @@ def test_overrides_and_unknown_names():
     with pytest.raises(DataError, match="unknown preprocessing setting"):
         dataset_settings("ml-20m", heldout=5)
     with pytest.raises(DataError, match="choose one of ml-20m"):
-        registry.get("ml-100m")
+        datasets.get("ml-100m")
 
 
 def test_netflix_has_no_download_and_says_how(tmp_path):
     from vaecf.data.download import download
 
     with pytest.raises(DataError, match="--source"):
-        download(registry.get("netflix"), tmp_path)
+        download(datasets.get("netflix"), tmp_path)
 
 
 def test_data_root(monkeypatch, tmp_path):
     monkeypatch.setenv("VAECF_HOME", str(tmp_path / "h"))
-    assert registry.home() == tmp_path / "h"
-    assert registry.raw_dir("ml-20m") == tmp_path / "h" / "raw" / "ml-20m"
-    assert registry.prepared_root("/x") == Path("/x") / "prepared"
+    assert datasets.home() == tmp_path / "h"
+    assert datasets.raw_dir("ml-20m") == tmp_path / "h" / "raw" / "ml-20m"
+    assert datasets.prepared_root("/x") == Path("/x") / "prepared"
     monkeypatch.delenv("VAECF_HOME")
-    assert registry.home() == Path.home() / ".cache" / "vaecf"
+    assert datasets.home() == Path.home() / ".cache" / "vaecf"
