@@ -2,16 +2,16 @@
 call of the linear family (EASE, EDLAE, the hybrid), the neighbourhood solver and inf-AE goes
 through this module (tests/test_linalg.py checks that no other module makes one).
 
-Why guarded: OpenBLAS's multithreaded SYRK (run by its own syrk, by potrf's trailing updates
-and by potri's lauum) packs each thread's share of the columns, GEMM_Q x share x itemsize
-bytes, into a fixed 32 MiB buffer with no bound check. On two threads the first thread's share
-is 0.71 n, so past a size set by the kernel's GEMM_Q it writes beyond the buffer: a SIGSEGV
-when the next page is unmapped, silently corrupted memory when it is not. Measured with
-scipy 1.17's OpenBLAS 0.3.30 on an Intel Emerald Rapids (SkylakeX kernels: GEMM_Q 448 float32,
-384 float64), two threads: spotrf crashes from 26,500 items on (26,000 finishes), dpotrf from
-16,000 (15,000 finishes); the Haswell kernels (GEMM_Q 320) from 40,000 float32 (32,602 runs).
-One thread takes the unthreaded path and never crashes, but took 240 s at 32,602 items
-against PyTorch's 148 s (`benchmarks/dense_solve.py`).
+Why guarded: OpenBLAS's multithreaded SYRK (run by its own syrk, by potrf's trailing updates and
+by potri's lauum) packs each thread's share of the columns, GEMM_Q x share x itemsize bytes,
+into a fixed 32 MiB buffer with no bound check. On two threads the first thread's share is 0.71
+n, so past a size set by the kernel's GEMM_Q it writes beyond the buffer: a SIGSEGV when the
+next page is unmapped, silently corrupted memory when it is not. Measured with scipy 1.17's
+OpenBLAS 0.3.30 on an Intel Emerald Rapids (SkylakeX kernels: GEMM_Q 448 float32, 384 float64),
+two threads: spotrf crashes from 26,500 items on (26,000 ran past the first update, where it
+crashes, without a fault), dpotrf from 16,000 (15,000 ran); the Haswell kernels (GEMM_Q 320)
+from 40,000 float32 (32,602 runs). One thread takes the unthreaded path and never crashes, but
+took 240 s at 32,602 items against PyTorch's 148 s (`benchmarks/dense_solve.py`).
 
 So scipy's LAPACK, the faster solver on these CPUs (1.24x PyTorch's at 20,000 items on that
 Intel, 1.86x on a Zen 3 at 5,000), is used only where the largest x86-64 kernel's buffer need

@@ -137,8 +137,11 @@ def fit_candidates(ds, cfg: TrainConfig, out: Path, auto: AutoConfig, t_start: f
         left = None if cfg.budget is None else cfg.budget - (time.perf_counter() - t_start)
         need = BUDGET_RESERVE + (MIN_CANDIDATE_SHARE if fitted else 0.0)
         given = left
+        room = MIN_CANDIDATE_SHARE * (cfg.budget or 0.0)  # the next candidate's: two judged
         if left is not None and not fitted and i + 1 < len(auto.candidates):
-            given = left - MIN_CANDIDATE_SHARE * cfg.budget  # the next candidate's room: two judged
+            # kept back only where this one still has its own tenth beyond the reserve
+            if left - room > (BUDGET_RESERVE + MIN_CANDIDATE_SHARE) * cfg.budget:
+                given = left - room
         if left is not None and left <= need * cfg.budget:
             record.append({**row, "skipped": f"the budget ({cfg.budget:.0f} s) was spent"})
             log(f"auto: {name} skipped, the budget is spent")

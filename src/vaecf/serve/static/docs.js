@@ -40,10 +40,9 @@ function parameters(op, spec) {
 }
 
 // a schema's first example as a block to copy, then the schema itself folded away
-function exampleFirst(schema, spec, open) {
+function exampleFirst(schema, spec) {
   const full = resolved(schema || {}, spec);
   const folded = el("details", {}, el("summary", { text: "schema" }), schemaBlock(schema || {}, spec));
-  if (open) folded.open = true;
   if (!Array.isArray(full.examples) || !full.examples.length) return [folded];
   const sample = el("pre", { class: "example", text: JSON.stringify(full.examples[0], null, 2) });
   return [el("p", { class: "label", text: "Example" }), sample, folded];
@@ -52,14 +51,14 @@ function exampleFirst(schema, spec, open) {
 function body(op, spec) {
   const content = ((op.requestBody || {}).content || {})["application/json"];
   if (!content) return [];
-  return [el("h4", { text: "Body (application/json)" }), ...exampleFirst(content.schema, spec, false)];
+  return [el("h4", { text: "Body (application/json)" }), ...exampleFirst(content.schema, spec)];
 }
 
 function answers(op, spec) {
   const items = Object.entries(op.responses || {}).map(([code, r]) => {
     const li = el("li", {}, el("code", { text: code }), " " + (r.description || ""));
     const json = (r.content || {})["application/json"];
-    if (json && json.schema && code.startsWith("2")) li.append(...exampleFirst(json.schema, spec, false));
+    if (json && json.schema && code.startsWith("2")) li.append(...exampleFirst(json.schema, spec));
     return li;
   });
   return [el("h4", { text: "Answers" }), el("ul", { class: "answers" }, ...items)];
