@@ -1,7 +1,7 @@
 """Crash, corruption and abuse drills: break vaecf on purpose many times and count what was lost.
 
 The test suite runs a small share of the same drills (tests/test_drills.py,
-tests/test_fuzz_parsers.py); the drill kit is tests/drillkit.py and tests/fuzzkit.py.
+tests/data/test_fuzz_parsers.py); the drill kit is benchmarks/drillkit.py and benchmarks/fuzzkit.py.
 
 - kill: `vaecf prepare` / `train` / `score` / `tune` / `compare` / `export` SIGKILLed at random
   moments (1-2 per trial), then rerun (`--resume` for train and tune); the output must be the old
@@ -28,17 +28,15 @@ from __future__ import annotations
 import argparse
 import io
 import random
-import sys
 import tempfile
 import time
 from contextlib import redirect_stderr, redirect_stdout
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(ROOT / "src"), str(ROOT / "tests")]
+import drillkit as dk  # the kits beside this script (tests/test_drills.py and
+import fuzzkit as fk  # tests/data/test_fuzz_parsers.py import them as benchmarks.*)
 
-import drillkit as dk  # noqa: E402
-import fuzzkit as fk  # noqa: E402
+ROOT = Path(__file__).resolve().parents[1]
 
 KILL_VERBS = ("prepare", "train", "score", "tune", "compare", "serve", "export")
 CLI_DATASET = {  # parser -> the `vaecf prepare` verb that reads it

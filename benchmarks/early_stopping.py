@@ -4,8 +4,8 @@ Does a patience keep the test NDCG@100 of the full run, and how much time does i
 each dataset, model and split seed, trains once for --epochs with no early stopping, scoring
 the test users after every epoch beside the validation users (the run's own choice of epoch
 still sees validation only). A run with `--patience P` is exactly that run's prefix (the same
-steps; tests/test_stopping.py checks it epoch for epoch), so every P is read off the curves:
-where it stops, its best validated epoch up to there, that epoch's test NDCG@100 against the
+steps; tests/training/test_stopping.py checks it epoch for epoch), so every P is read off the
+curves: where it stops, its best validated epoch up to there, that epoch's test NDCG@100 against the
 full run's best validated epoch's, and the share of the full run's training and validation time.
 
     python benchmarks/early_stopping.py --out DIR [--datasets ml-latest-small,filmtrust,ml-1m]
@@ -34,7 +34,7 @@ from vaecf.bench.hardware import machine
 from vaecf.data import synthetic
 from vaecf.data.matrix import CSR
 from vaecf.evaluate import evaluate_model, metrics_with
-from vaecf.training import trainer
+from vaecf.training import single
 
 METRIC = "ndcg@100"
 ROOT = Path(__file__).resolve().parents[1]
@@ -62,8 +62,8 @@ def prepare(name: str, seed: int, a) -> vaecf.PreparedDataset:
 def curve(ds, model: str, seed: int, epochs: int, out: Path) -> list[dict]:
     """Per epoch: seconds (training + validation), validation and test METRIC."""
     cfg = vaecf.TrainConfig(epochs=epochs, patience=0, progress=False, device="cpu")
-    cfg = trainer.resolve_config(cfg, models.get(model), ds.manifest["counts"]["n_train_users"])
-    run = trainer.Trainer(ds, cfg, model, models.config_from_dict(model), out)
+    cfg = single.resolve_config(cfg, models.get(model), ds.manifest["counts"]["n_train_users"])
+    run = single.GradientFit(ds, cfg, model, models.config_from_dict(model), out)
     test = tuple(CSR.from_scipy(ds.split(f"test_{p}")) for p in ("tr", "te"))
     rows, clock = [], [time.perf_counter()]
 

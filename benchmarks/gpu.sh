@@ -5,9 +5,9 @@
 #                              [large] [graphs] [recvae] [items] [run] [b500] [suite]
 #                              (default: tests bench)
 #
-# tests: tests/test_cuda.py and the trainer's CUDA test (every model and precision on the GPU
+# tests: tests/training/test_cuda.py and the trainer's CUDA test (every model and precision on the GPU
 #        against the CPU, the linear solvers, serving precisions, resume, torchrun with NCCL);
-# quick: the part of tests/test_cuda.py that the training step's kernels touch (~3 minutes);
+# quick: the part of tests/training/test_cuda.py that the training step's kernels touch (~3 minutes);
 # bench: training users/s beside the dense-input PyTorch reference on the same GPU (ML-20M
 #        shape, batch 500, every precision), RecVAE's step, and inference latency/throughput;
 # items: Mult-VAE and RecVAE training at 100,000 and 500,000 items (users/s, peak GPU memory);
@@ -59,14 +59,14 @@ for part in $parts; do
         # what the GPU path's changes since the last lend touch: the first layer's kernels and the
         # fused loss against the CPU, graphed steps replaying eager ones, bf16 runs against the CPU,
         # the epoch's last batch as a graph of its own, resume
-        timeout ${TESTS_TIMEOUT:-300} $py -m pytest tests/test_cuda.py -q -rA \
+        timeout ${TESTS_TIMEOUT:-300} $py -m pytest tests/training/test_cuda.py -q -rA \
             -k "graphed_step or first_layer_kernels or (trains_like and bf16) or smaller or resume" \
             2>&1 |
             tee "$out/tests_quick.log" | grep -E "passed|failed|error|PASSED|FAILED"
         ;;
     tests)
-        timeout ${TESTS_TIMEOUT:-420} $py -m pytest tests/test_cuda.py tests/test_graphs.py \
-            tests/test_trainer.py::test_cuda_matches_cpu_closely -q -s -rA 2>&1 |
+        timeout ${TESTS_TIMEOUT:-420} $py -m pytest tests/training/test_cuda.py tests/training/test_graphs.py \
+            tests/training/test_gradient.py::test_cuda_matches_cpu_closely -q -s -rA 2>&1 |
             tee "$out/tests.log" | grep -E "passed|failed|error|overlap|cpu fp32|full |ease|edlae"
         ;;
     bench)
@@ -145,8 +145,8 @@ for part in $parts; do
         ;;
     suite)
         # not in parallel: 8 xdist workers on one GPU gave no result in 230 s (2026-11-25)
-        timeout 540 $py -m pytest -q -p no:cacheprovider --durations=10 tests/test_trainer.py \
-            tests/test_recommender.py tests/test_serving_copy.py 2>&1 | tee "$out/suite.log" |
+        timeout 540 $py -m pytest -q -p no:cacheprovider --durations=10 tests/training/test_gradient.py \
+            tests/test_recommender.py tests/models/test_serving_copy.py 2>&1 | tee "$out/suite.log" |
             tail -25
         ;;
     esac

@@ -1,5 +1,5 @@
-"""What the test files share: a prepared dataset of planted taste groups (module-scoped in each
-file, with that file's own sizes and seed) and quiet, reproducible CPU training settings."""
+"""The fixture the test files share: a prepared dataset of planted taste groups (module-scoped in
+each file, with that file's own sizes and seed). Quiet CPU training settings: tests/helpers.py."""
 
 from __future__ import annotations
 
@@ -7,11 +7,6 @@ import pytest
 
 import vaecf
 from vaecf.data import synthetic
-
-
-def cpu_config(**kw) -> vaecf.TrainConfig:
-    """Training settings for a quiet CPU run in fp32; `kw` sets the rest (seed, epochs, ...)."""
-    return vaecf.TrainConfig(**{"device": "cpu", "precision": "fp32", "progress": False, **kw})
 
 
 @pytest.fixture(scope="session")

@@ -9,9 +9,9 @@ import shutil
 
 import polars as pl
 import pytest
-from conftest import cpu_config
 
 import vaecf
+from tests.helpers import cpu_config
 from vaecf import models
 from vaecf.data.vocab import Vocabulary
 from vaecf.errors import ConfigError, DataError

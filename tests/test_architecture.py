@@ -130,3 +130,23 @@ def test_the_map_names_only_paths_that_exist():
     assert named, "the map names no path"
     missing = [p for p in named if not (ROOT / p).exists()]
     assert missing == []
+
+
+def module_rows() -> dict[str, list[str]]:
+    """The Modules section's table rows: {module path under src/vaecf: the tests named}."""
+    text = ARCHITECTURE.read_text()
+    section = text[text.index("## Modules") : text.index("## The model contract")]
+    rows = {}
+    for line in section.splitlines():
+        cells = line.split("|")
+        if line.startswith("| `") and len(cells) == 5:
+            rows[cells[1].strip(" `")] = re.findall(r"`(tests/[\w/]+\.py)`", cells[3])
+    return rows
+
+
+def test_the_map_names_every_module_at_every_depth_with_its_tests():
+    rows = module_rows()
+    modules = sorted(str(p.relative_to(SRC)) for p in SRC.rglob("*.py"))
+    assert [m for m in modules if m not in rows] == [], "modules missing from docs/architecture.md"
+    assert [r for r in rows if r not in modules] == [], "rows naming no module"
+    assert [m for m, tests in rows.items() if not tests] == [], "rows naming no test"

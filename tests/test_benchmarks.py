@@ -153,6 +153,9 @@ EXEMPT = {
     "is checked instead",
     "gpu.sh": "drives the scripts above on a CUDA GPU (nvidia-smi, CUDA tests); its bash syntax is "
     "checked instead",
+    "drillkit.py": "the kit of drills.py (and tests/test_drills.py), run through drills.py",
+    "fuzzkit.py": "the kit of drills.py's fuzzing (and tests/data/test_fuzz_parsers.py), run "
+    "through drills.py",
     "serve_client.py": "the server and client that serve_load.py and serve_hostile.py import, "
     "run through their smoke runs",
 }
@@ -168,7 +171,7 @@ PRELOAD = (
     "vaecf",
     "vaecf.bench.speed",
     "vaecf.cli",
-    "vaecf.training.trainer",
+    "vaecf.training.single",
     "vaecf.data.prepare",
     "vaecf.data.synthetic",
     "vaecf.recommender",

@@ -13,7 +13,8 @@ import random
 from pathlib import Path
 
 import pytest
-from drillkit import (
+
+from benchmarks.drillkit import (
     Broken,
     CompareDrill,
     ExportDrill,
@@ -108,7 +109,7 @@ def test_killed_export_leaves_old_or_new_and_rerun_completes(runner, export_dril
 def test_export_drill_notices_a_torn_file_and_reruns_past_torn_temps(runner, export_drill):
     """A torn ONNX file under the final name is a failure (onnx_state raises Broken); a torn
     temp file beside the output (a kill's remains) neither counts nor stops the rerun."""
-    from drillkit import run
+    from benchmarks.drillkit import run
 
     d = export_drill
     d.reset(1)
@@ -187,7 +188,7 @@ def test_tune_drill_notices_lost_torn_and_wrong_trials(tune_drill, tmp_path):
 
 
 def _study(path):
-    from drillkit import study_state
+    from benchmarks.drillkit import study_state
 
     return study_state(path)
 
@@ -204,7 +205,7 @@ def test_drill_notices_a_non_atomic_writer(runner, tmp_path, monkeypatch):
 
 
 def _state_or_broken(d):
-    from drillkit import Broken
+    from benchmarks.drillkit import Broken
 
     try:
         return d.state()
@@ -306,7 +307,7 @@ def short_run(runner, tmp_path_factory):
 
 
 def test_trainer_issue_kill_before_config_json(runner, short_run, tmp_path):
-    from drillkit import run
+    from benchmarks.drillkit import run
 
     out = tmp_path / "run"
     out.mkdir()
@@ -318,7 +319,7 @@ def test_trainer_issue_kill_before_config_json(runner, short_run, tmp_path):
 def test_trainer_issue_stale_results_after_extending(runner, short_run, tmp_path):
     import shutil
 
-    from drillkit import run, run_state
+    from benchmarks.drillkit import run, run_state
 
     out = tmp_path / "run"
     shutil.copytree(short_run.ref_short, out)  # a finished 1-epoch run

@@ -13,16 +13,16 @@ from pathlib import Path
 import polars as pl
 import pytest
 import tomllib
-from serve_helpers import client, running
 
+from tests.serve.helpers import client, running
 from vaecf.cli import main
+from vaecf.config.serve import ServeSettings
 from vaecf.data.prepare import PrepareSettings, prepare_frame
 from vaecf.data.vocab import MAX_NAME_CHARS
 from vaecf.recommender import Recommender
 from vaecf.score import score_file
 from vaecf.serve.fixtures import fresh_run
 from vaecf.serve.page import PAGE_PATHS
-from vaecf.serve.settings import ServeSettings
 
 IDS = [0, 7, 10, 11, *range(100, 116)]
 TINY = {"hidden_dims": [8], "latent_dim": 4}

@@ -9,13 +9,13 @@ import json
 import shutil
 
 import pytest
-from conftest import cpu_config
-from serve_helpers import client, running
 
 import vaecf
+from tests.helpers import cpu_config
+from tests.serve.helpers import client, running
 from vaecf.cli import main
+from vaecf.config.serve import ServeSettings
 from vaecf.errors import DataError, UnknownUserError
-from vaecf.serve.settings import ServeSettings
 
 
 @pytest.fixture(scope="module")

@@ -39,16 +39,8 @@ from vaecf.data.columns import (
 )
 from vaecf.data.datasets import home
 from vaecf.data.prepare import PreparedDataset, PrepareSettings, fingerprint, prepare_frame
-from vaecf.data.sources import (
-    ITEM,
-    NAME,
-    RATING,
-    USER,
-    found_sep,
-    ids_of_floats,
-    int_if_possible,
-    read_table,
-)
+from vaecf.data.separators import found_sep
+from vaecf.data.sources import ITEM, NAME, RATING, USER, ids_of_floats, int_if_possible, read_table
 from vaecf.errors import ConfigError, DataError
 
 MAX_VALIDATION_USERS = 10_000  # the paper's held-out count on ML-20M; a share stops growing here
@@ -208,10 +200,11 @@ def _split_settings(model: str, settings: dict):
     return train, model_cfg
 
 
-def _say_plan(found: str, model: str, cfg, run_dir: Path) -> None:
-    """What fit prints before training: the columns and separator it found, the budget, and
-    where the run is kept."""
-    if found:
+def _say_plan(cols: tuple, used: dict, min_rating, model: str, cfg, run_dir: Path) -> None:
+    """What fit prints before training: the columns and separator it found (of those not
+    given in `cols`), the budget, and where the run is kept."""
+    given = dict(zip(("user", "item", "rating"), cols))
+    if found := found_by_name(given, used, used.get("sep"), min_rating):
         print(f"vaecf.fit: {found}", flush=True)
     print(
         f"vaecf.fit: {model} within {cfg.budget:.0f} s; the run is kept in {run_dir} "
@@ -227,26 +220,13 @@ def default_budget(n_rows: int) -> float:
 
 
 def fit(
-    data,
-    user_col: str | None = None,
-    item_col: str | None = None,
-    rating_col: str | None = None,
-    min_rating: float | None = None,
-    model: str = "auto",
-    *,
-    validation: float | int = 0.1,
-    test: float = 0.0,
-    min_user_items: int = 5,
-    min_item_users: int = 0,
-    split_seed: int = 98765,
-    item_names=None,
-    sep: str | None = None,
-    columns: list[str] | None = None,
-    out: str | os.PathLike | None = None,
-    resume: bool = False,
-    serve_precision: str = "fp32",
-    **settings,
-):
+    data, user_col: str | None = None, item_col: str | None = None,
+    rating_col: str | None = None, min_rating: float | None = None, model: str = "auto", *,
+    validation: float | int = 0.1, test: float = 0.0, min_user_items: int = 5,
+    min_item_users: int = 0, split_seed: int = 98765, item_names=None, sep: str | None = None,
+    columns: list[str] | None = None, out: str | os.PathLike | None = None,
+    resume: bool = False, serve_precision: str = "fp32", **settings,
+):  # fmt: skip
     """Prepare, train and load: returns a `vaecf.Recommender`, within a time budget.
 
     data: a pandas or Polars DataFrame, a scipy sparse matrix (rows are users, columns items,
@@ -283,13 +263,7 @@ def fit(
     train_cfg.validate()  # before any work
     frame, used = _read(data, (user_col, item_col, rating_col), min_rating, sep, columns)
     prep = _prepare_settings(frame, validation, test, min_rating, min_user_items, min_item_users)
-    prep = replace(prep, seed=split_seed)
-    names = _names_frame(item_names)
-    source = {"kind": "vaecf.fit", "n_rows": frame.height, "sha256": _digest(frame)}
-    if names is not None:
-        source["item_names"] = {"sha256": _digest(names)}
-    work = home() / "fits" / _key(fingerprint(prep, source), model, settings)
-    ds = _prepared(frame, work / "data", prep, source, names)
+    ds, work = _prepared_for(frame, replace(prep, seed=split_seed), item_names, model, settings)
     run_dir = Path(out) if out is not None else work / "run"
     if out is None and not resume and run_dir.exists():
         shutil.rmtree(run_dir)  # an earlier fit of the same data and settings: start over
@@ -297,10 +271,7 @@ def fit(
         left = default_budget(frame.height) - (time.perf_counter() - t0)
         train_cfg.budget = round(max(1.0, left), 1)  # a tenth of a second: shown in the card
     if train_cfg.progress:
-        given = {"user": user_col, "item": item_col, "rating": rating_col}
-        _say_plan(
-            found_by_name(given, used, used.get("sep"), min_rating), model, train_cfg, run_dir
-        )
+        _say_plan((user_col, item_col, rating_col), used, min_rating, model, train_cfg, run_dir)
     try:
         train(ds, train_cfg, run_dir, model_config=model_cfg, model=model, resume=resume)
     except KeyboardInterrupt:
@@ -309,6 +280,17 @@ def fit(
             "resume=True) continues it"
         ) from None
     return Recommender.load(run_dir, device=train_cfg.device, precision=serve_precision)
+
+
+def _prepared_for(frame, prep, item_names, model: str, settings: dict):
+    """The prepared dataset of `frame` under fit's work directory (named by the data, its
+    preparation and the settings; an earlier fit's is reused), and that directory."""
+    names = _names_frame(item_names)
+    source = {"kind": "vaecf.fit", "n_rows": frame.height, "sha256": _digest(frame)}
+    if names is not None:
+        source["item_names"] = {"sha256": _digest(names)}
+    work = home() / "fits" / _key(fingerprint(prep, source), model, settings)
+    return _prepared(frame, work / "data", prep, source, names), work
 
 
 def _prepare_settings(frame, validation, test, min_rating, min_user_items, min_item_users):
@@ -340,7 +322,7 @@ def _digest(frame: pl.DataFrame) -> str:
 
 def _key(data_fingerprint: str, model: str, settings: dict) -> str:
     """The name of a fit's working directory: its data and the settings a resume keeps."""
-    from vaecf.training.trainer import RESUME_MAY_CHANGE
+    from vaecf.training.single import RESUME_MAY_CHANGE
 
     kept = {k: v for k, v in settings.items() if k not in RESUME_MAY_CHANGE}
     blob = json.dumps([data_fingerprint, model, kept], sort_keys=True, default=str)

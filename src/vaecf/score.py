@@ -40,7 +40,8 @@ from vaecf import rundir
 from vaecf.config.settings import spelled
 from vaecf.data import files
 from vaecf.data.columns import ITEM_NAMES, RATING_NAMES, USER_NAMES, file_columns, guess_column
-from vaecf.data.sources import check_columns, found_sep, scan_table
+from vaecf.data.separators import found_sep
+from vaecf.data.sources import check_columns, scan_table
 from vaecf.data.vocab import INT_ID
 from vaecf.errors import DataError, WriteError
 from vaecf.evaluate import SCORE_BUDGET

@@ -111,7 +111,7 @@ def bench_train(
     prec.check_precision(precision, dev)
     if dev.type == "cpu":
         tune_cpu_allocator()
-    from vaecf.training.trainer import make_optimizer
+    from vaecf.training.single import make_optimizer
 
     if data is None:
         data = synthetic_csr(users, items, nnz, seed)

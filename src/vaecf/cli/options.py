@@ -77,7 +77,10 @@ def add_settings(group, cls, skip=(), note="", seen=None, only=None, defaults=No
         elif kind in (int, float, str):
             kw["type"] = kind
         added[f.name] = group.add_argument(name, **kw)
-        added[f.name].setting = (cls, f.name)  # the declaration, for tests/test_settings_decl.py
+        added[f.name].setting = (
+            cls,
+            f.name,
+        )  # the declaration, for tests/config/test_settings_decl.py
         if seen is not None:
             seen[f.name] = help_text
     return added

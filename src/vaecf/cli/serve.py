@@ -25,7 +25,7 @@ def _need(extra: str, *modules: str) -> None:
 
 # -- serve --------------------------------------------------------------------------------------
 def cmd_serve(a) -> int:
-    from vaecf.serve.settings import ServeSettings, check_auth, read_api_key, read_key_file
+    from vaecf.config.serve import ServeSettings, check_auth, read_api_key, read_key_file
 
     settings = from_args(
         ServeSettings,
@@ -144,7 +144,7 @@ def register(sub) -> None:
         "OpenAPI at /docs. Listens on 127.0.0.1 unless told otherwise; another address needs "
         "an API key (--api-key-file or $VAECF_API_KEY) or --no-auth.",
     )
-    from vaecf.serve.settings import ServeSettings
+    from vaecf.config.serve import ServeSettings
 
     ps.add_argument("run", help="run directory written by `vaecf train`")
     ps.add_argument("--api-key-file", help="file whose first line is the API key (16+ characters)")

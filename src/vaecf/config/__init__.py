@@ -6,6 +6,7 @@ no torch (the command line's --help and the data verbs stay light).
     modelconfigs.py  every model's settings dataclass and the defaults they share
     specs.py         what each model is (its name, family, settings, where its class lives)
     train.py         TrainConfig: the training settings, resolved when a run starts
+    serve.py         ServeSettings: the server's address, auth, limits, micro-batching
     toml.py          a run's settings as a TOML file (`vaecf train --config`)
 """
 

@@ -12,7 +12,8 @@ from pathlib import Path
 
 from vaecf.config.settings import READER, spelled
 from vaecf.data import files
-from vaecf.data.sources import scan_table, sep_for, sep_hint, sep_name, split_fields
+from vaecf.data.separators import sep_for, sep_hint, sep_name, split_fields
+from vaecf.data.sources import scan_table
 from vaecf.errors import DataError
 
 # id and rating columns found by name where none is named (lower case, without separators), as
@@ -52,7 +53,7 @@ def found_by_name(
 ) -> str:
     """A line naming the columns of `used` ({"user": ..., "item": ..., "rating": ...}, as a
     prepared dataset's manifest records them) that were found by name, not `given`, the
-    separator `sep` found in the file (`sources.found_sep`), and, where a rating column is
+    separator `sep` found in the file (`separators.found_sep`), and, where a rating column is
     there but no `min_rating` reads it, that every row counted; "" if none of these."""
     found = [
         f"{w}s {used[w]!r}" for w in ("user", "item", "rating") if used.get(w) and not given.get(w)

@@ -26,6 +26,7 @@ from pathlib import Path
 
 from vaecf.data.archive import ARCHIVE_SUFFIXES, extract, is_archive
 from vaecf.data.datasets import DatasetSpec, RemoteFile, raw_dir
+from vaecf.data.prepared import sha256_file
 from vaecf.errors import DataError
 from vaecf.storage.safewrite import write_json
 
@@ -69,6 +70,42 @@ def verify(path: Path, remote: RemoteFile, seen: dict[str, str] | None = None) -
                 "Download it again, or pass --url for another mirror"
             )
     return seen
+
+
+DIGESTS = "digests.json"  # sha256 cache of raw files: {abs path: [size, mtime_ns, sha256]}
+
+
+def cached_sha256(files: list[Path], cache_dir: Path) -> dict[str, str] | None:
+    """The raw files' SHA-256 sums from the dataset's cache, or None where any file is not
+    there as it was hashed (size and mtime)."""
+    try:
+        cache = json.loads((cache_dir / DIGESTS).read_text())
+    except (OSError, json.JSONDecodeError):
+        return None
+    out = {}
+    for f in files:
+        st = f.stat()
+        hit = cache.get(str(f.resolve()))
+        if not hit or hit[:2] != [st.st_size, st.st_mtime_ns]:
+            return None
+        out[str(f)] = hit[2]
+    return out
+
+
+def store_sha256(sums: dict[str, str], cache_dir: Path) -> None:
+    """Record the files' sums (with each one's size and mtime) in the dataset's cache."""
+    try:
+        cache = json.loads((cache_dir / DIGESTS).read_text())
+    except (OSError, json.JSONDecodeError):
+        cache = {}
+    for name, digest in sums.items():
+        st = Path(name).stat()
+        cache[str(Path(name).resolve())] = [st.st_size, st.st_mtime_ns, digest]
+    write_json(cache_dir / DIGESTS, cache)
+
+
+def hash_files(files: list[Path]) -> dict[str, str]:
+    return {str(f): sha256_file(f) for f in files}
 
 
 # -- fetching -----------------------------------------------------------------------------------

@@ -14,17 +14,8 @@ from pathlib import Path
 import polars as pl
 
 from vaecf.data import files
-from vaecf.data.sources import (
-    ITEM,
-    NAME,
-    RATING,
-    SPLIT_SEPS,
-    USER,
-    csv_bad_line,
-    default_sep,
-    scan_table,
-    sep_for,
-)
+from vaecf.data.separators import SPLIT_SEPS, default_sep, sep_for
+from vaecf.data.sources import ITEM, NAME, RATING, USER, csv_bad_line, scan_table
 from vaecf.data.strict import one_file, read_lines, typed_read
 from vaecf.errors import DataError
 

@@ -38,7 +38,8 @@ from vaecf.data.preprocess import (
     preprocess,
     vocab_names,
 )
-from vaecf.data.sources import ITEM, NAME, RATING, USER, check_columns, found_sep, read_table
+from vaecf.data.separators import found_sep
+from vaecf.data.sources import ITEM, NAME, RATING, USER, check_columns, read_table
 from vaecf.data.vocab import Vocabulary
 from vaecf.errors import DataError
 from vaecf.storage.safewrite import atomic_dir, atomic_file, save_csr, sweep_temps, write_json
@@ -181,7 +182,7 @@ def prepare_csv(
     (`columns.resolve_columns`: userId, customer_id, asin, ...), and so is `rating_col` where
     `settings.min_rating` is set (rating, score, stars, ...). `sep`: one character, '::', or
     'whitespace' for runs of spaces and tabs (FilmTrust's `ratings.txt`); found in the file
-    where not given (`sources.found_sep`).
+    where not given (`separators.found_sep`).
 
     `item_names`: a CSV/TSV/JSON/Parquet file naming items: `name_col` holds the name, `name_id_col`
     (default: `item_col`) the item id; read with `sep` when given, else by its own suffix.
@@ -195,17 +196,7 @@ def prepare_csv(
     user_col, item_col, rating_col = resolve_columns(
         path, sep or found, user_col, item_col, rating_col, columns, settings.min_rating is not None
     )
-    source = {
-        "path": str(path.resolve()),
-        **_digest(path),
-        "format": "csv" if files.kind(path) == files.TEXT else files.kind(path),
-        "columns": {"user": user_col, "item": item_col, "rating": rating_col},
-        "sep": sep,
-    }
-    if found:
-        source["sep_found"] = found  # the separator found in the file (a new key: old caches hold)
-    if columns is not None:
-        source["header_columns"] = columns  # a file without a header row, named by --columns
+    source = _file_source(path, (user_col, item_col, rating_col), sep, found, columns)
     if item_names is not None:
         source["item_names"] = _names_source(
             Path(item_names), name_col, name_id_col or item_col, sep
@@ -223,6 +214,24 @@ def prepare_csv(
             names = read_names_table(item_names, name_id_col or item_col, name_col, sep)
         df = read_table(path, user_col, item_col, rating_col, sep or found, header, columns)
         return prepare_frame(df, out, settings, source, names)
+
+
+def _file_source(path: Path, cols: tuple, sep: str | None, found: str | None, columns) -> dict:
+    """What the prepared data was made from, for its fingerprint: the file (digest, format),
+    the columns read, the separator given or found, the names a header-less file was given."""
+    user_col, item_col, rating_col = cols
+    source = {
+        "path": str(path.resolve()),
+        **_digest(path),
+        "format": "csv" if files.kind(path) == files.TEXT else files.kind(path),
+        "columns": {"user": user_col, "item": item_col, "rating": rating_col},
+        "sep": sep,
+    }
+    if found:
+        source["sep_found"] = found  # the separator found in the file (a new key: old caches hold)
+    if columns is not None:
+        source["header_columns"] = columns  # a file without a header row, named by --columns
+    return source
 
 
 def _digest(path: Path) -> dict:
@@ -249,39 +258,6 @@ def _names_source(path: Path, name_col: str | None, id_col: str, sep: str | None
         "columns": {"id": id_col, "name": name_col},
         "sep": sep,
     }
-
-
-_DIGESTS = "digests.json"  # sha256 cache of raw files: {abs path: [size, mtime_ns, sha256]}
-
-
-def _cached_sha256(files: list[Path], cache_dir: Path) -> dict[str, str] | None:
-    try:
-        cache = json.loads((cache_dir / _DIGESTS).read_text())
-    except (OSError, json.JSONDecodeError):
-        return None
-    out = {}
-    for f in files:
-        st = f.stat()
-        hit = cache.get(str(f.resolve()))
-        if not hit or hit[:2] != [st.st_size, st.st_mtime_ns]:
-            return None
-        out[str(f)] = hit[2]
-    return out
-
-
-def _store_sha256(sums: dict[str, str], cache_dir: Path) -> None:
-    try:
-        cache = json.loads((cache_dir / _DIGESTS).read_text())
-    except (OSError, json.JSONDecodeError):
-        cache = {}
-    for name, digest in sums.items():
-        st = Path(name).stat()
-        cache[str(Path(name).resolve())] = [st.st_size, st.st_mtime_ns, digest]
-    write_json(cache_dir / _DIGESTS, cache)
-
-
-def _hash_files(files: list[Path]) -> dict[str, str]:
-    return {str(f): sha256_file(f) for f in files}
 
 
 def _source_record(
@@ -317,26 +293,18 @@ def prepare_dataset(
     fingerprint is reused.
     """
     from vaecf.data.datasets import get, prepared_root, raw_dir
-    from vaecf.data.download import locate
+    from vaecf.data.download import cached_sha256, locate, store_sha256
 
     spec = get(name)
     settings = settings or dataset_settings(name)
     settings.validate()
     files, origin = locate(spec, source, root=root, url=url, progress=progress)
     cache_dir = raw_dir(name, root)
-    sums = _cached_sha256(files, cache_dir)
+    sums = cached_sha256(files, cache_dir)
     df = parse_counts = None
-    if sums is None:  # hash (I/O and hashlib, GIL released) while Polars parses
-        from concurrent.futures import ThreadPoolExecutor
-
-        _say(progress, f"{name}: hashing and parsing {len(files)} file(s)")
-        with ThreadPoolExecutor(1) as pool:
-            hashing = pool.submit(_hash_files, files)
-            try:
-                df, parse_counts = _parse(spec, files, False)
-            finally:
-                sums = hashing.result()
-        _store_sha256(sums, cache_dir)
+    if sums is None:
+        df, parse_counts, sums = _hash_while_parsing(spec, files, progress)
+        store_sha256(sums, cache_dir)
     record = _source_record(name, spec.parser, files, sums, origin)
     names_file = _names_file(spec, files)
     if names_file is not None:  # recorded; not part of the fingerprint (see the module's doc)
@@ -350,19 +318,41 @@ def prepare_dataset(
             return reused
         if df is None:
             df, parse_counts = _parse(spec, files, progress)
-        names = None
-        if spec.names == "inline":  # the raw rows name their items: each one's first spelling
-            names = df.select(ITEM, NAME)
-            df = df.drop(NAME)
-        elif names_file is not None:
-            from vaecf.data.parsers import NAMES_READERS
-
-            names = NAMES_READERS[spec.names](names_file)
+        df, names = _split_names(spec, df, names_file)
         record["parse"] = parse_counts
         _say(progress, f"{name}: {df.height:,} rows; filtering and splitting")
         if settings.min_rating is not None and RATING not in df.columns:
             raise DataError(f"{name} has no ratings; leave {spelled('min_rating')} unset")
         return prepare_frame(df, out, settings, record, names)
+
+
+def _hash_while_parsing(spec, files: list[Path], progress: bool):
+    """Parse the raw files while another thread hashes them (I/O and hashlib release the GIL):
+    the frame, the parse counts and the files' SHA-256 sums."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from vaecf.data.download import hash_files
+
+    _say(progress, f"{spec.name}: hashing and parsing {len(files)} file(s)")
+    with ThreadPoolExecutor(1) as pool:
+        hashing = pool.submit(hash_files, files)
+        try:
+            df, parse_counts = _parse(spec, files, False)
+        finally:
+            sums = hashing.result()
+    return df, parse_counts, sums
+
+
+def _split_names(spec, df, names_file: Path | None):
+    """The interactions and the item names: from the raw rows where they name their items (each
+    item's first spelling), else from the names file, else none."""
+    if spec.names == "inline":
+        return df.drop(NAME), df.select(ITEM, NAME)
+    if names_file is not None:
+        from vaecf.data.parsers import NAMES_READERS
+
+        return df, NAMES_READERS[spec.names](names_file)
+    return df, None
 
 
 def _names_file(spec, files: list[Path]) -> Path | None:

@@ -10,27 +10,18 @@ read that fails names the first bad line.
 from __future__ import annotations
 
 import os
-import re
 from pathlib import Path
 
 import polars as pl
 
 from vaecf.config.settings import spelled
 from vaecf.data import files
+from vaecf.data.separators import SPLIT_SEPS, WHITESPACE, sep_for, sep_hint
 from vaecf.data.vocab import INT_ID
 from vaecf.errors import DataError
 
 USER, ITEM, RATING = "user_id", "item_id", "rating"
 NAME = "name"  # an item's display name (item names files; read_lastfm(names=True))
-
-
-WHITESPACE = "whitespace"  # --sep whitespace: fields split on runs of spaces and tabs
-DOUBLE_COLON = "::"  # MovieLens 1M/10M's .dat files: UserID::MovieID::Rating::Timestamp
-SPLIT_SEPS = (WHITESPACE, DOUBLE_COLON)  # read by splitting lines (no quoting), not as CSV
-_SEP_NAMES = {"\\t": "\t", "tab": "\t", "space": " ", "ws": WHITESPACE}
-# the separators looked for, in order, where a file's first line has no comma
-_OTHER_SEPS = (("\t", "'\\t'"), (";", "';'"), ("|", "'|'"), (DOUBLE_COLON, "'::'"))
-_OTHER_SEPS += ((WHITESPACE, "whitespace"),)
 
 
 def no_header(columns: bool = False) -> str:
@@ -40,68 +31,6 @@ def no_header(columns: bool = False) -> str:
     return (
         f"{said}{', ' if said.endswith('=False') else ' '}{spelled('columns')}" if columns else said
     )
-
-
-def split_fields(line: str, sep: str) -> list[str]:
-    return line.split() if sep == WHITESPACE else line.split(sep)
-
-
-def sep_name(sep: str) -> str:
-    """How a separator is passed: 'whitespace', '\\t', ';', ..."""
-    return dict(_OTHER_SEPS).get(sep, repr(sep))
-
-
-def sep_hint(line: str, sep: str | None) -> str:
-    """Words for a line that reads as one field with separator `sep`: the separator that would
-    split it (tab, ';', '|', '::', then runs of spaces), or a question about the separator."""
-    for cand, name in _OTHER_SEPS:
-        if cand != sep and len(split_fields(line, cand)) > 1:
-            return (
-                f"; its fields look separated by {name}: pass --sep {name} "
-                f"(sep={name if cand != WHITESPACE else repr(name)})"
-            )
-    return f"; is {spelled('sep')} right?"
-
-
-def sep_for(path: Path, sep: str | None) -> str:
-    """The separator a text file is read with: `sep` where given (checked), else the one
-    `found_sep` finds in the file, else tab for .tsv/.tab and ',' for any other file."""
-    if sep is not None:
-        sep = _SEP_NAMES.get(sep, sep)
-        if sep not in SPLIT_SEPS and (len(sep) != 1 or sep in '\r\n"'):
-            raise DataError(
-                f"{spelled('sep')} {sep!r} is not a field separator: give one character (',', ';', "
-                "'|', '\\t' or tab, space), '::', or 'whitespace' for runs of spaces and tabs"
-            )
-        return sep
-    return found_sep(path) or default_sep(path)
-
-
-def default_sep(path: Path) -> str:
-    """The separator a text file's name implies: tab for .tsv/.tab, else ','."""
-    return "\t" if files.suffix(path) in {".tsv", ".tab"} else ","
-
-
-def found_sep(path: Path) -> str | None:
-    """The separator of a text file whose first line holds no comma (nor, for .tsv/.tab, a
-    tab): the first of tab, ';', '|', '::' and runs of spaces and tabs that splits each of its
-    first lines (up to 20) into one number of fields, two or more. None where the default
-    separator stands (or nothing splits them: the read then says what it found)."""
-    if files.kind(path) != files.TEXT:
-        return None
-    default = default_sep(path)
-    head = files.head(path)
-    lines = [ln for ln in re.split(r"\r\n?|\n", head) if ln.strip()]
-    if len(head) == 1 << 16 and len(lines) > 1:
-        lines.pop()  # cut short by the read
-    lines = lines[:20]
-    if not lines or default in lines[0]:
-        return None
-    for cand, _ in _OTHER_SEPS:
-        counts = {len(split_fields(ln, cand)) for ln in lines}
-        if len(counts) == 1 and counts.pop() > 1:
-            return cand
-    return None
 
 
 def check_columns(header: bool, columns, named: bool = False) -> list[str] | None:
@@ -220,17 +149,7 @@ def read_table(
     lf, names = scan_table(path, sep, header, columns)
     missing = [c for c in wanted if c not in names]
     if missing:
-        hint = sep_hint(names[0], sep) if len(names) == 1 and text else ""
-        raise DataError(
-            f"{path}: no column(s) {missing}; the file has columns {names}{hint}. "
-            f"Pass the right {spelled('user_col')}/{spelled('item_col')}/{spelled('rating_col')}"
-            + (
-                ""
-                if columns or not text
-                else f"; {no_header(columns=True)} if the file has no header row"
-            )
-            + "."
-        )
+        raise _missing_columns(path, missing, names, sep if text else None, columns)
     try:
         df = lf.select(wanted).collect()
     except pl.exceptions.PolarsError as e:
@@ -253,6 +172,22 @@ def read_table(
     if rating_col:
         out[RATING] = _ratings(df.get_column(rating_col), path, rating_col)
     return pl.DataFrame(out)
+
+
+def _missing_columns(path: Path, missing: list, names: list, sep: str | None, columns) -> DataError:
+    """The error of a read whose columns are not all in the file (`sep`: a text file's): what
+    the file has, the separator that would split a one-column read, the flags to pass."""
+    hint = sep_hint(names[0], sep) if len(names) == 1 and sep is not None else ""
+    header = (
+        ""
+        if columns or sep is None
+        else f"; {no_header(columns=True)} if the file has no header row"
+    )
+    return DataError(
+        f"{path}: no column(s) {missing}; the file has columns {names}{hint}. "
+        f"Pass the right {spelled('user_col')}/{spelled('item_col')}/{spelled('rating_col')}"
+        f"{header}."
+    )
 
 
 def scan_table(

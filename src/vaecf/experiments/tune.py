@@ -104,19 +104,13 @@ def tune(
 
     optuna = require_optuna()
     optuna.logging.set_verbosity(optuna.logging.WARNING)
-    if trials < 1:
-        raise ConfigError("--trials must be at least 1")
-    if timeout is not None and timeout <= 0:
-        raise ConfigError("--timeout must be positive (seconds)")
+    study_dir = Path(out)
+    _check_study(study_dir, trials, timeout, resume)
     base = base or configfile.RunSettings()
     models.get(model)
     space = space or default_space(model)
     ds = data if isinstance(data, PreparedDataset) else PreparedDataset(data)
     check_fixed(space, fixed or {}, ds.manifest["counts"]["n_train_users"])
-    study_dir = Path(out)
-    if resume and not (study_dir / STUDY_DB).is_file() and study_dir.exists():
-        if any(p.name != LOCK for p in study_dir.iterdir()):
-            raise RunError(f"{study_dir} holds no study ({STUDY_DB}) to resume")
     study_dir.mkdir(parents=True, exist_ok=True)
     with locked(study_dir), no_space_to_resume(study_dir):
         info = {
@@ -144,6 +138,17 @@ def tune(
                 break
             _run_one(study, objective, log)
         return finish(study_dir, study, model, space, base, saved["seed"], ds, log, plots, fixed)
+
+
+def _check_study(study_dir: Path, trials: int, timeout: float | None, resume: bool) -> None:
+    """A study's bounds and, on a resume, its directory, checked before any work."""
+    if trials < 1:
+        raise ConfigError("--trials must be at least 1")
+    if timeout is not None and timeout <= 0:
+        raise ConfigError("--timeout must be positive (seconds)")
+    if resume and not (study_dir / STUDY_DB).is_file() and study_dir.exists():
+        if any(p.name != LOCK for p in study_dir.iterdir()):
+            raise RunError(f"{study_dir} holds no study ({STUDY_DB}) to resume")
 
 
 def _resumed_base(study_dir: Path, base, fixed: dict | None, saved: dict):
@@ -249,7 +254,7 @@ def _run_one(study, objective: _Objective, log) -> None:
     import optuna
     from optuna.trial import TrialState
 
-    from vaecf.training.trainer import TrainingDiverged
+    from vaecf.training.single import TrainingDiverged
 
     trial = study.ask()
     t0 = time.monotonic()

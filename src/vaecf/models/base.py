@@ -12,7 +12,7 @@ Everything outside training (`evaluate`, `Recommender`, `bench infer`, serving) 
 - `multinomial`: True where scores are logits of a multinomial over items (softmax gives each
   item's probability); otherwise scores are shown as they are.
 
-How it is fitted: gradient models (`closed_form = False`) go through the Trainer, which owns
+How it is fitted: gradient models (`closed_form = False`) go through the GradientFit, which owns
 epochs, precision, data parallelism, checkpoints, resume and model selection; they provide
 `param_groups()`, `phases()` and `loss()`. Closed-form models (`closed_form = True`) provide
 `fit()`. Each class resolves the training settings left unset from the data in `resolve_train()`.

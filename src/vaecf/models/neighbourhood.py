@@ -11,8 +11,9 @@ Lambda_i = lambda + p/(1-p) G_ii. The sparse solver restricts item j's regressio
 so B holds at most n_items x neighbours non-zeros, G is kept sparse (its non-zeros are at most
 the sum of squared history lengths), and no n_items^2 array is ever made. With every
 co-occurring item as a neighbour it is the dense solution up to items that never co-occur
-with j (tests/test_models.py compares both). The solves are batched Cholesky factorisations of
-(neighbours x neighbours) systems, a block of items at a time: O(n_items neighbours^3) time.
+with j (tests/models/test_models.py compares both). The solves are batched Cholesky
+factorisations of (neighbours x neighbours) systems, a block of items at a time:
+O(n_items neighbours^3) time.
 """
 
 from __future__ import annotations

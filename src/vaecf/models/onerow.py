@@ -10,7 +10,7 @@ has five layers (benchmarks/README.md). So a one-row batch goes through `OneRow`
 product or the int8 copy's kernel; for Mult-VAE/DAE in fp32 on AMD CPUs numpy's BLAS on one
 thread, `vaecf.runtime`) does the rest. Only float32 weights on a CPU qualify (numpy
 has no bf16); the answers equal the batched path's within float32 rounding
-(tests/test_model.py).
+(tests/models/test_model.py).
 """
 
 from __future__ import annotations

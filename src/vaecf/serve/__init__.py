@@ -1,6 +1,5 @@
 """HTTP serving of a run's model: a thin FastAPI adapter over `Recommender`.
 
-    settings.py   ServeSettings: address, auth, limits, micro-batching (one place, one default each)
     reload.py     ModelHolder: the model that answers, loaded, checked and swapped atomically
     batcher.py    MicroBatcher: concurrent requests gathered and scored as one batch, one thread
     prometheus.py Prometheus counters and histograms of one app
@@ -12,11 +11,12 @@
     server.py     serve(): uvicorn with SIGHUP (reload) and SIGTERM (graceful shutdown)
     fixtures.py   fresh_run(): a run directory from an untrained model (load tests, smoke tests)
 
-Importing this package imports FastAPI: install the `serve` extra (`pip install vaecf[serve]`).
+Its settings are vaecf.config.serve (ServeSettings). Importing this package imports FastAPI:
+install the `serve` extra (`pip install vaecf[serve]`).
 """
 
 from __future__ import annotations
 
-from vaecf.serve.settings import ServeSettings
+from vaecf.config.serve import ServeSettings
 
 __all__ = ["ServeSettings"]

@@ -14,6 +14,7 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from vaecf.config.serve import ServeSettings
 from vaecf.serve import admin, items, ops, page, recommend
 from vaecf.serve.batcher import MicroBatcher
 from vaecf.serve.guard import Guard
@@ -22,7 +23,6 @@ from vaecf.serve.prometheus import Metrics
 from vaecf.serve.reload import ModelHolder
 from vaecf.serve.schemas import error
 from vaecf.serve.service import Service
-from vaecf.serve.settings import ServeSettings
 from vaecf.version import __version__
 
 

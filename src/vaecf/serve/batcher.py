@@ -36,9 +36,9 @@ from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any
 
+from vaecf.config.serve import IDLE_BEAT_S
 from vaecf.recommender import Recommendation
 from vaecf.serve.reload import LoadedModel
-from vaecf.serve.settings import IDLE_BEAT_S
 
 
 class Stopped(RuntimeError):

@@ -12,12 +12,12 @@ import time
 
 from fastapi.responses import JSONResponse
 
+from vaecf.config.serve import ServeSettings, host_name
 from vaecf.serve.batcher import client_gone
 from vaecf.serve.page import PAGE_PATHS
 from vaecf.serve.prometheus import Metrics
 from vaecf.serve.schemas import error
 from vaecf.serve.service import CLIENT_CLOSED, busy
-from vaecf.serve.settings import ServeSettings, host_name
 
 log = logging.getLogger("vaecf.serve")
 

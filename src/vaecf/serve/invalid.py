@@ -10,8 +10,8 @@ from fastapi import Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 
+from vaecf.config.serve import ServeSettings
 from vaecf.serve.schemas import ID_MAX_LENGTH, error
-from vaecf.serve.settings import ServeSettings
 
 # limit hit by a validation error, by field name
 LIMIT_OF = {

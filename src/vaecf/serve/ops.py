@@ -3,9 +3,9 @@
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
+from vaecf.config.serve import host_name
 from vaecf.serve.schemas import ReadyResponse, documented, error
 from vaecf.serve.service import Service
-from vaecf.serve.settings import host_name
 
 
 def router(svc: Service) -> APIRouter:

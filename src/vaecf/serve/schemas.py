@@ -22,7 +22,7 @@ from pydantic import (
     model_validator,
 )
 
-from vaecf.serve.settings import ServeSettings
+from vaecf.config.serve import ServeSettings
 
 
 # A raw item id: the data's own (an int or a string); 42 and "42" name the same item.
@@ -62,7 +62,7 @@ def error(status: int, code: str, message: str, **extra: Any) -> JSONResponse:
 
 # -- schemas --------------------------------------------------------------------------------------
 # The examples /docs and /openapi.json show: EASE on ml-latest-small as the README trains it
-# (docs/serving.md shows the same answer; tests/test_serve_page.py checks the examples' shapes
+# (docs/serving.md shows the same answer; tests/serve/test_serve_page.py checks the examples' shapes
 # against a live server's answers)
 MODEL_EXAMPLE = {
     "id": "8f56f792daf6",

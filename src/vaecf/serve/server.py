@@ -23,7 +23,7 @@ from collections.abc import Callable
 
 import uvicorn
 
-from vaecf.serve.settings import ServeSettings, check_auth
+from vaecf.config.serve import ServeSettings, check_auth
 
 
 def serve(settings: ServeSettings, log_level: str = "info", access_log: bool = False) -> None:
@@ -166,6 +166,57 @@ def _timeout_answer(seconds: float) -> bytes:
     )
 
 
+class SlowClientDeadlines:
+    """http_protocol's deadlines, mixed into uvicorn's httptools protocol (before it in the
+    MRO): the class attributes are the deadlines' seconds and the cut counter."""
+
+    head_timeout_s: float | None = None
+    body_timeout_s: float | None = None
+    on_cut: Callable[[str], None] | None = None
+    _deadline: asyncio.TimerHandle | None = None
+    _begun = False  # a request's first byte came, and not yet its last
+
+    def connection_made(self, transport) -> None:
+        super().connection_made(CoalescingTransport(transport, self.loop))
+        self._arm(self.head_timeout_s, "head_timeout")
+
+    def connection_lost(self, exc) -> None:
+        self._arm(None, "")
+        super().connection_lost(exc)
+
+    def on_message_begin(self) -> None:
+        super().on_message_begin()
+        self._begun = True
+        if self._deadline is None:  # a connection's first request: counted from its opening
+            self._arm(self.head_timeout_s, "head_timeout")
+
+    def on_headers_complete(self) -> None:
+        self._arm(None, "")
+        super().on_headers_complete()
+        if self.body_timeout_s:
+            self._arm(self.body_timeout_s + BODY_GRACE_S, "body_timeout")
+
+    def on_message_complete(self) -> None:
+        self._arm(None, "")
+        self._begun = False
+        super().on_message_complete()
+
+    def _arm(self, seconds: float | None, reason: str) -> None:
+        if self._deadline is not None:
+            self._deadline.cancel()
+        self._deadline = self.loop.call_later(seconds, self._cut, reason) if seconds else None
+
+    def _cut(self, reason: str) -> None:
+        self._deadline = None
+        if self.transport.is_closing():
+            return
+        if self.on_cut is not None:
+            self.on_cut(reason)
+        if reason == "head_timeout" and self._begun:
+            self.transport.write(_timeout_answer(self.head_timeout_s))
+        self.transport.close()
+
+
 def http_protocol(
     head_timeout_s: float | None = None,
     body_timeout_s: float | None = None,
@@ -184,48 +235,9 @@ def http_protocol(
     except ImportError:  # uvicorn without its [standard] extra
         return "auto"
 
-    class VaecfHttpProtocol(HttpToolsProtocol):
-        _deadline: asyncio.TimerHandle | None = None
-        _begun = False  # a request's first byte came, and not yet its last
-
-        def connection_made(self, transport) -> None:
-            super().connection_made(CoalescingTransport(transport, self.loop))
-            self._arm(head_timeout_s, "head_timeout")
-
-        def connection_lost(self, exc) -> None:
-            self._arm(None, "")
-            super().connection_lost(exc)
-
-        def on_message_begin(self) -> None:
-            super().on_message_begin()
-            self._begun = True
-            if self._deadline is None:  # a connection's first request: counted from its opening
-                self._arm(head_timeout_s, "head_timeout")
-
-        def on_headers_complete(self) -> None:
-            self._arm(None, "")
-            super().on_headers_complete()
-            if body_timeout_s:
-                self._arm(body_timeout_s + BODY_GRACE_S, "body_timeout")
-
-        def on_message_complete(self) -> None:
-            self._arm(None, "")
-            self._begun = False
-            super().on_message_complete()
-
-        def _arm(self, seconds: float | None, reason: str) -> None:
-            if self._deadline is not None:
-                self._deadline.cancel()
-            self._deadline = self.loop.call_later(seconds, self._cut, reason) if seconds else None
-
-        def _cut(self, reason: str) -> None:
-            self._deadline = None
-            if self.transport.is_closing():
-                return
-            if on_cut is not None:
-                on_cut(reason)
-            if reason == "head_timeout" and self._begun:
-                self.transport.write(_timeout_answer(head_timeout_s))
-            self.transport.close()
-
-    return VaecfHttpProtocol
+    limits = {
+        "head_timeout_s": head_timeout_s,
+        "body_timeout_s": body_timeout_s,
+        "on_cut": None if on_cut is None else staticmethod(on_cut),
+    }
+    return type("VaecfHttpProtocol", (SlowClientDeadlines, HttpToolsProtocol), limits)

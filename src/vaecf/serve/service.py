@@ -17,13 +17,13 @@ from typing import Any
 from fastapi.responses import JSONResponse, Response
 
 from vaecf import rundir
+from vaecf.config.serve import ServeSettings
 from vaecf.errors import UnknownUserError, VaecfError
 from vaecf.serve.batcher import ClientGone, Expired, MicroBatcher, Overloaded, Stopped
 from vaecf.serve.invalid import answer_too_large
 from vaecf.serve.prometheus import Metrics
 from vaecf.serve.reload import ModelHolder, ReloadTimeout, RunForbidden, RunNotFound
 from vaecf.serve.schemas import error, json_ok, request_schemas
-from vaecf.serve.settings import ServeSettings
 
 log = logging.getLogger("vaecf.serve")
 

@@ -2,8 +2,8 @@
 
 entry.py       train(): `vaecf.train`, the one entry point (`--model auto` or one model)
 auto.py        `--model auto`: the candidates fitted, blended, the best kept on validation
-trainer.py     one model into a run directory: settings resolved, a resume checked, the fit
-gradient.py    Trainer: the gradient models' epochs, early stopping, the budget, selection
+single.py      one model into a run directory: settings resolved, a resume checked, the fit
+gradient.py    GradientFit: the gradient models' epochs, early stopping, the budget, selection
 run.py         Run: what every fit shares (device, validation, the test, results.json), the
                closed-form fit, and the budget's one deadline
 resume.py      stopping a gradient run and resuming it (last.pt, the random state)

@@ -29,7 +29,7 @@ from vaecf.data.prepare import PreparedDataset
 from vaecf.errors import ConfigError, RunError
 from vaecf.evaluate import evaluate_model, metrics_with, model_scores, per_user_metric
 from vaecf.storage.safewrite import atomic_file, write_json
-from vaecf.training.trainer import RunResult, train
+from vaecf.training.single import RunResult, train
 
 BLEND_WEIGHTS = [0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9]
 SETTINGS = "auto_settings.json"  # the settings an auto run started with, for its resume

@@ -1,6 +1,6 @@
 """`vaecf.train`: the one entry point that trains any model into a run directory. `--model auto`
-goes to its selection (auto), which fits each candidate through the trainer; every other
-model goes to the trainer (vaecf.training.trainer) directly."""
+goes to its selection (auto), which fits each candidate through single; every other
+model goes to single (vaecf.training.single) directly."""
 
 from __future__ import annotations
 
@@ -14,9 +14,9 @@ from vaecf import models
 from vaecf.config.train import TrainConfig
 from vaecf.data.prepare import PreparedDataset
 from vaecf.storage.writelock import writer_lock
-from vaecf.training import trainer
+from vaecf.training import single
 from vaecf.training.auto import saved_settings, train_auto
-from vaecf.training.trainer import RunResult
+from vaecf.training.single import RunResult
 
 
 def train(
@@ -36,7 +36,7 @@ def train(
     stop the run). `test=False` leaves the test split unscored (results.json "test": null), for
     model selection that must not see it (vaecf tune scores the chosen run alone)."""
     if not (model == "auto" or isinstance(model_config, models.AutoConfig)):
-        return trainer.train(data, config, out, model_config, resume, model, on_epoch, test)
+        return single.train(data, config, out, model_config, resume, model, on_epoch, test)
     ds = data if isinstance(data, PreparedDataset) else PreparedDataset(data)
     test = test and ds.manifest["counts"]["n_test_users"] > 0  # a production split has none
     if resume and (config is None or model_config is None):  # the run's own settings

@@ -1,4 +1,4 @@
-"""The gradient models' fit (`Trainer`, on run's `Run`): epochs of phases (each phase steps
+"""The gradient models' fit (`GradientFit`, on run's `Run`): epochs of phases (each phase steps
 its own optimizers), KL annealing, precision, CUDA graphs, data parallelism, checkpoints and
 bit-for-bit resume (what last.pt holds: resume), early stopping and a time budget, model
 selection on validation, then the test.
@@ -40,7 +40,7 @@ def make_optimizer(params, lr: float, device: torch.device):
     return torch.optim.Adam(params, lr=lr, fused=device.type in ("cpu", "cuda"))
 
 
-class Trainer(Run):
+class GradientFit(Run):
     """Gradient models: epochs of phases, checkpoints, resume, model selection."""
 
     def __init__(self, *args, **kwargs):

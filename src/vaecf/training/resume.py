@@ -1,4 +1,4 @@
-"""Stopping a gradient run and resuming it bit for bit (gradient's `Trainer`): a stop asked
+"""Stopping a gradient run and resuming it bit for bit (gradient's `GradientFit`): a stop asked
 by a signal (after the epoch, with a checkpoint); last.pt, everything a resume needs (the model,
 its optimizers and gradient scaler, the counters, the best so far, the history, the random
 generators), written, read and restored; metrics.jsonl kept to the state trained from.
@@ -67,7 +67,7 @@ def _set_rng_state(state: dict, gen: torch.Generator) -> None:
 
 
 def last_state(run) -> dict:
-    """What last.pt holds, from `run` (a gradient.Trainer: its model, optimizers `opts`,
+    """What last.pt holds, from `run` (a gradient.GradientFit: its model, optimizers `opts`,
     gradient `scaler`, shuffling generator `gen`, counters, best and history), in live tensors
     (`save_last` snapshots them)."""
     return {

@@ -1,7 +1,7 @@
 """What every fit of a model shares (`Run`: the device and precision, the data, the run
 directory, validation, the final test and results.json), and the closed-form fit
 (`ClosedFormFit`: one `fit` with the model's own validation-based choices, then the test). The
-gradient models' fit is gradient's `Trainer`; trainer chooses between them.
+gradient models' fit is gradient's `GradientFit`; single chooses between them.
 """
 
 from __future__ import annotations

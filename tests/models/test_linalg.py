@@ -1,0 +1,131 @@
+"""The models' dense linear algebra on its guarded path (vaecf.models.linalg): both LAPACK paths
+give the inverse, in place; the size rule that keeps scipy's OpenBLAS away from its threaded
+SYRK's buffer overrun; a dense solve past that size; and no native call anywhere else."""
+
+from __future__ import annotations
+
+import io
+import re
+import tokenize
+from pathlib import Path
+
+import pytest
+import torch
+
+from vaecf import memory
+from vaecf.errors import RunError
+from vaecf.models import linalg
+from vaecf.models.linear import linear_weights
+
+SRC = Path(__file__).resolve().parents[2] / "src" / "vaecf"
+GUARDED = SRC / "models" / "linalg.py"
+# a factorisation, inverse, solve or BLAS call, in code (strings and comments are dropped)
+NATIVE = re.compile(
+    r"scipy\.linalg|from scipy import linalg|\blapack\b|\bblas\b|\b(np|numpy)\.linalg"
+    r"|torch\.linalg\.(?!vector_norm\b|matrix_norm\b|norm\b)|torch\.cholesky|\.cholesky\w*\("
+    r"|torch\.(inverse|linalg_)|\b[sd](potr[fi]|syrk|gemm|trsm)\b"
+)
+
+
+def code_of(path: Path) -> str:
+    """The module's source with its strings and comments blanked out."""
+    lines = path.read_text().splitlines(keepends=True)
+    for t in tokenize.generate_tokens(io.StringIO("".join(lines)).readline):
+        if t.type in (tokenize.STRING, tokenize.COMMENT):
+            (r0, c0), (r1, c1) = t.start, t.end
+            for r in range(r0, r1 + 1):
+                a, b = (c0 if r == r0 else 0), (c1 if r == r1 else len(lines[r - 1]))
+                lines[r - 1] = lines[r - 1][:a] + " " * (b - a) + lines[r - 1][b:]
+    return "".join(lines)
+
+
+def test_every_native_call_goes_through_the_guarded_module():
+    assert NATIVE.search(code_of(GUARDED)), "the pattern finds the guarded module's own calls"
+    found = {
+        str(p.relative_to(SRC)): sorted({m.group(0) for m in NATIVE.finditer(code_of(p))})
+        for p in SRC.rglob("*.py")
+        if p != GUARDED
+    }
+    assert {k: v for k, v in found.items() if v} == {}
+
+
+def spd(n: int, dtype: torch.dtype, seed: int = 0) -> torch.Tensor:
+    x = (torch.rand(2 * n, n, generator=torch.Generator().manual_seed(seed)) < 0.1).to(dtype)
+    g = x.T @ x
+    g.diagonal().add_(5.0)
+    return g
+
+
+@pytest.mark.parametrize("path", ["scipy", "torch"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_both_paths_invert_in_place(path, dtype):
+    a = spd(300, dtype)
+    want = torch.linalg.inv(a.double())
+    work = a.clone()
+    got = linalg.spd_inverse(work, path)
+    assert got.data_ptr() == work.data_ptr(), "the inverse is in the matrix's own memory"
+    tol = 1e-5 if dtype == torch.float32 else 1e-12
+    assert torch.allclose(got.double(), want, atol=tol * float(want.abs().max()))
+    assert torch.equal(got, got.T), "both triangles hold the inverse"
+
+
+@pytest.mark.parametrize("path", ["scipy", "torch"])
+def test_both_paths_refuse_what_is_not_positive_definite(path):
+    a = spd(50, torch.float64)
+    a[7, 7] = -1.0
+    with pytest.raises(linalg.NotPositiveDefinite):
+        linalg.spd_inverse(a, path)
+
+
+def test_a_linear_fit_that_is_not_positive_definite_says_what_to_do():
+    g = torch.zeros(20, 20)
+    with pytest.raises(RunError, match="use a larger --l2"):
+        linear_weights(g, 0.0)
+
+
+def test_openblas_takes_only_the_sizes_its_threaded_syrk_holds():
+    cpu = torch.device("cpu")
+    assert linalg.solver(22_000, torch.float32, cpu) == ("scipy" if linalg.X86 else "torch")
+    assert linalg.solver(22_001, torch.float32, cpu) == "torch"
+    assert linalg.solver(11_000, torch.float64, cpu) == ("scipy" if linalg.X86 else "torch")
+    assert linalg.solver(11_001, torch.float64, cpu) == "torch"
+    # the sizes that crashed OpenBLAS 0.3.30 on two threads (SkylakeX kernels) take torch
+    assert linalg.solver(26_500, torch.float32, cpu) == "torch"
+    assert linalg.solver(16_000, torch.float64, cpu) == "torch"
+    assert linalg.solver(3_000, torch.float32, torch.device("meta")) == "torch"
+
+
+def test_add_gram_past_the_bound_is_the_whole_product():
+    n = 11_001  # float64: past OpenBLAS's bound, so a product instead of syrk
+    k = torch.rand(3, n, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
+    gram = torch.zeros(n, n, dtype=torch.float64)
+    linalg.add_gram_(gram, k)
+    rows = [0, 5_000, n - 1]
+    assert torch.allclose(gram[rows], k[:, rows].T @ k)
+    small = torch.zeros(40, 40, dtype=torch.float64)
+    linalg.add_gram_(small, k[:, :40])  # syrk: the lower triangle alone
+    assert torch.allclose(small.tril(), (k[:, :40].T @ k[:, :40]).tril())
+
+
+def test_a_dense_solve_past_openblas_bound():
+    """float64 at 16,000 items: scipy's dpotrf on two threads died with SIGSEGV here (OpenBLAS
+    0.3.30, SkylakeX kernels); vaecf's own path must invert it (n I + J: the inverse is
+    (I - J / 2n) / n)."""
+    n, dtype = 16_000, torch.float64
+    need = 2 * n * n * dtype.itemsize + 2**30
+    free = memory.free_memory(torch.device("cpu")).bytes
+    if free < need:
+        pytest.skip(f"needs {need / 2**30:.1f} GiB free, {free / 2**30:.1f} GiB are")
+    assert linalg.solver(n, dtype, torch.device("cpu")) == "torch"
+    a = torch.ones(n, n, dtype=dtype)
+    a.diagonal().add_(n)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)  # ~36 s on two cores (`benchmarks/dense_solve.py`), twice on one
+    try:
+        p = linalg.spd_inverse(a)
+    finally:
+        torch.set_num_threads(threads)
+    cols = [0, 7_777, n - 1]
+    want = torch.full((n, 3), -1.0 / (2 * n * n), dtype=dtype)
+    want[cols, range(3)] += 1.0 / n
+    assert torch.allclose(p[:, cols], want, rtol=0, atol=1e-12 / n)
