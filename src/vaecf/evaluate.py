@@ -10,7 +10,7 @@ import torch
 
 from vaecf.data.matrix import CSR, SparseBatch
 from vaecf.errors import ConfigError
-from vaecf.metrics import parse_metric, ranking_metrics
+from vaecf.metrics import CATALOGUE, PER_USER, coverage, gini, parse_metric, ranking_metrics
 
 DEFAULT_METRICS = ("recall@20", "recall@50", "ndcg@100")
 
@@ -24,10 +24,15 @@ ScoreFn = Callable[[SparseBatch], torch.Tensor]  # batch -> (B, n_items) scores
 SCORE_BUDGET = 2**29  # bytes of float32 scores per evaluation batch: fewer users at 67k+ items
 
 
-def _batch_metrics(score_fn, fold_in, target, metrics, batch_size, rows, scales=(None,)):
-    """Yield, batch by batch of `rows`: (target sizes, [{metric: per-user values}] for each
-    of `scales`: the scores with their columns multiplied by it, None: as they are), each
-    batch scored once."""
+def _catalogue(metrics) -> list[tuple[str, int]]:
+    """The catalogue metrics of `metrics` as (label, k), in order."""
+    return [(m, parse_metric(m)[1]) for m in metrics if parse_metric(m)[0] in CATALOGUE]
+
+
+def _batch_metrics(score_fn, fold_in, target, metrics, batch_size, rows, scales=(None,), info=None):
+    """Yield, batch by batch of `rows`: (target sizes, [({metric: per-user values}, the top
+    k_max items)] for each of `scales`: the scores with their columns multiplied by it, None:
+    as they are), each batch scored once."""
     if fold_in.shape != target.shape:
         raise ConfigError(f"fold-in {fold_in.shape} and target {target.shape} differ in shape")
     n_items = fold_in.shape[1]
@@ -49,21 +54,32 @@ def _batch_metrics(score_fn, fold_in, target, metrics, batch_size, rows, scales=
                 hits = tkeys[pos] == keys
             else:
                 hits = torch.zeros_like(keys, dtype=torch.bool)
-            values.append(ranking_metrics(hits, n_target, metrics))
+            values.append((ranking_metrics(hits, n_target, metrics, top, info), top))
         yield n_target, values
 
 
-def _sums(score_fn, fold_in, target, metrics, batch_size, rows, scales) -> torch.Tensor:
-    """(len(scales), len(metrics) + 2) float64: `metric_sums`' sums under each column scale."""
-    device = fold_in.device
+def _sums(score_fn, fold_in, target, metrics, batch_size, rows, scales, info=None):
+    """(len(scales), len(metrics) + 2 + n_items per catalogue metric) float64: `metric_sums`'
+    sums under each column scale."""
+    device, n_items = fold_in.device, fold_in.shape[1]
     rows = torch.arange(fold_in.n_rows, device=device) if rows is None else rows.to(device)
-    sums = torch.zeros(len(scales), len(metrics) + 2, dtype=torch.float64, device=device)
-    batches = _batch_metrics(score_fn, fold_in, target, metrics, batch_size, rows, scales)
+    cat = _catalogue(metrics)
+    width = len(metrics) + 2 + n_items * len(cat)
+    sums = torch.zeros(len(scales), width, dtype=torch.float64, device=device)
+    batches = _batch_metrics(score_fn, fold_in, target, metrics, batch_size, rows, scales, info)
+    zero = torch.zeros((), dtype=torch.float64, device=device)
     for n_target, values in batches:
-        for s, v in zip(sums, values):
-            s[: len(metrics)] += torch.stack([v[m].sum() for m in metrics])
-        sums[:, -2] += (n_target > 0).sum()
-    sums[:, -1] = rows.numel()
+        scored = n_target > 0
+        for s, (v, top) in zip(sums, values):
+            s[: len(metrics)] += torch.stack(
+                [v[m][scored].sum() if m in v else zero for m in metrics]
+            )
+            for j, (_, k) in enumerate(cat):
+                start = len(metrics) + 2 + j * n_items
+                picks = top[scored, :k].reshape(-1)
+                s[start : start + n_items] += torch.bincount(picks, minlength=n_items).double()
+        sums[:, len(metrics)] += scored.sum()
+    sums[:, len(metrics) + 1] = rows.numel()
     return sums
 
 
@@ -75,31 +91,58 @@ def metric_sums(
     metrics: Sequence[str] = DEFAULT_METRICS,
     batch_size: int = 2000,
     rows: torch.Tensor | None = None,
+    info: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """(len(metrics) + 2,) float64: the per-metric sums over `rows` (default all) of users with
-    a non-empty target, then the number of such users and the number of rows. Sums, so that
-    data-parallel ranks can all-reduce them."""
-    return _sums(score_fn, fold_in, target, metrics, batch_size, rows, (None,))[0]
+    """float64: the per-metric sums over `rows` (default all) of users with a non-empty
+    target, then the number of such users and the number of rows, then for each catalogue
+    metric how often each item is in their top K. Sums, so that data-parallel ranks can
+    all-reduce them. `info`: the items' self-information (novelty)."""
+    return _sums(score_fn, fold_in, target, metrics, batch_size, rows, (None,), info)[0]
 
 
 @torch.no_grad()
+def per_user_values(
+    score_fn: ScoreFn, fold_in: CSR, target: CSR, metrics: Sequence[str], batch_size: int = 2000,
+    info: torch.Tensor | None = None,
+) -> dict[str, torch.Tensor]:  # fmt: skip
+    """{"row": the rows of users with a non-empty target, metric: their values} (float64 on
+    the CPU, in row order: the values whose means `evaluate_scores` reports) for each
+    per-user metric of `metrics`."""
+    rows = torch.arange(fold_in.n_rows, device=fold_in.device)
+    per_user = [m for m in metrics if parse_metric(m)[0] in PER_USER]
+    out: dict[str, list] = {"row": [], **{m: [] for m in per_user}}
+    batches = _batch_metrics(score_fn, fold_in, target, per_user, batch_size, rows, info=info)
+    start = 0
+    for n_target, [(values, _)] in batches:
+        scored = n_target > 0
+        out["row"].append(torch.arange(start, start + n_target.numel())[scored.cpu()])
+        start += n_target.numel()
+        for m in per_user:
+            out[m].append(values[m][scored].double().cpu())
+    return {m: torch.cat(v) if v else torch.zeros(0, dtype=torch.float64) for m, v in out.items()}
+
+
 def per_user_metric(
     score_fn: ScoreFn, fold_in: CSR, target: CSR, metric: str, batch_size: int = 2000
 ) -> torch.Tensor:
     """(n_users,) float64 on the CPU: `metric` of each user with a non-empty target, in row
-    order (the values whose mean `evaluate_scores` reports), for paired comparisons."""
-    rows = torch.arange(fold_in.n_rows, device=fold_in.device)
-    out = []
-    for n_target, values in _batch_metrics(score_fn, fold_in, target, (metric,), batch_size, rows):
-        out.append(values[0][metric][n_target > 0].double().cpu())
-    return torch.cat(out) if out else torch.zeros(0, dtype=torch.float64)
+    order, for paired comparisons."""
+    return per_user_values(score_fn, fold_in, target, (metric,), batch_size)[metric]
 
 
 def summarize(sums: torch.Tensor, metrics: Sequence[str] = DEFAULT_METRICS) -> dict:
-    """Means from `metric_sums` (summed over ranks, if any), with n_users and n_skipped."""
-    s = sums.tolist()
+    """Means from `metric_sums` (summed over ranks, if any), with n_users and n_skipped; a
+    catalogue metric from its items' counts."""
+    n = len(metrics)
+    s = sums[: n + 2].tolist()
     n_users, n_rows = int(s[-2]), int(s[-1])
     out = {m: (v / n_users if n_users else float("nan")) for m, v in zip(metrics, s)}
+    cat = _catalogue(metrics)
+    if cat:
+        n_items = (sums.numel() - n - 2) // len(cat)
+        for j, (m, _) in enumerate(cat):
+            counts = sums[n + 2 + j * n_items : n + 2 + (j + 1) * n_items]
+            out[m] = coverage(counts) if parse_metric(m)[0] == "coverage" else gini(counts)
     out["n_users"] = n_users
     out["n_skipped"] = n_rows - n_users
     return out
@@ -111,10 +154,12 @@ def evaluate_scores(
     target: CSR,
     metrics: Sequence[str] = DEFAULT_METRICS,
     batch_size: int = 2000,
+    info: torch.Tensor | None = None,
 ) -> dict:
     """Mean of each metric over users with a non-empty target; `n_users` evaluated and
     `n_skipped` (users with an empty target) are reported beside them."""
-    return summarize(metric_sums(score_fn, fold_in, target, metrics, batch_size), metrics)
+    sums = metric_sums(score_fn, fold_in, target, metrics, batch_size, info=info)
+    return summarize(sums, metrics)
 
 
 @torch.no_grad()
@@ -145,9 +190,10 @@ def evaluate_model(
     batch_size: int = 2000,
     precision: str = "fp32",
     dist=None,
+    info: torch.Tensor | None = None,
 ) -> dict:
     """Metrics of `model` (in eval mode); with a DistContext, each rank scores its share of the
-    users and the sums are all-reduced."""
+    users and the sums are all-reduced. `info`: the items' self-information (novelty)."""
     was_training = model.training
     model.eval()
     try:
@@ -155,7 +201,7 @@ def evaluate_model(
         if dist is not None and dist.enabled:
             rows = rows.tensor_split(dist.world)[dist.rank]
         sums = metric_sums(
-            model_scores(model, precision), fold_in, target, metrics, batch_size, rows
+            model_scores(model, precision), fold_in, target, metrics, batch_size, rows, info
         )
         if dist is not None:
             dist.all_reduce_sum(sums)

@@ -27,9 +27,12 @@ def printable(value) -> str:
     return "".join(c if c.isprintable() else c.encode("unicode_escape").decode() for c in text)
 
 
-def metrics_table(rows: dict[str, dict]) -> str:
-    keys = ["recall@20", "recall@50", "ndcg@100"]
-    lines = [f"{'':14s}" + "".join(f"{k:>12s}" for k in keys)]
+def metrics_table(rows: dict[str, dict], keys=("recall@20", "recall@50", "ndcg@100")) -> str:
+    """A table of `keys` (the metrics each row has) for each named row."""
+    width = max([14, *(len(name) + 2 for name in rows)])
+    keys = [k for k in keys if any(k in m for m in rows.values())]
+    lines = [" " * width + "".join(f"{k:>13s}" for k in keys)]
     for name, m in rows.items():
-        lines.append(f"{name:14s}" + "".join(f"{m[k]:12.4f}" for k in keys))
+        cells = "".join(f"{m[k]:13.4f}" if k in m else f"{'':13s}" for k in keys)
+        lines.append(f"{name:{width}s}" + cells)
     return "\n".join(lines)

@@ -140,43 +140,30 @@ class EvaluateSettings(Compute):
 
 
 def cmd_evaluate(a) -> int:
-    from vaecf.data.matrix import CSR
-    from vaecf.data.prepare import PreparedDataset
-    from vaecf.evaluate import evaluate_model
-    from vaecf.recommender import Recommender
-    from vaecf.rundir import load_config
+    from vaecf.run_evaluation import (
+        check_per_user_path,
+        evaluate_run,
+        parse_metrics,
+        write_per_user,
+    )
 
-    s, cfg = from_args(EvaluateSettings, a), load_config(a.run)
-    ds = PreparedDataset(a.data or cfg["data"]["path"])
-    if ds.fingerprint != cfg["data"]["fingerprint"]:
-        from vaecf.errors import RunError
-
-        raise RunError(f"{ds.path} is not the dataset {a.run} was trained on; pass its --data")
-    if not ds.manifest["counts"][f"n_{s.split}_users"]:
-        from vaecf.errors import ConfigError
-
-        other = "validation" if s.split == "test" else "test"
-        has_other = ds.manifest["counts"][f"n_{other}_users"]
-        raise ConfigError(
-            f"{ds.path} holds no {s.split} users (every user trained the model, as `vaecf.fit` "
-            f"and `--heldout-users 0` prepare): "
-            + (f"evaluate --split {other}, or " if has_other else "")
-            + "prepare the data with held-out users (`vaecf prepare ... --heldout-users N`) "
-            "and train on that"
-        )
-    if s.precision is None:  # the run's precision: the test split reproduces results.json
-        rec = Recommender.load(a.run, device=s.device)
-        precision = cfg["train"]["precision"]
-    else:  # a serving copy, scored as `vaecf serve --precision` would score it
-        rec = Recommender.load(a.run, device=s.device, precision=s.precision)
-        precision = s.precision if s.precision in ("fp32", "tf32") else "fp32"
-    fold_in, target = (CSR.from_scipy(ds.split(f"{s.split}_{p}"), rec.device) for p in ("tr", "te"))
-    m = evaluate_model(rec.model, fold_in, target, precision=precision)
+    s = from_args(EvaluateSettings, a)
+    metrics = parse_metrics(a.metrics)  # checked before any work
+    per_user = check_per_user_path(a.per_user) if a.per_user else None
+    ev = evaluate_run(a.run, a.data, s.split, metrics, s.device, s.precision)
+    if per_user is not None:
+        write_per_user(ev.per_user, per_user)
     if a.json:
-        print_json({"split": s.split, **m})
-    else:
-        print(metrics_table({s.split: m}))
-        print(f"{m['n_users']} users evaluated, {m['n_skipped']} skipped (empty target)")
+        print_json({"split": s.split, **ev.summary, "slices": ev.slices})
+        return 0
+    print(metrics_table({s.split: ev.summary}, metrics))
+    n, skipped = ev.summary["n_users"], ev.summary["n_skipped"]
+    print(f"{n} users evaluated, {skipped} skipped (empty target)")
+    if ev.slices:
+        print("\nby history length (items the user had):")
+        print(metrics_table({f"{r['slice']} ({r['n_users']})": r for r in ev.slices}, metrics))
+    if per_user is not None:
+        print(f"per-user values: {per_user} ({ev.per_user.height} users)")
     return 0
 
 
@@ -341,9 +328,19 @@ def _register_evaluate(sub) -> None:
     pe.add_argument("--data", help="prepared dataset (unset: the one the run was trained on)")
     add_settings(pe, EvaluateSettings)
     pe.add_argument(
+        "--metrics",
+        help="comma-separated NAME@K (recall, ndcg, precision, map, mrr, hit, novelty, "
+        "coverage, gini); default recall@20,recall@50,ndcg@100",
+    )
+    pe.add_argument(
+        "--per-user",
+        metavar="FILE",
+        help="write one row per scored user (.csv or .parquet): id, history, each metric",
+    )
+    pe.add_argument(
         "--json",
         action="store_true",
-        help="print one JSON object: recall@20, recall@50, ndcg@100, n_users, ...",
+        help="print one JSON object: each metric, n_users, n_skipped, the slices",
     )
     pe.set_defaults(fn=cmd_evaluate)
 
