@@ -1,7 +1,7 @@
 """Crash, corruption and abuse drills: break vaecf on purpose many times and count what was lost.
 
 The test suite runs a small share of the same drills (tests/test_drills.py,
-tests/data/test_fuzz_parsers.py); the drill kit is benchmarks/drillkit.py and benchmarks/fuzzkit.py.
+tests/data/test_fuzz_parsers.py); the drill kit is benchmarks/drillkit/ and benchmarks/fuzzkit.py.
 
 - kill: `vaecf prepare` / `train` / `score` / `tune` / `compare` / `export` SIGKILLed at random
   moments (1-2 per trial), then rerun (`--resume` for train and tune); the output must be the old

@@ -153,7 +153,7 @@ EXEMPT = {
     "is checked instead",
     "gpu.sh": "drives the scripts above on a CUDA GPU (nvidia-smi, CUDA tests); its bash syntax is "
     "checked instead",
-    "drillkit.py": "the kit of drills.py (and tests/test_drills.py), run through drills.py",
+    "drillkit/": "the kit of drills.py (and tests/test_drills.py), a package run through drills.py",
     "fuzzkit.py": "the kit of drills.py's fuzzing (and tests/data/test_fuzz_parsers.py), run "
     "through drills.py",
     "serve_client.py": "the server and client that serve_load.py and serve_hostile.py import, "
@@ -373,12 +373,14 @@ def test_benchmark_runs(job, runs):
 
 
 def test_every_benchmark_is_smoke_run_or_exempt():
-    files = {p.name for p in BENCH.iterdir() if p.is_file()}
+    # a folder is a package (a kit of modules, named "name/"), never a script
+    folders = [p for p in BENCH.iterdir() if p.is_dir() and p.name != "__pycache__"]
+    assert all((p / "__init__.py").is_file() for p in folders), "a folder that is no package"
+    files = {p.name for p in BENCH.iterdir() if p.is_file()} | {f"{p.name}/" for p in folders}
     assert not files - set(SMOKE) - set(EXEMPT), "neither smoke-run nor exempt (with a reason)"
     assert not (set(SMOKE) | set(EXEMPT)) - files, "listed here but not in benchmarks/"
     assert not set(SMOKE) & set(EXEMPT)
     assert all(reason.strip() for reason in EXEMPT.values())
-    assert not [p for p in BENCH.iterdir() if p.is_dir() and p.name != "__pycache__"]
 
 
 @pytest.mark.parametrize("name", scripts())
@@ -408,7 +410,8 @@ def private_vaecf_imports(source: str) -> list[str]:
 
 
 def test_no_benchmark_imports_a_private_name_from_vaecf():
-    bad = {p.name: private_vaecf_imports(p.read_text()) for p in sorted(BENCH.glob("*.py"))}
+    modules = sorted([*BENCH.glob("*.py"), *BENCH.glob("*/*.py")])  # packages' modules too
+    bad = {str(p.relative_to(BENCH)): private_vaecf_imports(p.read_text()) for p in modules}
     assert not {k: v for k, v in bad.items() if v}
     # the check itself finds each form
     assert private_vaecf_imports("from vaecf.models.ease import _x, y") == ["vaecf.models.ease._x"]

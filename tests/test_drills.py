@@ -3,7 +3,7 @@
 tune; serve: started again), and prepare and train on a nearly full tmpfs.
 
 Each drill prints its seed; rerun one with VAECF_DRILL_SEED=N. The counts here are small (the
-benchmark runs >= 100 kill points per verb); the drill kit lives in drillkit.py.
+benchmark runs >= 100 kill points per verb); the drill kit lives in benchmarks/drillkit/.
 """
 
 from __future__ import annotations
