@@ -240,11 +240,7 @@ def check(case_name: str, path: Path) -> str:
     assert (
         {sources.USER, sources.ITEM}
         <= set(df.columns)
-        <= {
-            sources.USER,
-            sources.ITEM,
-            sources.RATING,
-        }
+        <= {sources.USER, sources.ITEM, sources.RATING, sources.TIME}
     ), df.columns
     assert df.height > 0
     for c in (sources.USER, sources.ITEM):
@@ -256,6 +252,9 @@ def check(case_name: str, path: Path) -> str:
     if sources.RATING in df.columns:
         r = df.get_column(sources.RATING)
         assert r.null_count() == 0 and all(math.isfinite(v) for v in r.to_list()), "bad rating"
+    if sources.TIME in df.columns:
+        t = df.get_column(sources.TIME)
+        assert t.null_count() == 0 and all(math.isfinite(v) for v in t.to_list()), "bad time"
     return "parsed"
 
 

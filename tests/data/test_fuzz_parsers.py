@@ -43,7 +43,7 @@ def test_ml1m_rows_parse_exactly(tmp_path, rows):
     path = tmp_path / "ratings.dat"
     path.write_text("".join(f"{u}::{i}::{r}::{t}\n" for u, i, r, t in rows))
     df = parsers.read_movielens_dat([path])[0]
-    assert df.rows() == [(u, i, float(r)) for u, i, r, _ in rows]
+    assert df.rows() == [(u, i, float(r), float(t)) for u, i, r, t in rows]
 
 
 @FUZZ
@@ -57,7 +57,7 @@ def test_movielens_csv_with_crlf_and_bom_parses_exactly(tmp_path, rows, eol, bom
     text = eol.join(["userId,movieId,rating,timestamp", *(",".join(map(str, r)) for r in rows)])
     path.write_bytes((b"\xef\xbb\xbf" if bom else b"") + (text + eol).encode())
     df = parsers.read_movielens_csv([path])[0]
-    assert df.rows() == [(u, i, r) for u, i, r, _ in rows]
+    assert df.rows() == [(u, i, r, float(t)) for u, i, r, t in rows]
 
 
 @FUZZ

@@ -31,13 +31,14 @@ def cmd_prepare(a) -> int:
         a.item_col,
         a.rating_col,
         a.sep,
-        from_args(PrepareSettings, a, **file_protocol(a.heldout_users)),
+        from_args(PrepareSettings, a, **file_protocol(a.heldout_users, a.protocol)),
         overwrite=a.overwrite,
         item_names=a.item_names,
         name_col=a.name_col,
         name_id_col=a.name_id_col,
         header=not a.no_header,
         columns=a.columns,
+        time_col=a.time_col,
     )
     if a.json:
         print_json({"path": str(ds.path), **ds.manifest})
@@ -256,7 +257,13 @@ def _register_prepare(sub) -> None:
     from vaecf.data.prepare import PrepareSettings
 
     names = ("min_rating", "min_user_items", "min_item_users", "heldout_users", "seed")
+    names += ("protocol", "validation_share", "test_share", "last_n")
     held = add_settings(pc, PrepareSettings, only=names)["heldout_users"]
+    pc.add_argument(
+        "--time-col",
+        help="the time protocols: the column of when each interaction happened (unset: found by "
+        "name: timestamp, time, datetime, date, ts); epoch seconds or ms, or ISO dates",
+    )
     held.help = "unset: 7%% + 7%% of the users (the thesis protocol); " + held.help
     pc.add_argument(
         "--item-names",

@@ -26,6 +26,9 @@ _ITEMS += ("video", "post")
 USER_NAMES = (*(n for u in _USERS for n in (u, u + "id")), "uid")  # in order of preference
 ITEM_NAMES = (*(n for i in _ITEMS for n in (i, i + "id")), "iid", "sku", "asin", "isbn")
 RATING_NAMES = ("rating", "ratings", "score", "stars", "overall", "value")  # with min_rating
+# time columns, for the time protocols: MovieLens timestamp, Amazon unixReviewTime, H&M t_dat
+TIME_NAMES = ("timestamp", "time", "datetime", "date", "ts", "eventtime", "unixreviewtime")
+TIME_NAMES += ("createdat", "tdat")
 
 
 def resolve_columns(
@@ -46,6 +49,22 @@ def resolve_columns(
     if rating_col is not None or want_rating:
         rating_col = guess_column(names, rating_col, RATING_NAMES, "rating")
     return user_col, item_col, rating_col
+
+
+def find_time_column(path: Path, sep: str | None, time_col, columns, protocol: str) -> str:
+    """--time-col, checked, else the column named like a time (`TIME_NAMES`); DataError in one
+    line naming what was looked for where there is none."""
+    names = file_columns(path, sep) if columns is None else list(columns)
+    if time_col is not None:
+        return guess_column(names, time_col, (), "time")
+    try:
+        return guess_column(names, None, TIME_NAMES, "time")
+    except DataError:
+        raise DataError(
+            f"the {protocol} protocol orders interactions by time, and {path} has no column "
+            f"named timestamp, time, datetime, date or ts (its columns: {names}); name the "
+            f"one that holds the times with {spelled('time_col')}"
+        ) from None
 
 
 def found_by_name(

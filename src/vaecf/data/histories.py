@@ -28,16 +28,20 @@ class UserHistories:
     """Every user of a prepared dataset: raw id -> the item indices of their history."""
 
     def __init__(self, ds: PreparedDataset):
-        users = ds.users
-        ids = users.get_column(USER)
+        users = ds.users.with_row_index("row")
         self.path = ds.path
-        self.users = Vocabulary(ids.to_numpy() if ids.dtype.is_integer() else ids.to_list(), USER)
-        self.rows = sp.vstack([ds.split(s) for s in HISTORY_SPLITS], format="csr")
-        if self.rows.shape[0] != len(self.users):
+        rows = sp.vstack([ds.split(s) for s in HISTORY_SPLITS], format="csr")
+        if rows.shape[0] != users.height:
             raise DataError(
-                f"{ds.path}/users.parquet lists {len(self.users)} users, its splits hold "
-                f"{self.rows.shape[0]}; prepare the dataset again"
+                f"{ds.path}/users.parquet lists {users.height} users, its splits hold "
+                f"{rows.shape[0]}; prepare the dataset again"
             )
+        # a time protocol lists a user once per split they are in: their latest history is the
+        # last (the test period's holds everything before it)
+        users = users.unique(USER, keep="last", maintain_order=True)
+        ids = users.get_column(USER)
+        self.users = Vocabulary(ids.to_numpy() if ids.dtype.is_integer() else ids.to_list(), USER)
+        self.rows = rows[users.get_column("row").to_numpy()]
 
     def __len__(self) -> int:
         return len(self.users)

@@ -15,7 +15,7 @@ import polars as pl
 
 from vaecf.data import files
 from vaecf.data.separators import SPLIT_SEPS, default_sep, sep_for
-from vaecf.data.sources import ITEM, NAME, RATING, USER, csv_bad_line, scan_table
+from vaecf.data.sources import ITEM, NAME, RATING, TIME, USER, csv_bad_line, scan_table
 from vaecf.data.strict import one_file, read_lines, typed_read
 from vaecf.errors import DataError
 
@@ -41,11 +41,11 @@ def read_movielens_csv(paths: list[Path]) -> Parsed:
         ("int", "int", "num", "int"),
         ML_COLUMNS,
         True,
-        ("userId", "movieId", "rating"),
+        ML_COLUMNS,
         "MovieLens ratings.csv",
         nonneg=("rating",),
     )
-    return df.rename({"userId": USER, "movieId": ITEM, "rating": RATING}), {}
+    return df.rename({"userId": USER, "movieId": ITEM, "rating": RATING, "timestamp": TIME}), {}
 
 
 def read_movielens_dat(paths: list[Path]) -> Parsed:
@@ -74,10 +74,14 @@ def read_movielens_dat(paths: list[Path]) -> Parsed:
         .str.strip_chars()
         .cast(pl.Float64, strict=False)
         .alias(RATING),
-    )
+        pl.col("f").list.get(3, null_on_oob=True).str.strip_chars().cast(pl.Float64, strict=False)
+        .alias(TIME),
+    )  # fmt: skip
     bad = df.select(
         (
             (pl.col("n") != 4)
+            | pl.col(TIME).is_null()
+            | ~pl.col(TIME).is_finite()
             | pl.col(USER).is_null()
             | pl.col(ITEM).is_null()
             | pl.col(RATING).is_null()
@@ -93,7 +97,7 @@ def read_movielens_dat(paths: list[Path]) -> Parsed:
             f"{path}, line {n + 1}: {line!r} is not UserID::MovieID::Rating::Timestamp"
             "; fix or re-download the file"
         )
-    return df.select(USER, ITEM, RATING), {}
+    return df.select(USER, ITEM, RATING, TIME), {}
 
 
 def read_netflix(paths: list[Path]) -> Parsed:

@@ -21,7 +21,7 @@ import polars as pl
 
 from vaecf.config.settings import spelled
 from vaecf.data import files
-from vaecf.data.columns import resolve_columns
+from vaecf.data.columns import find_time_column, resolve_columns
 from vaecf.data.prepared import (
     FORMAT_VERSION,
     ITEM_NAMES,
@@ -33,6 +33,7 @@ from vaecf.data.prepared import (
 )
 from vaecf.data.preprocess import (
     PROTOCOL_FIELDS,
+    TIME_PROTOCOLS,
     PrepareSettings,
     dataset_settings,
     preprocess,
@@ -63,6 +64,11 @@ __all__ = [
 ]
 
 
+# settings added after datasets were prepared: left out of the fingerprint while unset, so that
+# those datasets (and the runs trained on them) keep theirs
+_LATER = ("validation_share", "test_share", "last_n")
+
+
 def fingerprint(settings: PrepareSettings, source: dict) -> str:
     keys = ("sha256", "columns", "sep")
     src = {k: source.get(k) for k in keys}
@@ -72,8 +78,9 @@ def fingerprint(settings: PrepareSettings, source: dict) -> str:
         src["parser"] = source["parser"]
     elif source.get("item_names"):  # a user's names file (a registry dataset's is not hashed in)
         src["item_names"] = {k: source["item_names"].get(k) for k in ("sha256", "columns", "sep")}
+    chosen = {k: v for k, v in asdict(settings).items() if v is not None or k not in _LATER}
     blob = json.dumps(
-        {"settings": asdict(settings), "source": src, "format_version": FORMAT_VERSION},
+        {"settings": chosen, "source": src, "format_version": FORMAT_VERSION},
         sort_keys=True,
     )
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
@@ -173,6 +180,7 @@ def prepare_csv(
     name_id_col: str | None = None,
     header: bool = True,
     columns: list[str] | str | None = None,
+    time_col: str | None = None,
 ) -> PreparedDataset:
     """Prepare a text, JSON or Parquet file of interactions (`files.kind`; cached by
     fingerprint at `out`).
@@ -183,6 +191,9 @@ def prepare_csv(
     `settings.min_rating` is set (rating, score, stars, ...). `sep`: one character, '::', or
     'whitespace' for runs of spaces and tabs (FilmTrust's `ratings.txt`); found in the file
     where not given (`separators.found_sep`).
+
+    `time_col`: when each interaction happened, for the time protocols (`settings.protocol`
+    temporal or last); found by name where not given (timestamp, time, date, ...).
 
     `item_names`: a CSV/TSV/JSON/Parquet file naming items: `name_col` holds the name, `name_id_col`
     (default: `item_col`) the item id; read with `sep` when given, else by its own suffix.
@@ -197,6 +208,12 @@ def prepare_csv(
         path, sep or found, user_col, item_col, rating_col, columns, settings.min_rating is not None
     )
     source = _file_source(path, (user_col, item_col, rating_col), sep, found, columns)
+    if settings.protocol in TIME_PROTOCOLS:
+        time_col = find_time_column(path, sep or found, time_col, columns, settings.protocol)
+        source["columns"]["time"] = time_col  # only here: other fingerprints stay as they were
+    elif time_col is not None:
+        raise DataError(f"{spelled('time_col')} orders the time protocols only: add "
+                        f"{spelled('protocol', 'temporal')} or drop it")  # fmt: skip
     if item_names is not None:
         source["item_names"] = _names_source(
             Path(item_names), name_col, name_id_col or item_col, sep
@@ -212,7 +229,10 @@ def prepare_csv(
             from vaecf.data.parsers import read_names_table
 
             names = read_names_table(item_names, name_id_col or item_col, name_col, sep)
-        df = read_table(path, user_col, item_col, rating_col, sep or found, header, columns)
+        df = read_table(
+            path, user_col, item_col, rating_col, sep or found, header, columns,
+            source["columns"].get("time"),
+        )  # fmt: skip
         return prepare_frame(df, out, settings, source, names)
 
 

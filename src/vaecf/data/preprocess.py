@@ -16,7 +16,7 @@ import scipy.sparse as sp
 
 from vaecf.config.settings import setting, spelled, validate_fields
 from vaecf.data import splits
-from vaecf.data.sources import ITEM, NAME, RATING, USER
+from vaecf.data.sources import ITEM, NAME, RATING, TIME, USER
 from vaecf.data.vocab import cut_names
 from vaecf.errors import DataError
 
@@ -24,7 +24,10 @@ from vaecf.errors import DataError
 PROTOCOL_FIELDS = {
     "liang": {"heldout_users": 10_000},
     "thesis": {"validation_frac": 0.07, "test_frac": 0.07},
+    "temporal": {"validation_share": 0.1, "test_share": 0.1},
+    "last": {"last_n": 1},
 }
+TIME_PROTOCOLS = ("temporal", "last")  # vaecf.data.timesplit
 
 
 @dataclass
@@ -42,12 +45,22 @@ class PrepareSettings:
     )
     min_item_users: int = setting(0, "first drop items with fewer users")
     min_user_items: int = setting(5, "then drop users with fewer positives, as the paper does")
-    protocol: Literal["liang", "thesis"] = setting(
-        "liang", "liang: N validation + N test users (the paper); thesis: percentages of users"
+    protocol: Literal["liang", "thesis", "temporal", "last"] = setting(
+        "liang",
+        "liang: N validation + N test users (the paper); thesis: percentages of users; "
+        "temporal: the last interactions in time are the test and validation periods; last: "
+        "each user's last interactions are their test and validation targets",
     )
     heldout_users: int | None = setting(None, "liang: N users in validation, and N in test")
     validation_frac: float | None = setting(None, "thesis: fraction of users for validation")
     test_frac: float | None = setting(None, "thesis: fraction of users for test (0: none)")
+    validation_share: float | None = setting(
+        None, "temporal: share of the interactions, before the test period, for validation"
+    )
+    test_share: float | None = setting(None, "temporal: share of the last interactions for test")
+    last_n: int | None = setting(
+        None, "last: each user's last N for test, the N before for validation"
+    )
     target_frac: float = setting(0.2, "fraction of each held-out user's items to predict")
     seed: int = setting(98765, "seed of the user shuffle and the fold-in split, the paper's")
 
@@ -85,12 +98,20 @@ class PrepareSettings:
                 )
             if not 0 <= self.test_frac < 1:  # 0: no test users (a production fit)
                 raise DataError(f"{spelled('test_frac')} must lie in [0, 1) (vaecf.fit: test=)")
+        if self.protocol == "temporal":
+            for key in ("validation_share", "test_share"):
+                if not 0 < getattr(self, key) < 0.5:
+                    raise DataError(f"{spelled(key)} must lie strictly between 0 and 0.5")
+        if self.protocol == "last" and self.last_n < 1:
+            raise DataError(f"{spelled('last_n')} must be at least 1")
 
 
-def file_protocol(heldout_users: int | None) -> dict:
-    """How a file of one's own is split (`vaecf prepare csv`, `compare --data`): the paper's N
-    validation + N test users where `heldout_users` gives N, else 7% + 7% of its users (the
-    thesis protocol, as the named small datasets are split)."""
+def file_protocol(heldout_users: int | None, protocol: str | None = None) -> dict:
+    """How a file of one's own is split (`vaecf prepare csv`, `compare --data`): `protocol`
+    where given; else the paper's N validation + N test users where `heldout_users` gives N,
+    else 7% + 7% of its users (the thesis protocol, as the named small datasets are split)."""
+    if protocol is not None:
+        return {"protocol": protocol}
     return {"protocol": "thesis"} if heldout_users is None else {"heldout_users": heldout_users}
 
 
@@ -198,6 +219,8 @@ class Preprocessed:
 def preprocess(df: pl.DataFrame, settings: PrepareSettings) -> Preprocessed:
     """Binarize, filter and split `df` (columns user_id, item_id[, rating]) by `settings`."""
     counts: dict[str, int] = {"n_rows": df.height}
+    if settings.protocol in TIME_PROTOCOLS:
+        return _preprocess_by_time(df, settings, counts)
     df = _filtered(df, settings, counts)
     users = df.get_column(USER).unique().sort().to_numpy()
     if settings.protocol == "liang":
@@ -242,9 +265,37 @@ def preprocess(df: pl.DataFrame, settings: PrepareSettings) -> Preprocessed:
     return Preprocessed(mats, counts, order, (n_tr, n_val, n_te), item_ids)
 
 
-def _filtered(df: pl.DataFrame, settings: PrepareSettings, counts: dict) -> pl.DataFrame:
-    """`df`'s distinct (user, item) pairs rated at least min_rating, of items with enough users
-    and users with enough items; `counts` gets the rows left after each step."""
+def _preprocess_by_time(df: pl.DataFrame, settings: PrepareSettings, counts: dict):
+    """A time protocol's split (vaecf.data.timesplit) of `df`'s positives in time order (ties
+    in file order), each pair at its first time."""
+    from vaecf.data.timesplit import periods, split_by_time
+
+    if TIME not in df.columns:
+        raise DataError(
+            f"the {settings.protocol} protocol needs when each interaction happened: name the "
+            f"time column with {spelled('time_col')}"
+        )
+    df = _rated(df.sort(TIME, maintain_order=True), settings, counts).select(USER, ITEM, TIME)
+    if settings.protocol == "temporal":  # the cut is placed among the rows as they came: a
+        df = first_pairs(periods(df, settings))  # repeat later on drops out, moving nothing
+    else:  # each user's last distinct items
+        df = periods(first_pairs(df), settings)
+    counts["n_unique_pairs"] = df.height
+    mats, order, sizes, item_ids = split_by_time(df, settings, counts)
+    counts.update(
+        n_users=df.get_column(USER).n_unique(),
+        n_items=item_ids.len(),
+        n_train_users=sizes[0],
+        n_validation_users=sizes[1],
+        n_test_users=sizes[2],
+        **{f"nnz_{k}": int(m.nnz) for k, m in mats.items()},
+    )
+    counts["n_filtered_pairs"] = sum(int(m.nnz) for k, m in mats.items() if k != "test_tr")
+    return Preprocessed(mats, counts, order, sizes, item_ids)
+
+
+def _rated(df: pl.DataFrame, settings, counts: dict) -> pl.DataFrame:
+    """`df`'s rows rated at least min_rating (all of them without it)."""
     if settings.min_rating is not None:
         if RATING not in df.columns:
             raise DataError(
@@ -252,7 +303,13 @@ def _filtered(df: pl.DataFrame, settings: PrepareSettings, counts: dict) -> pl.D
             )
         df = df.filter(pl.col(RATING) >= settings.min_rating)
     counts["n_positive_rows"] = df.height
-    df = first_pairs(df.select(USER, ITEM))
+    return df
+
+
+def _filtered(df: pl.DataFrame, settings: PrepareSettings, counts: dict) -> pl.DataFrame:
+    """`df`'s distinct (user, item) pairs rated at least min_rating, of items with enough users
+    and users with enough items; `counts` gets the rows left after each step."""
+    df = first_pairs(_rated(df, settings, counts).select(USER, ITEM))
     counts["n_unique_pairs"] = df.height
     if settings.min_item_users > 0:
         df = df.filter(pl.len().over(ITEM) >= settings.min_item_users)

@@ -21,6 +21,7 @@ from vaecf.data.vocab import INT_ID
 from vaecf.errors import DataError
 
 USER, ITEM, RATING = "user_id", "item_id", "rating"
+TIME = "time"  # when the interaction happened: a sortable number (the time protocols)
 NAME = "name"  # an item's display name (item names files; read_lastfm(names=True))
 
 
@@ -127,13 +128,15 @@ def read_table(
     sep: str | None = None,
     header: bool = True,
     columns: list[str] | None = None,
+    time_col: str | None = None,
 ) -> pl.DataFrame:
     """Read a delimited text, JSON or Parquet file of interactions (`files.kind`; text and JSON
     may be compressed) with named columns: a text file's header row names them, or `columns`
     does (`header=False`). `sep` is one character or 'whitespace' or '::', found in the file
     where not given (`sep_for`); LF, CRLF and bare-CR line endings are all read.
 
-    Returns columns user_id, item_id and, with `rating_col`, rating (Float64), in file order.
+    Returns columns user_id, item_id and, with `rating_col`, rating (Float64), with
+    `time_col`, time (`times`), in file order.
     """
     path = Path(path)
     files.check_file(path)
@@ -144,7 +147,7 @@ def read_table(
         raise DataError(
             f"{path} is empty; pass a file with {'a header row and ' if header else ''}interactions"
         )
-    wanted = [user_col, item_col] + ([rating_col] if rating_col else [])
+    wanted = [user_col, item_col] + [c for c in (rating_col, time_col) if c]
     sep = sep_for(path, sep) if text else None
     lf, names = scan_table(path, sep, header, columns)
     missing = [c for c in wanted if c not in names]
@@ -171,7 +174,36 @@ def read_table(
     }
     if rating_col:
         out[RATING] = _ratings(df.get_column(rating_col), path, rating_col)
+    if time_col:
+        out[TIME] = times(df.get_column(time_col), f"{path}: column {time_col!r}")
     return pl.DataFrame(out)
+
+
+def times(s: pl.Series, where: str) -> pl.Series:
+    """A time column as a sortable Float64: numbers as they are (epoch seconds or milliseconds:
+    only their order counts), ISO dates and date-times as epoch seconds. DataError naming the
+    first value that is neither."""
+    if s.dtype.is_numeric():
+        t = s.cast(pl.Float64)
+    elif s.dtype in (pl.Date, pl.Datetime):
+        t = s.cast(pl.Datetime("ms")).dt.epoch("ms").cast(pl.Float64) / 1000.0
+    else:
+        text = s.cast(pl.String).str.strip_chars()
+        t = text.cast(pl.Float64, strict=False)
+        if t.null_count() > text.null_count():  # not numbers: dates
+            try:
+                parsed = text.str.to_datetime(strict=False, time_unit="ms")
+                t = parsed.dt.epoch("ms").cast(pl.Float64) / 1000.0
+            except pl.exceptions.PolarsError:  # no date format fits: the numbers' nulls stand
+                pass
+    bad = t.is_null() | t.is_nan()
+    if bad.any():
+        first = s.filter(bad)[0]
+        raise DataError(
+            f"{where}: {first!r} is not a time (epoch seconds or milliseconds, or an ISO date "
+            "like 2024-05-01 or 2024-05-01T12:30:00); fix the file or pass the right --time-col"
+        )
+    return t.alias(TIME)
 
 
 def _missing_columns(path: Path, missing: list, names: list, sep: str | None, columns) -> DataError:

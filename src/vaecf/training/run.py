@@ -24,6 +24,7 @@ from vaecf import precision as prec
 from vaecf.config.train import TrainConfig
 from vaecf.data.matrix import CSR
 from vaecf.data.prepare import PreparedDataset
+from vaecf.data.preprocess import TIME_PROTOCOLS
 from vaecf.errors import RunError
 from vaecf.evaluate import evaluate_model, metrics_with
 from vaecf.models import Model
@@ -66,6 +67,13 @@ class Run:
         if getattr(model_cfg, "fold_in_rows", False) is None:  # resolved and recorded
             auto = cfg.preset == "auto" and models.get(model_name).fold_in_default
             model_cfg.fold_in_rows = bool(auto)
+        if (
+            hasattr(model_cfg, "fold_in_rows")
+            and ds.manifest["settings"]["protocol"] in TIME_PROTOCOLS
+        ):
+            # a held-out user's history under a time protocol is their past up to a later
+            # period (the test history holds the validation period): never a training row
+            model_cfg.fold_in_rows = False
         self.ctx = ctx or distributed.DistContext()
         self.device = prec.resolve_device(device or cfg.device)
         if self.device.type == "cpu":
