@@ -44,7 +44,8 @@ def test_errors_name_the_keyword_argument_in_python_and_the_flag_on_the_command_
         _fit(df, min_user_items=0)
     with pytest.raises(DataError, match=r"test_frac= must lie in \[0, 1\) \(vaecf.fit: test=\)"):
         _fit(df, test=1.5)
-    with pytest.raises(DataError, match=r"^protocol= must be one of liang, thesis, not 'x'$"):
+    protocols = "liang, thesis, temporal, last"
+    with pytest.raises(DataError, match=rf"^protocol= must be one of {protocols}, not 'x'$"):
         vaecf.PrepareSettings(protocol="x").validate()
     with pytest.raises(ConfigError, match=r"^epochs= must be at least 1$"):
         vaecf.fit(df, model="multvae", epochs=0, progress=False)

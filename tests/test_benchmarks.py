@@ -51,6 +51,12 @@ SMOKE: dict[str, list[tuple[str, str]]] = {
         )
     ],
     "dense_solve.py": [("| torch |", "--items 300 --dtype float64")],
+    "temporal.py": [
+        (
+            "coverage@10",
+            "--data ml-latest-small --source {tmp}/ml --models popular,ease --budget 5",
+        )
+    ],
     "drills.py": [("| csv | 3 |", "--only fuzz --parsers csv --fuzz 3 --fuzz-cli 1")],
     "early_stopping.py": [
         (
@@ -336,7 +342,7 @@ def runs(request, tmp_path_factory) -> dict[str, dict]:
                 job, name, argv, _ = queue.pop(0)
                 tmp = base / job.replace(":", "-")
                 tmp.mkdir()
-                if name == "accuracy.py" and job.startswith("smoke"):
+                if name in ("accuracy.py", "temporal.py") and job.startswith("smoke"):
                     tiny_ratings(tmp / "ml")
                 out = tmp / "output.txt"
                 req = {

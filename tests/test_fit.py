@@ -365,3 +365,25 @@ def test_fit_takes_a_dict_of_histories_or_a_list_of_pairs(tmp_path):
     ):
         with pytest.raises(vaecf.DataError, match=words):
             vaecf.fit(bad, **kw)
+
+
+def test_fit_holds_out_the_future_under_the_temporal_protocol(tmp_path):
+    """protocol="temporal": the test is the last share of the interactions by time, found in a
+    column named like a time; a frame without one is refused in one line."""
+    from vaecf.data import synthetic
+
+    rng = np.random.default_rng(4)
+    df = synthetic.generate(n_users=300, n_items=60, n_groups=3, mean_items=12, seed=4)
+    df = df.to_pandas()
+    df["timestamp"] = rng.permutation(len(df))
+    rec = vaecf.fit(df, model="ease", protocol="temporal", test=0.1, out=tmp_path / "r",
+                    progress=False, min_user_items=2)  # fmt: skip
+    manifest = rec.info["data"]
+    ds = vaecf.PreparedDataset(manifest["path"])
+    assert ds.manifest["settings"]["protocol"] == "temporal"
+    assert ds.manifest["counts"]["n_test_period_pairs"] == int(np.ceil(0.1 * len(df)))
+    assert rec.results["test"]["n_users"] > 0
+    with pytest.raises(vaecf.DataError, match="no column named timestamp"):
+        vaecf.fit(pd.DataFrame(df.drop(columns="timestamp")), protocol="temporal")
+    with pytest.raises(vaecf.DataError, match="orders interactions by time"):
+        vaecf.fit({1: [1, 2, 3]}, protocol="temporal")

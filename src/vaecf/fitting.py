@@ -20,162 +20,23 @@ import json
 import os
 import shutil
 import time
-from collections.abc import Iterable, Mapping
-from dataclasses import fields, replace
+from dataclasses import fields
 from pathlib import Path
 
-import numpy as np
 import polars as pl
-import scipy.sparse as sp
 
-from vaecf.data import files
 from vaecf.data.columns import (
-    ITEM_NAMES,
-    RATING_NAMES,
-    USER_NAMES,
     found_by_name,
-    guess_column,
-    resolve_columns,
 )
 from vaecf.data.datasets import home
+from vaecf.data.inputs import names_frame, read_input
 from vaecf.data.prepare import PreparedDataset, PrepareSettings, fingerprint, prepare_frame
-from vaecf.data.separators import found_sep
-from vaecf.data.sources import ITEM, NAME, RATING, USER, ids_of_floats, int_if_possible, read_table
+from vaecf.data.sources import (
+    USER,
+)
 from vaecf.errors import ConfigError, DataError
 
 MAX_VALIDATION_USERS = 10_000  # the paper's held-out count on ML-20M; a share stops growing here
-
-
-def _from_matrix(m, rating_col, min_rating) -> pl.DataFrame:
-    """Rows of a scipy sparse matrix are users, columns items (ids: their indices); a stored
-    value is a rating when `min_rating` is given, else every stored non-zero is an interaction."""
-    if rating_col is not None:
-        raise DataError("a sparse matrix has no columns: drop rating_col (its values are ratings)")
-    coo = sp.coo_matrix(m)
-    keep = coo.data != 0
-    if not np.isfinite(coo.data).all():
-        raise DataError("the matrix holds NaN or infinite values; replace them first")
-    cols = {USER: coo.row[keep].astype(np.int64), ITEM: coo.col[keep].astype(np.int64)}
-    if min_rating is not None:
-        cols[RATING] = coo.data[keep].astype(np.float64)
-    return pl.DataFrame(cols)
-
-
-def _frame_columns(df: pl.DataFrame, user_col, item_col, rating_col) -> pl.DataFrame:
-    if rating_col is not None and rating_col not in df.columns:
-        raise DataError(f"rating_col={rating_col!r} is not a column; the columns: {df.columns}")
-    out = {USER: df.get_column(user_col), ITEM: df.get_column(item_col)}
-    if rating_col is not None:
-        try:
-            out[RATING] = df.get_column(rating_col).cast(pl.Float64)
-        except pl.exceptions.PolarsError:
-            raise DataError(f"column {rating_col!r} does not hold numeric ratings") from None
-    frame = pl.DataFrame(out)
-    null = frame.select(pl.any_horizontal(pl.all().is_null()).sum()).item()
-    if null:
-        raise DataError(
-            f"{null} rows have no {user_col}, {item_col}"
-            f"{'' if rating_col is None else ' or ' + rating_col}; drop them first"
-        )
-    for col in (USER, ITEM):
-        s = frame.get_column(col)
-        if s.dtype.is_float():
-            s = ids_of_floats(s, f"column {(user_col if col == USER else item_col)!r}")
-        elif not (s.dtype.is_integer() or s.dtype == pl.String):
-            s = int_if_possible(s.cast(pl.String))
-        frame = frame.with_columns(s.alias(col))
-    return frame
-
-
-def _from_pandas(df) -> pl.DataFrame:
-    """The frame's columns as polars Series (numpy-backed; pyarrow is not needed)."""
-    cols = {}
-    for c in df.columns:
-        missing = df[c].isna().to_numpy()  # NaN, None, pd.NA and NaT alike
-        values = df[c].to_numpy()
-        if missing.any() or values.dtype == object:  # nullable, string or categorical columns
-            values = [None if m else v for v, m in zip(values.tolist(), missing.tolist())]
-        cols[str(c)] = pl.Series(str(c), values, strict=False)
-    return pl.DataFrame(cols)
-
-
-def _from_python(data) -> pl.DataFrame:
-    """{user: [items]} or [(user, item[, rating]), ...] as a frame of columns user, item[,
-    rating]."""
-    if isinstance(data, Mapping):
-        for user, items in data.items():
-            if isinstance(items, (str, bytes)) or not isinstance(items, Iterable):
-                raise DataError(
-                    f"data[{user!r}] is {type(items).__name__}: a dict maps each user to a "
-                    "list of their items"
-                )
-        rows = [(u, i) for u, items in data.items() for i in items]
-    else:
-        rows = list(data)
-    widths = {len(r) if isinstance(r, (list, tuple)) else 0 for r in rows}
-    if not rows or len(widths) != 1 or widths.pop() not in (2, 3):
-        raise DataError(
-            "a list of interactions holds (user, item) or (user, item, rating) rows, all of one "
-            f"length{'' if rows else '; this one is empty'}"
-        )
-    names = ["user", "item", "rating"][: len(rows[0])]
-    return pl.DataFrame(
-        {n: pl.Series(n, [r[k] for r in rows], strict=False) for k, n in enumerate(names)}
-    )
-
-
-def _read(data, cols, min_rating, sep, columns) -> tuple[pl.DataFrame, dict]:
-    """(the interactions in vaecf's columns, the user, item and rating columns they came
-    from and a file's separator where found in it: {} for a matrix)."""
-    user_col, item_col, rating_col = cols
-    if columns is not None and not isinstance(data, (str, os.PathLike)):
-        raise DataError("columns= names a header-less file's columns; drop it for this data")
-    if sp.issparse(data):
-        return _from_matrix(data, rating_col, min_rating), {}
-    if isinstance(data, (str, os.PathLike)):
-        path = Path(data)
-        files.check_file(path)
-        found = found_sep(path) if sep is None else None  # looked for once, read with below
-        user_col, item_col, rating_col = resolve_columns(
-            path, sep or found, user_col, item_col, rating_col, columns, min_rating is not None
-        )
-        header = columns is None
-        frame = read_table(path, user_col, item_col, rating_col, sep or found, header, columns)
-        return frame, {"user": user_col, "item": item_col, "rating": rating_col, "sep": found}
-    if isinstance(data, pl.LazyFrame):
-        data = data.collect()
-    if isinstance(data, (Mapping, list, tuple)):
-        data = _from_python(data)
-    if not isinstance(data, pl.DataFrame):
-        if type(data).__module__.split(".")[0] != "pandas" or not hasattr(data, "columns"):
-            raise DataError(
-                "data must be a pandas or Polars DataFrame, a scipy sparse matrix (users x "
-                "items), {user: [items]}, a list of (user, item[, rating]) pairs or the path "
-                f"of a text, JSON or Parquet file, not {type(data).__name__}"
-            )
-        data = _from_pandas(data)
-    user_col = guess_column(data.columns, user_col, USER_NAMES, "user")
-    item_col = guess_column(data.columns, item_col, ITEM_NAMES, "item")
-    if min_rating is not None and rating_col is None:
-        rating_col = guess_column(data.columns, None, RATING_NAMES, "rating")
-    used = {"user": user_col, "item": item_col, "rating": rating_col}
-    return _frame_columns(data, user_col, item_col, rating_col), used
-
-
-def _names_frame(item_names) -> pl.DataFrame | None:
-    if item_names is None:
-        return None
-    if not hasattr(item_names, "items"):
-        raise DataError(
-            "item_names must map item id -> name: a dict, or a pandas Series indexed by id "
-            "(e.g. movies.set_index('movieId')['title'])"
-        )
-    pairs = list(item_names.items())
-    # float keys (an index that held a NaN) name the integer ids the frame's columns become
-    ids = [int(p[0]) if isinstance(p[0], float) and p[0].is_integer() else p[0] for p in pairs]
-    return pl.DataFrame(
-        {ITEM: pl.Series(ITEM, [str(i) for i in ids]), NAME: [str(p[1]) for p in pairs]}
-    )
 
 
 def _split_settings(model: str, settings: dict):
@@ -225,16 +86,15 @@ def fit(
     validation: float | int = 0.1, test: float = 0.0, min_user_items: int = 5,
     min_item_users: int = 0, split_seed: int = 98765, item_names=None, sep: str | None = None,
     columns: list[str] | None = None, out: str | os.PathLike | None = None,
-    resume: bool = False, serve_precision: str = "fp32", **settings,
+    resume: bool = False, serve_precision: str = "fp32", protocol: str | None = None,
+    time_col: str | None = None, **settings,
 ):  # fmt: skip
     """Prepare, train and load: returns a `vaecf.Recommender`, within a time budget.
 
-    data: a pandas or Polars DataFrame, a scipy sparse matrix (rows are users, columns items,
-        ids their indices; stored values are ratings), {user: [items]}, a list of (user,
-        item[, rating]) rows, or the path of a text/JSON/Parquet file with a header row
-        (`sep`: its separator, one character, '::' or 'whitespace'; found in the file where not
-        given; `columns`: the names of a file's columns in order where it has no header row,
-        e.g. ["user", "item", "rating"]).
+    data: a pandas or Polars DataFrame, a scipy sparse matrix (users x items), {user: [items]},
+        (user, item[, rating]) rows, or the path of a text/JSON/Parquet file (how each is read:
+        vaecf.data.inputs; `sep`: a file's separator, found where not given; `columns`: a
+        header-less file's column names in order, e.g. ["user", "item", "rating"]).
     user_col, item_col: the id columns (default: a column named like user/userId/user_id, and
         item/itemId/movieId/...); rating_col and min_rating: keep rows rated >= min_rating
         (default: every row is an interaction; with min_rating alone, the column named like
@@ -244,32 +104,32 @@ def fit(
     validation: the share (a fraction) or number of users held out to select the model and
         the epoch (default 10%, at most 10,000 users); test: a share of users held out and
         scored into `rec.results["test"]` (default 0: every other user trains).
+    protocol: "temporal": the last `test` share of the interactions by time is the test, the
+        `validation` share before it selects; "last": each user's last interaction is the test,
+        the one before it validation; the time column `time_col` or found by name.
     item_names: {item id: name}, returned with recommendations as titles.
     out: the run directory (for `vaecf serve --run`, `score`, `export`); default: under
         $VAECF_HOME/fits (~/.cache/vaecf/fits), named by the data and the settings, printed.
         The prepared data is kept there too (for `rec.recommend_user`).
-    resume: continue the run an interrupted fit with the same data and settings left (or the
-        one in `out`); without it a fit starts over (a run in an `out` you named is refused).
+    resume: continue an interrupted fit's run (a new fit starts over; a run in `out` refused).
     settings: training settings (epochs, lr, batch_size, seed, device, precision, progress,
         patience, budget, ...) and the model's (`vaecf models` lists them), by name.
-        budget: seconds for the whole fit, preparation included; default 60 s up to 100,000
-        rows, plus 60 s for each further million (`default_budget` in this module).
+        budget: seconds for the whole fit, preparation included (default: `default_budget`).
     """
     from vaecf.recommender import Recommender
     from vaecf.training import train
 
-    t0 = time.perf_counter()
+    t0 = _now()
     train_cfg, model_cfg = _split_settings(model, settings)
     train_cfg.validate()  # before any work
-    frame, used = _read(data, (user_col, item_col, rating_col), min_rating, sep, columns)
-    prep = _prepare_settings(frame, validation, test, min_rating, min_user_items, min_item_users)
-    ds, work = _prepared_for(frame, replace(prep, seed=split_seed), item_names, model, settings)
-    run_dir = Path(out) if out is not None else work / "run"
-    if out is None and not resume and run_dir.exists():
-        shutil.rmtree(run_dir)  # an earlier fit of the same data and settings: start over
-    if train_cfg.budget is None:
-        left = default_budget(frame.height) - (time.perf_counter() - t0)
-        train_cfg.budget = round(max(1.0, left), 1)  # a tenth of a second: shown in the card
+    frame, used = read_input(data, (user_col, item_col, rating_col, time_col), min_rating, sep,
+                        columns, protocol)  # fmt: skip
+    prep = _prepare_settings(frame, protocol, validation, test, min_rating, min_user_items,
+                             min_item_users, split_seed)  # fmt: skip
+    ds, work = _prepared_for(frame, prep, item_names, model, settings)
+    run_dir = _run_dir(out, work, resume)
+    if train_cfg.budget is None:  # what is left of the default, to a tenth: shown in the card
+        train_cfg.budget = round(max(1.0, default_budget(frame.height) + t0 - _now()), 1)
     if train_cfg.progress:
         _say_plan((user_col, item_col, rating_col), used, min_rating, model, train_cfg, run_dir)
     try:
@@ -282,10 +142,23 @@ def fit(
     return Recommender.load(run_dir, device=train_cfg.device, precision=serve_precision)
 
 
+_now = time.perf_counter
+
+
+def _run_dir(out, work: Path, resume: bool) -> Path:
+    """`out`, or the run beside fit's prepared data (an earlier fit's removed: it starts over,
+    unless `resume`)."""
+    if out is not None:
+        return Path(out)
+    if not resume and (work / "run").exists():
+        shutil.rmtree(work / "run")
+    return work / "run"
+
+
 def _prepared_for(frame, prep, item_names, model: str, settings: dict):
     """The prepared dataset of `frame` under fit's work directory (named by the data, its
     preparation and the settings; an earlier fit's is reused), and that directory."""
-    names = _names_frame(item_names)
+    names = names_frame(item_names)
     source = {"kind": "vaecf.fit", "n_rows": frame.height, "sha256": _digest(frame)}
     if names is not None:
         source["item_names"] = {"sha256": _digest(names)}
@@ -293,7 +166,13 @@ def _prepared_for(frame, prep, item_names, model: str, settings: dict):
     return _prepared(frame, work / "data", prep, source, names), work
 
 
-def _prepare_settings(frame, validation, test, min_rating, min_user_items, min_item_users):
+def _prepare_settings(
+    frame, protocol, validation, test, min_rating, min_user_items, min_item_users, seed
+) -> PrepareSettings:
+    """fit's preparation: held-out users (a share or number of them) or a time `protocol`."""
+    if protocol is not None:
+        keep = dict(min_rating=min_rating, min_user_items=min_user_items, seed=seed)
+        return _time_settings(protocol, validation, test, min_item_users=min_item_users, **keep)
     n_users = frame.get_column(USER).n_unique()
     if isinstance(validation, bool) or not isinstance(validation, (int, float)):
         raise ConfigError("validation must be a fraction (0.1) or a number of users (500)")
@@ -312,6 +191,23 @@ def _prepare_settings(frame, validation, test, min_rating, min_user_items, min_i
         protocol="thesis",
         validation_frac=min(share, 0.5),
         test_frac=test,
+        seed=seed,
+    )
+
+
+def _time_settings(protocol: str, validation, test, **keep) -> PrepareSettings:
+    if protocol == "temporal":
+        if isinstance(validation, int):
+            raise ConfigError(
+                "protocol='temporal' takes validation= as a share of the interactions"
+            )
+        return PrepareSettings(
+            protocol=protocol, validation_share=validation, test_share=test, **keep
+        )
+    if protocol == "last":
+        return PrepareSettings(protocol=protocol, **keep)
+    raise ConfigError(
+        f"protocol must be 'temporal', 'last' or None (held-out users), not {protocol!r}"
     )
 
 

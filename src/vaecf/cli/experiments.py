@@ -25,6 +25,7 @@ class CompareSettings:
 # -- tune ---------------------------------------------------------------------------------------
 def cmd_tune(a) -> int:
     from vaecf.config import toml as configfile
+    from vaecf.config.train import TrainConfig
     from vaecf.experiments import space, study, tune
 
     s = from_args(TuneSettings, a)
@@ -33,10 +34,11 @@ def cmd_tune(a) -> int:
         from vaecf.errors import ConfigError
 
         raise ConfigError(f"{a.config} configures {base.model}, not --model {s.model}")
-    if base is not None and a.device:
-        base.train["device"] = a.device
-    elif a.device:
-        base = configfile.RunSettings(train={"device": a.device})
+    given = {k: v for k, v in (("device", a.device), ("select_metric", a.select_metric)) if v}
+    if given:
+        base = base or configfile.RunSettings()
+        base.train.update(given)
+        TrainConfig(**base.train).validate()  # a bad metric: one line before any work
     log = (lambda s: print(s, file=sys.stderr)) if a.json else print
     res = tune.tune(
         a.data,
@@ -65,12 +67,13 @@ def cmd_tune(a) -> int:
         )
         return 0
     print()
-    print(study.format_table(res.rows))
+    print(study.format_table(res.rows, res.metric))
     if res.best_trial is not None:
         print(
             f"\nbest: trial {res.best_trial} ({res.best_run}); settings in {res.files['best_toml']}"
         )
-        print(metrics_table({"validation": res.validation, "test (once)": res.test}))
+        keys = ("recall@20", "recall@50", "ndcg@100", res.metric)
+        print(metrics_table({"validation": res.validation, "test (once)": res.test}, keys))
     for key in ("table", "history_png", "importance_png", "best_json"):
         if key in res.files:
             print(f"wrote {res.files[key]}")
@@ -81,6 +84,8 @@ def cmd_tune(a) -> int:
 def cmd_compare(a) -> int:
     from vaecf.errors import ConfigError
     from vaecf.experiments import compare
+    from vaecf.experiments.rescore import rescore
+    from vaecf.run_evaluation import parse_metrics
 
     if a.data and a.runs:
         raise ConfigError("pass either --data (train every model) or run directories, not both")
@@ -105,7 +110,10 @@ def cmd_compare(a) -> int:
         records = compare.read_runs(a.runs)
     else:
         raise ConfigError("pass run directories, or --data CSV with --models and --seeds")
-    s = compare.summarize(records)
+    keys = compare.METRICS
+    if a.metrics:  # every run scored again, by slice too
+        keys = rescore(records, parse_metrics(a.metrics), a.device or "auto")
+    s = compare.summarize(records, keys)
     files = compare.write_outputs(s, a.out, plot=not a.no_plot)
     if a.json:
         print_json({**s, "files": {k: str(v) for k, v in files.items()}})
@@ -184,11 +192,13 @@ def register(sub) -> None:
 
 def _register_tune(sub) -> None:
     from vaecf.config.specs import SPECS
+    from vaecf.config.train import TrainConfig
 
     pt = sub.add_parser(
         "tune",
         help="search a model's hyper-parameters (Optuna: TPE, median pruning, SQLite study)",
-        description="Search the hyper-parameters of --model on validation NDCG@100: seeded TPE "
+        description="Search the hyper-parameters of --model on validation NDCG@100 (or "
+        "--select-metric): seeded TPE "
         "sampling, a median pruner fed every validated epoch, the study stored in "
         "OUT/study.db and every trial a run directory OUT/trials/NNNN. At the end the best "
         "trial's test split is scored once, and OUT holds trials.csv, best.toml (for `vaecf "
@@ -213,6 +223,7 @@ def _register_tune(sub) -> None:
         help="seed of the sampler and of training (unset: 0, or a resumed study's own)",
     )
     pt.add_argument("--resume", action="store_true", help="continue the study in --out")
+    add_settings(pt, TrainConfig, only=("select_metric",))  # unset: the study's own, or ndcg@100
     pt.add_argument(
         "--config",
         metavar="FILE.toml",
@@ -260,6 +271,13 @@ def _register_compare(sub) -> None:
     add_settings(pc, PrepareSettings, only=("min_rating", "min_user_items", "heldout_users"))
     pc.add_argument("--epochs", type=int, help="override the epochs of the gradient models")
     add_settings(pc, Compute, only=("device",))
+    pc.add_argument(
+        "--metrics",
+        metavar="LIST",
+        help="score every run's test split with these (NAME@K,...: recall, ndcg, precision, "
+        "map, mrr, hit, novelty, coverage, gini) and by history-length slice, each with its "
+        "paired difference and p-value; default: the runs' own ndcg@100, recall@20, recall@50",
+    )
     pc.add_argument("--no-plot", action="store_true", help="no compare.png")
     pc.add_argument("--json", action="store_true", help="print the summary as JSON")
     pc.set_defaults(fn=cmd_compare)

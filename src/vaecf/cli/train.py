@@ -110,7 +110,9 @@ def _report(res, as_json: bool) -> None:
     ran = rundir.load_results(res.run_dir)
     epochs = "" if ran.get("steps", 0) == 0 else f"best epoch {res.best_epoch}; "
     print(f"\n{epochs}run directory {res.run_dir}")  # closed forms have no epochs
-    print(metrics_table({"validation": res.validation_metrics, "test": res.test_metrics}))
+    keys = dict.fromkeys(("recall@20", "recall@50", "ndcg@100", *res.validation_metrics))
+    keys = [k for k in keys if "@" in k]  # the defaults, then the metric it was chosen by
+    print(metrics_table({"validation": res.validation_metrics, "test": res.test_metrics}, keys))
 
 
 # -- models -------------------------------------------------------------------------------------

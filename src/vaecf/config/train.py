@@ -88,12 +88,14 @@ class TrainConfig(Compute):
         2000, "users per evaluation batch (fewer where their scores would pass 512 MiB)"
     )
     select_metric: str = setting(
-        "ndcg@100", "validation metric that picks the best model (recall@K or ndcg@K)"
+        "ndcg@100",
+        "validation metric that picks the best model, epoch and setting: recall, ndcg, "
+        "precision, map, mrr or hit @K",
     )
     progress: bool = setting(True, "progress bar and a line per validation")
 
     def validate(self) -> None:
-        from vaecf.metrics import parse_metric
+        from vaecf.metrics import ACCURACY, parse_metric
 
         validate_fields(self)
         if self.patience is not None and self.patience < 0:
@@ -111,9 +113,15 @@ class TrainConfig(Compute):
         if self.anneal_cap is not None and not self.anneal_cap >= 0:
             raise ConfigError(f"{spelled('anneal_cap')} must be >= 0")
         try:
-            parse_metric(self.select_metric)
+            name, _ = parse_metric(self.select_metric)
         except ValueError as e:
             raise ConfigError(f"{spelled('select_metric')} {e}") from None
+        if name not in ACCURACY:
+            raise ConfigError(
+                f"{spelled('select_metric')} {self.select_metric}: a model is chosen by accuracy "
+                f"({', '.join(ACCURACY)} @K); {name} describes the lists, not whether they are "
+                "right (report it with vaecf evaluate --metrics)"
+            )
 
     def to_dict(self) -> dict:
         return asdict(self)

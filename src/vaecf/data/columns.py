@@ -51,17 +51,36 @@ def resolve_columns(
     return user_col, item_col, rating_col
 
 
-def find_time_column(path: Path, sep: str | None, time_col, columns, protocol: str) -> str:
-    """--time-col, checked, else the column named like a time (`TIME_NAMES`); DataError in one
-    line naming what was looked for where there is none."""
+def find_time_column(path: Path, sep: str | None, time_col, columns, protocol: str) -> str | None:
+    """A file's time column under a time protocol (`pick_time_column`); None under another."""
+    from vaecf.data.preprocess import TIME_PROTOCOLS
+
+    if protocol not in TIME_PROTOCOLS:
+        return pick_time_column([], time_col, protocol, str(path))
     names = file_columns(path, sep) if columns is None else list(columns)
+    return pick_time_column(names, time_col, protocol, str(path))
+
+
+def pick_time_column(names: list[str], time_col, protocol: str, where: str) -> str | None:
+    """Under a time protocol: `time_col`, checked to be one of `names`, else the one named like
+    a time (`TIME_NAMES`), a DataError in one line naming what was looked for where there is
+    none. Under another protocol: None (and `time_col` refused: it would do nothing)."""
+    from vaecf.data.preprocess import TIME_PROTOCOLS
+
+    if protocol not in TIME_PROTOCOLS:
+        if time_col is not None:
+            raise DataError(
+                f"{spelled('time_col')} orders the time protocols only: add "
+                f"{spelled('protocol', 'temporal')} or drop it"
+            )
+        return None
     if time_col is not None:
         return guess_column(names, time_col, (), "time")
     try:
         return guess_column(names, None, TIME_NAMES, "time")
     except DataError:
         raise DataError(
-            f"the {protocol} protocol orders interactions by time, and {path} has no column "
+            f"the {protocol} protocol orders interactions by time, and {where} has no column "
             f"named timestamp, time, datetime, date or ts (its columns: {names}); name the "
             f"one that holds the times with {spelled('time_col')}"
         ) from None

@@ -33,7 +33,6 @@ from vaecf.data.prepared import (
 )
 from vaecf.data.preprocess import (
     PROTOCOL_FIELDS,
-    TIME_PROTOCOLS,
     PrepareSettings,
     dataset_settings,
     preprocess,
@@ -207,19 +206,10 @@ def prepare_csv(
     user_col, item_col, rating_col = resolve_columns(
         path, sep or found, user_col, item_col, rating_col, columns, settings.min_rating is not None
     )
-    source = _file_source(path, (user_col, item_col, rating_col), sep, found, columns)
-    if settings.protocol in TIME_PROTOCOLS:
-        time_col = find_time_column(path, sep or found, time_col, columns, settings.protocol)
-        source["columns"]["time"] = time_col  # only here: other fingerprints stay as they were
-    elif time_col is not None:
-        raise DataError(f"{spelled('time_col')} orders the time protocols only: add "
-                        f"{spelled('protocol', 'temporal')} or drop it")  # fmt: skip
-    if item_names is not None:
-        source["item_names"] = _names_source(
-            Path(item_names), name_col, name_id_col or item_col, sep
-        )
-    elif name_col or name_id_col:
-        raise DataError("--name-col/--name-id-col need --item-names FILE")
+    time_col = find_time_column(path, sep or found, time_col, columns, settings.protocol)
+    source = _file_source(path, (user_col, item_col, rating_col, time_col), sep, found, columns)
+    if item_names is not None or name_col or name_id_col:
+        source["item_names"] = _names_source(item_names, name_col, name_id_col or item_col, sep)
     with writer_lock(out, "vaecf prepare"):
         reused = _reuse(out, fingerprint(settings, source), overwrite)
         if reused is not None:
@@ -230,16 +220,16 @@ def prepare_csv(
 
             names = read_names_table(item_names, name_id_col or item_col, name_col, sep)
         df = read_table(
-            path, user_col, item_col, rating_col, sep or found, header, columns,
-            source["columns"].get("time"),
-        )  # fmt: skip
+            path, user_col, item_col, rating_col, sep or found, header, columns, time_col
+        )
         return prepare_frame(df, out, settings, source, names)
 
 
 def _file_source(path: Path, cols: tuple, sep: str | None, found: str | None, columns) -> dict:
     """What the prepared data was made from, for its fingerprint: the file (digest, format),
-    the columns read, the separator given or found, the names a header-less file was given."""
-    user_col, item_col, rating_col = cols
+    the columns read (a time column under a time protocol), the separator given or found,
+    the names a header-less file was given."""
+    user_col, item_col, rating_col, time_col = cols
     source = {
         "path": str(path.resolve()),
         **_digest(path),
@@ -251,6 +241,8 @@ def _file_source(path: Path, cols: tuple, sep: str | None, found: str | None, co
         source["sep_found"] = found  # the separator found in the file (a new key: old caches hold)
     if columns is not None:
         source["header_columns"] = columns  # a file without a header row, named by --columns
+    if time_col is not None:  # only here: other fingerprints stay as they were
+        source["columns"]["time"] = time_col
     return source
 
 
@@ -266,8 +258,11 @@ def _digest(path: Path) -> dict:
     return {"sha256": h.hexdigest(), "bytes": size}
 
 
-def _names_source(path: Path, name_col: str | None, id_col: str, sep: str | None) -> dict:
+def _names_source(path, name_col: str | None, id_col: str, sep: str | None) -> dict:
     """What identifies an item names file in a dataset's fingerprint (checked first)."""
+    if path is None:
+        raise DataError("--name-col/--name-id-col need --item-names FILE")
+    path = Path(path)
     if not name_col:
         raise DataError("--item-names needs --name-col to say which column holds the names")
     if not path.is_file():

@@ -99,9 +99,12 @@ class PrepareSettings:
             if not 0 <= self.test_frac < 1:  # 0: no test users (a production fit)
                 raise DataError(f"{spelled('test_frac')} must lie in [0, 1) (vaecf.fit: test=)")
         if self.protocol == "temporal":
-            for key in ("validation_share", "test_share"):
-                if not 0 < getattr(self, key) < 0.5:
-                    raise DataError(f"{spelled(key)} must lie strictly between 0 and 0.5")
+            if not 0 < self.validation_share < 0.5:
+                raise DataError(
+                    f"{spelled('validation_share')} must lie strictly between 0 and 0.5"
+                )
+            if not 0 <= self.test_share < 0.5:  # 0: no test period (a production fit)
+                raise DataError(f"{spelled('test_share')} must lie in [0, 0.5)")
         if self.protocol == "last" and self.last_n < 1:
             raise DataError(f"{spelled('last_n')} must be at least 1")
 

@@ -127,8 +127,9 @@ def split_by_time(df: pl.DataFrame, settings, counts: dict):
         mats[f"{split}_tr"] = _csr(hist, row_of, len(items), len(ids))
         mats[f"{split}_te"] = _csr(scored, row_of, len(items), len(ids))
         users.append(ids)
-    if mats["test_te"].shape[0] == 0 or mats["validation_te"].shape[0] == 0:
-        empty = "test" if mats["test_te"].shape[0] == 0 else "validation"
+    wanted_test = settings.protocol == "last" or settings.test_share > 0
+    if (wanted_test and mats["test_te"].shape[0] == 0) or mats["validation_te"].shape[0] == 0:
+        empty = "validation" if mats["validation_te"].shape[0] == 0 else "test"
         raise DataError(
             f"no user of the {empty} period has a history before it to fold in: raise "
             f"{spelled(empty + '_share')} or lower {spelled('min_user_items')}"

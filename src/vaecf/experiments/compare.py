@@ -28,6 +28,7 @@ from pathlib import Path
 from vaecf import models, rundir
 from vaecf.config import toml as configfile
 from vaecf.errors import ConfigError, RunError
+from vaecf.experiments.rescore import paired_by_user
 from vaecf.storage.safewrite import atomic_file, write_json
 
 METRICS = ("ndcg@100", "recall@20", "recall@50")
@@ -92,6 +93,7 @@ class Record:
     key: str  # what pairs runs: the prepared dataset's fingerprint (and seed, on one split)
     run_dir: Path
     test: dict
+    per_user: object = None  # each test user's values (rescore: vaecf.run_evaluation)
 
 
 def train_all(
@@ -227,7 +229,7 @@ def summarize(records: list[Record], metrics: Sequence[str] = METRICS) -> dict:
     }
     ref = labels[0]
     rows = [
-        _row(lab, m, per[lab][m], None if lab == ref else per[ref][m], ref)
+        paired_row(lab, m, per[lab][m], None if lab == ref else per[ref][m], ref)
         for lab in labels
         for m in metrics
     ]
@@ -239,11 +241,12 @@ def summarize(records: list[Record], metrics: Sequence[str] = METRICS) -> dict:
         "dropped_splits": dropped,
         "per_split": per,
         "summary": rows,
+        "by_user": paired_by_user(records, metrics, paired_row),
         "runs": {lab: [str(by[(lab, k)].run_dir) for k in order] for lab in labels},
     }
 
 
-def _row(label: str, metric: str, values: list, ref_values: list | None, ref: str) -> dict:
+def paired_row(label: str, metric: str, values: list, ref_values: list | None, ref: str) -> dict:
     """One label's figures for one metric; beside `ref_values` (the first label's), the paired
     difference, t and the paired t-test's p-value."""
     import numpy as np
@@ -284,8 +287,9 @@ def _p(p: float | None) -> str:
 
 def format_summary(s: dict) -> str:
     """The summary as a text table: mean ± sd per model and metric; for every model after the
-    first, the paired difference to the first and the paired t-test's p."""
-    labels, metrics = s["labels"], s["metrics"]
+    first, the paired difference to the first and the paired t-test's p (the slices' figures
+    are in the CSV and JSON); on one split, each metric and slice paired user by user."""
+    labels, metrics = s["labels"], [m for m in s["metrics"] if "[" not in m]
     ref = labels[0]
     cells = {(r["label"], r["metric"]): r for r in s["summary"]}
     w = max(8, *(len(lab) for lab in labels))
@@ -308,6 +312,15 @@ def format_summary(s: dict) -> str:
         lines.append(line.rstrip())
     if s["dropped_splits"]:
         lines.append(f"left out (not every model has a finished run): {s['dropped_splits']}")
+    if s.get("by_user"):
+        lines += ["", f"paired over the test users (one split), against {ref}:"]
+        lines.append(f"{'model':{w}s}  {'metric [history slice]':26s} {'users':>6s}  {'mean':>7s}"
+                     f"  {'diff':>8s}  {'p':>6s}")  # fmt: skip
+        for r in s["by_user"]:
+            lines.append(
+                f"{r['label']:{w}s}  {r['metric']:26s} {r['n']:6d}  {r['mean']:7.4f}  "
+                f"{r['diff_mean']:+8.4f}  {_p(r['p']):>6s}"
+            )
     return "\n".join(lines)
 
 

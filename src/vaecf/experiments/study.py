@@ -184,12 +184,12 @@ def fmt_value(v) -> str:
     return str(v)
 
 
-def format_table(rows: list[dict]) -> str:
-    """The trials as a text table (validation values only)."""
+def format_table(rows: list[dict], metric: str = METRIC) -> str:
+    """The trials as a text table (validation values of `metric`, the study's, only)."""
     if not rows:
         return "(no trials)"
     params = sorted({k for r in rows for k in r if k.startswith("param:")})
-    head = ["trial", "state", f"val {METRIC}", "best epoch", "epochs run", "seconds"]
+    head = ["trial", "state", f"val {metric}", "best epoch", "epochs run", "seconds"]
     head += [p[6:] for p in params]
     body = [
         [

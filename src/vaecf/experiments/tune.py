@@ -80,6 +80,7 @@ class TuneResult:
     test: dict | None = None
     rows: list[dict] = field(default_factory=list)
     files: dict = field(default_factory=dict)
+    metric: str = METRIC  # what the trials were judged by (--select-metric)
 
 
 def tune(
@@ -112,12 +113,13 @@ def tune(
     ds = data if isinstance(data, PreparedDataset) else PreparedDataset(data)
     check_fixed(space, fixed or {}, ds.manifest["counts"]["n_train_users"])
     study_dir.mkdir(parents=True, exist_ok=True)
+    metric = base.train.get("select_metric") or METRIC
     with locked(study_dir), no_space_to_resume(study_dir):
         info = {
             "model": model,
             "data": str(ds.path.resolve()),
             "fingerprint": ds.fingerprint,
-            "metric": METRIC,
+            "metric": metric,
             "base": {"train": base.train, "model": base.model_config},
             "fixed": dict(fixed or {}),
         }
@@ -129,6 +131,8 @@ def tune(
         check_fixed(space, fixed, n_train)
         recover(study, storage, log, lambda p: drew_all(space, p, fixed, n_train))
         deadline = time.monotonic() + timeout if timeout else None
+        metric = saved.get("metric", METRIC)  # a resumed study's own
+        base.train["select_metric"] = metric
         objective = _Objective(
             study_dir, ds, model, space, base, saved["seed"], deadline, fixed, log
         )
@@ -175,6 +179,7 @@ class _Objective:
     def __init__(self, study_dir, ds, model, space, base, seed, deadline, fixed, log=print):
         self.study_dir, self.ds, self.model, self.space, self.log = study_dir, ds, model, space, log
         self.base, self.seed, self.deadline, self.fixed = base, seed, deadline, fixed
+        self.metric = base.train.get("select_metric") or METRIC  # what a trial is judged by
 
     def __call__(self, trial) -> float:
         import optuna
@@ -209,14 +214,15 @@ class _Objective:
         state = {"best": -math.inf}
 
         def report(row: dict) -> None:
-            value = (row.get("validation") or {}).get(METRIC)
+            value = (row.get("validation") or {}).get(self.metric)
             if value is None:
                 return
             state["best"] = max(state["best"], value)
             trial.report(state["best"], int(row["epoch"]))
             if trial.should_prune():
                 raise optuna.TrialPruned(
-                    f"epoch {row['epoch']}: best {METRIC} {state['best']:.4f} is below the median"
+                    f"epoch {row['epoch']}: best {self.metric} {state['best']:.4f} is below the "
+                    "median"
                 )
             if self.deadline is not None and time.monotonic() >= self.deadline:
                 raise _Stopped(f"--timeout reached at epoch {row['epoch']}")
@@ -231,7 +237,7 @@ class _Objective:
         )
         trial.set_user_attr("best_epoch", res.best_epoch)
         trial.set_user_attr("validation", _plain(res.validation_metrics))
-        return float(res.validation_metrics[METRIC])
+        return float(res.validation_metrics[self.metric])
 
 
 def _checkpointed_epoch(run: Path) -> float:
@@ -289,7 +295,7 @@ def _run_one(study, objective: _Objective, log) -> None:
         _drop_last(objective, trial)
         best = study.best_trial
         log(
-            f"trial {trial.number:4d}  {METRIC} {value:.4f}  "
+            f"trial {trial.number:4d}  {objective.metric} {value:.4f}  "
             f"(best {best.value:.4f}, trial {best.number})  {time.monotonic() - t0:.0f} s"
         )
 
@@ -317,15 +323,16 @@ def finish(
     """Table, CSV, best settings and test score, pictures: from the study as it stands."""
     from optuna.trial import TrialState
 
+    metric = base.train.get("select_metric") or METRIC
     rows = trial_rows(study)
-    res = TuneResult(study_dir, len(rows), rows=rows)
+    res = TuneResult(study_dir, len(rows), rows=rows, metric=metric)
     write_csv(study_dir / "trials.csv", rows)
     res.files["table"] = study_dir / "trials.csv"
     complete = [t for t in study.get_trials(deepcopy=False) if t.state == TrialState.COMPLETE]
     if plots:
         from vaecf.experiments.plots import plot_study
 
-        res.files.update(plot_study(study, study_dir, METRIC, log))
+        res.files.update(plot_study(study, study_dir, metric, log))
     if not complete:
         log("no trial has finished yet: no best settings (run more trials: --resume)")
         return res
@@ -341,7 +348,7 @@ def finish(
         data=str(ds.path.resolve()),
         header=(
             f"vaecf tune: the best of {len(complete)} complete trials of {model} "
-            f"(trial {best.number}, validation {METRIC} {best.value:.4f}).\n"
+            f"(trial {best.number}, validation {metric} {best.value:.4f}).\n"
             "Train with it: vaecf train --config best.toml --out RUN [--data OTHER]"
         ),
     )
