@@ -51,6 +51,7 @@ SMOKE: dict[str, list[tuple[str, str]]] = {
         )
     ],
     "dense_solve.py": [("| torch |", "--items 300 --dtype float64")],
+    "explain_latency.py": [("| multvae | 10 |", "--items 300 --requests 4 --histories 10")],
     "temporal.py": [
         (
             "coverage@10",

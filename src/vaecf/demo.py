@@ -12,9 +12,14 @@ from vaecf.data import synthetic
 from vaecf.data.matrix import CSR
 from vaecf.data.prepare import PrepareSettings, prepare_csv
 from vaecf.evaluate import evaluate_scores, popularity_scores
+from vaecf.metrics import self_information
 from vaecf.recommender import Recommender
+from vaecf.run_evaluation import evaluate_run
 from vaecf.storage.safewrite import atomic_file
 from vaecf.training import train
+
+# accuracy, then what the lists look like: how novel, how much of the catalogue, how unequal
+DEMO_METRICS = ("recall@20", "ndcg@100", "map@10", "mrr@10", "novelty@10", "coverage@10", "gini@10")
 
 
 def run_demo(
@@ -44,15 +49,16 @@ def run_demo(
 
     run_dir = out / "runs" / time.strftime("%Y%m%d-%H%M%S")
     # planted tastes are learnt in a few epochs: a short patience shows early stopping at work
-    res = train(ds, TrainConfig(epochs=epochs, seed=seed, device="auto", patience=3), run_dir)
+    train(ds, TrainConfig(epochs=epochs, seed=seed, device="auto", patience=3), run_dir)
 
     train_csr = CSR.from_scipy(ds.split("train"))
     test = [CSR.from_scipy(ds.split(f"test_{p}")) for p in ("tr", "te")]
-    pop = evaluate_scores(popularity_scores(train_csr), *test)
-    keys = ["recall@20", "recall@50", "ndcg@100"]
-    print("\ntest users:" + "".join(f"{k:>12s}" for k in keys))
-    for name, m in (("Mult-VAE", res.test_metrics), ("popularity", pop)):
-        print(f"{name:11s}" + "".join(f"{m[k]:12.4f}" for k in keys))
+    info = self_information(torch.from_numpy(ds.split("train").getnnz(axis=0)), c["n_train_users"])
+    pop = evaluate_scores(popularity_scores(train_csr), *test, DEMO_METRICS, info=info)
+    ev = evaluate_run(run_dir, metrics=DEMO_METRICS).summary  # as `vaecf evaluate --metrics`
+    print("\ntest users:" + "".join(f"{k:>12s}" for k in DEMO_METRICS))
+    for name, m in (("Mult-VAE", ev), ("popularity", pop)):
+        print(f"{name:11s}" + "".join(f"{m[k]:12.4f}" for k in DEMO_METRICS))
 
     rec = Recommender.load(run_dir)
     fold_in, target = (ds.split(f"test_{p}") for p in ("tr", "te"))
@@ -67,4 +73,4 @@ def run_demo(
         f"\nrun directory: {run_dir}  ({time.perf_counter() - t0:.0f} s in all, "
         f"{torch.get_num_threads()} threads)"
     )
-    return {"test": res.test_metrics, "popularity": pop, "run_dir": str(run_dir)}
+    return {"test": ev, "popularity": pop, "run_dir": str(run_dir)}

@@ -24,6 +24,7 @@ from vaecf.data.histories import UserHistories, run_histories
 from vaecf.data.matrix import SparseBatch
 from vaecf.data.vocab import Vocabulary
 from vaecf.errors import ConfigError, DataError, RunError
+from vaecf.explain import EXPLAIN_TOP, check_work, strongest, weights
 from vaecf.models.base import Model, cosine_neighbours, vector_norms
 from vaecf.models.serving import serving_copy
 
@@ -34,16 +35,25 @@ class Recommendation:
     scores: list[float]  # the model's score of each (probability for multinomial models)
     unknown: list = field(default_factory=list)  # history ids the model has never seen
     titles: list | None = None  # each item's name (None where unnamed); None: the run has none
-    fallback: str | None = None  # "popular": no known item in the history (cold start)
+    # "popular": the list is training popularity, so nothing in the history led to it (a cold
+    # start: no known item in the history; with explain, also the popularity model's answers)
+    fallback: str | None = None
+    # explain=True: for each item, the history items that led to it, strongest first, as
+    # [{"item_id", "weight"[, "title"]}] (vaecf.explain says what a weight is); None: not
+    # asked, or a fallback
+    because: list | None = None
 
     def to_dict(self) -> dict:
-        """{"items": [{"item_id", "score"[, "title"]}], "unknown", "fallback"}: "title" (null
-        for an item without one) on every item when the run has names, on none otherwise;
-        "fallback" is "popular" for a cold start, else null."""
+        """{"items": [{"item_id", "score"[, "title"][, "because"]}], "unknown", "fallback"}:
+        "title" (null for an item without one) on every item when the run has names, on none
+        otherwise; "because" [{"item_id", "weight"[, "title"]}] where explained; "fallback"
+        is "popular" where the list is training popularity, else null."""
         items = [{"item_id": i, "score": s} for i, s in zip(self.item_ids, self.scores)]
         if self.titles is not None:
             for item, title in zip(items, self.titles, strict=True):
                 item["title"] = title
+        for item, why in zip(items, self.because or ()):
+            item["because"] = why
         return {"items": items, "unknown": self.unknown, "fallback": self.fallback}
 
 
@@ -248,9 +258,12 @@ class Recommender:
         exclude_history: bool = True,
         allow: Iterable | None = None,
         deny: Iterable | None = None,
+        explain: bool = False,
+        explain_top: int | None = EXPLAIN_TOP,
     ) -> list[Recommendation]:
         """One Recommendation per history (a list of raw item ids); `allow` (only these raw
-        ids) or `deny` (never these) filter the candidates."""
+        ids) or `deny` (never these) filter the candidates. `explain`: each item's `because`,
+        the `explain_top` history items that led to it most (None: all), by weight."""
         if k < 1:
             raise ConfigError("k must be at least 1")
         mask = self._item_mask(allow, deny)
@@ -260,14 +273,37 @@ class Recommender:
         known = [sorted(set(r)) for r in known]
         if not known:
             return []
+        if explain:
+            check_work(known, min(k, self.model.n_items))
         idx, scores, n, cold = self.top_k(self._batch(known), k, exclude_history, mask)
         ids = self.items.array[idx]
+        popular = cold | (explain and self.model.family == "baseline")
+        why = self._because(known, idx, n, popular, explain_top) if explain else {}
         out = []
         for r in range(len(known)):
             top = ids[r, : n[r]].tolist()
-            fallback = "popular" if cold[r] else None
+            fallback = "popular" if cold[r] or (explain and popular[r]) else None
             scored = scores[r, : n[r]].tolist()
-            out.append(Recommendation(top, scored, list(unknown[r]), self.titles(top), fallback))
+            rec = Recommendation(top, scored, list(unknown[r]), self.titles(top), fallback)
+            rec.because = why.get(r)
+            out.append(rec)
+        return out
+
+    def _because(self, known, idx, n, popular, top) -> dict[int, list]:
+        """{row: each recommended item's [{"item_id", "weight"[, "title"]}], strongest first}
+        for the rows not ranked by popularity, their weights in one pass."""
+        rows = [r for r in range(len(known)) if not popular[r] and n[r] and known[r]]
+        hist = [torch.tensor(known[r], dtype=torch.long) for r in rows]
+        items = [torch.from_numpy(idx[r, : n[r]].copy()) for r in rows]
+        out = {}
+        for r, h, w in zip(rows, hist, weights(self.model, self.score_fn, hist, items)):
+            raw = self.items.id_of(h.tolist())
+            names = self.titles(raw)
+            titled = [{} if names is None else {"title": name} for name in names or raw]
+            out[r] = [
+                [{"item_id": raw[j], "weight": wt, **titled[j]} for j, wt in col]
+                for col in strongest(w, top)
+            ]
         return out
 
     def recommend_many(self, histories, k: int = 10, **filters):

@@ -139,7 +139,8 @@ CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 @pytest.mark.skipif(CHROMIUM is None, reason="Debian's chromium is not installed")
 def test_page_in_a_real_browser(named_run, tmp_path):
     """Headless Chromium runs the page: the search finds Toy Story, the history's
-    recommendations and an item's similar items appear with titles, the model card fills."""
+    recommendations (each with the history items that led to it) and an item's similar items
+    appear with titles, the model card fills."""
     with running(ServeSettings(run=str(named_run))) as (base, _):
         url = f"{base}/#q=toy&items=2,588&similar=296"
         cmd = [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--no-first-run",
@@ -156,6 +157,11 @@ def test_page_in_a_real_browser(named_run, tmp_path):
     top3 = [int(i) for i in rec_rows[:3]]
     assert set(top3) <= set(ANIMATION) - {2, 588}  # an animation history gets animation
     assert "Toy Story (1995)" in t["recs"]
+    # each recommendation says which history items led to it, by title
+    assert t["recs"].count("because you liked") == 10
+    assert (
+        "because you liked Jumanji (1995)" in t["recs"] or "because you liked Aladdin" in t["recs"]
+    )
     assert any(title in t["similar"] for title in (TITLES[i] for i in CRIME if i != 296))
     assert "ease" in t["card"] and "ndcg@100" in t["card"]
     # the lambda EASE's search chose, and no epochs for a closed form (issue 38, item 5)

@@ -13,13 +13,13 @@ import gc
 import os
 import sys
 
-from vaecf.cli import bench, data, experiments, serve, train
+from vaecf.cli import bench, data, experiments, recommend, serve, train
 
 # Operating-system errors the user fixes (space, quota, permissions, a read-only filesystem):
 # exit 2 with the path, never a traceback.
 _USER_FIXABLE = (errno.ENOSPC, errno.EDQUOT, errno.EACCES, errno.EPERM, errno.EROFS)
 
-VERB_MODULES = (data, train, bench, serve, experiments)
+VERB_MODULES = (data, train, recommend, bench, serve, experiments)
 
 
 class Parser(argparse.ArgumentParser):

@@ -9,6 +9,9 @@ Everything outside training (`evaluate`, `Recommender`, `bench infer`, serving) 
 - `scorer(precision) -> ScoreFn`: the same, laid out for repeated calls in `precision`.
 - `item_vectors() -> (n_items, d)`: one vector per item, whose cosine similarity is the model's
   notion of "similar items".
+- `contributions(history, items)`: each history item's exact share of the items' scores, for
+  the models whose score is a sum over the history; None otherwise (explanations are then
+  leave-one-out: vaecf.explain).
 - `multinomial`: True where scores are logits of a multinomial over items (softmax gives each
   item's probability); otherwise scores are shown as they are.
 
@@ -89,6 +92,12 @@ class Model(nn.Module):
                 return self.scores(batch)
 
         return fn
+
+    def contributions(self, history: torch.Tensor, items: torch.Tensor) -> torch.Tensor | None:
+        """(len(history), len(items)) float32: each history item's exact share of each of
+        `items`' scores, where a score is a sum over the history (the linear models); None
+        where it is not, and an explanation is leave-one-out (vaecf.explain)."""
+        return None
 
     def dense_scores(self, x: torch.Tensor) -> torch.Tensor:
         """`scores` of dense multi-hot rows x (B, n_items), in plain tensor operations that

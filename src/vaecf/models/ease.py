@@ -112,6 +112,22 @@ class EASE(Model):
             return torch.sparse.mm(self._b_coo().t(), x.t().to(self.b_values.dtype)).t()
         return x @ self.weight
 
+    def contributions(self, history: torch.Tensor, items: torch.Tensor) -> torch.Tensor:
+        """B[history][:, items]: a score is X B, the sum of B's rows over the history (the
+        popularity penalty is in B's columns), so each row is its item's exact share."""
+        if not self.weight.numel() and not self.sparse:  # not fitted: B = 0
+            return torch.zeros(len(history), len(items))
+        if not self.sparse:
+            return self.weight[history][:, items].float()
+        n = len(history)
+        one_each = SparseBatch(  # one row per history item: its row of B
+            indices=history, offsets=torch.arange(n, device=history.device),
+            values=torch.ones(n, device=history.device),
+            row_ids=torch.arange(n, device=history.device), batch_size=n,
+        )  # fmt: skip
+        rows = sparse_b_rows(self.b_indptr, self.b_indices, self.b_values, one_each, self.n_items)
+        return rows[:, items].float()
+
     def item_vectors(self) -> torch.Tensor:
         """Rows of B: item j's weights for predicting every other item (a sparse tensor
         from the sparse solver)."""

@@ -87,10 +87,13 @@ class _Job:
     exclude_seen: bool
     allow: tuple | None
     deny: tuple | None
+    explain: bool
     future: asyncio.Future
 
     def key(self) -> tuple:
-        return (id(self.model), self.k, self.exclude_seen, self.allow, self.deny)
+        # an explained request is scored alone: its explain work is capped per request
+        alone = id(self) if self.explain else None
+        return (id(self.model), self.k, self.exclude_seen, self.allow, self.deny, alone)
 
 
 @dataclass(eq=False)
@@ -185,8 +188,10 @@ class MicroBatcher:
         exclude_seen: bool = True,
         allow: Sequence | None = None,
         deny: Sequence | None = None,
+        explain: bool = False,
     ) -> list[Recommendation]:
-        """One Recommendation per history, from `model`, scored in some batch."""
+        """One Recommendation per history, from `model`, scored in some batch (`explain`:
+        alone, with each item's `because`)."""
         if not self.running:
             raise Stopped("the server is shutting down")
         job = _Job(
@@ -196,6 +201,7 @@ class MicroBatcher:
             exclude_seen,
             None if allow is None else tuple(allow),
             None if deny is None else tuple(deny),
+            explain,
             asyncio.get_running_loop().create_future(),
         )
         n = len(job.histories)
@@ -351,6 +357,7 @@ class MicroBatcher:
                     exclude_history=head.exclude_seen,
                     allow=head.allow,
                     deny=head.deny,
+                    explain=head.explain,
                 )
             except Exception as e:
                 for j in members:

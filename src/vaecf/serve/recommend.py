@@ -43,10 +43,11 @@ def router(svc: Service) -> APIRouter:
     async def recommend_user(
         user_id: Annotated[str, Path(min_length=1, max_length=256, pattern=NO_CONTROL)],
         k: Annotated[int, Query(ge=1, le=svc.settings.max_k)] = 10,
+        explain: Annotated[bool, Query(description="each item's `because`")] = False,
     ):
         """Top-k items for a user of the run's prepared dataset, from their history there (a
         training user's items, a held-out user's fold-in items), which is not recommended
         back; 404 for a user the data does not hold."""
-        return await svc.recommend_user(user_id, k)
+        return await svc.recommend_user(user_id, k, explain)
 
     return r

@@ -23,6 +23,7 @@ from pydantic import (
 )
 
 from vaecf.config.serve import ServeSettings
+from vaecf.explain import MAX_EXPLAIN_WORK
 
 
 # A raw item id: the data's own (an int or a string); 42 and "42" name the same item.
@@ -90,11 +91,26 @@ def example(value: Any) -> ConfigDict:
     return ConfigDict(json_schema_extra={"examples": [value]})
 
 
+class Because(BaseModel):
+    item_id: ItemId = Field(description="a history item that led to the recommendation")
+    weight: float = Field(
+        description="a linear model's (EASE, EDLAE) exact share of the item's score (the "
+        "shares of the whole history sum to it); any other model's fall of the item's score "
+        "(its probability, for Mult-VAE, Mult-DAE, RecVAE) without this history item"
+    )
+    title: str | None = Field(None, description="its name, when the run has names")
+
+
 class ItemScore(BaseModel):
     item_id: ItemId
     score: float
     title: str | None = Field(
         None, description="the item's name, on every item when the run has names (else absent)"
+    )
+    because: list[Because] | None = Field(
+        None,
+        description='with "explain": the history items that led to it most, strongest first '
+        "(absent without, and where the list is popularity: see fallback)",
     )
 
 
@@ -116,8 +132,9 @@ class Ranked(BaseModel):
     items: list[ItemScore] = Field(description="best first")
     unknown: list[ItemId] = Field(description="history ids the model does not know (ignored)")
     fallback: Literal["popular"] | None = Field(
-        description="'popular' when no history item is known (a cold start): the items are "
-        "the training popularity ranking, scored by their share of the training interactions"
+        description="'popular' when the items are the training popularity ranking, scored by "
+        "their share of the training interactions: no history item is known (a cold start) "
+        "or, asked to explain, the model is popularity; nothing in the history led to them"
     )
 
 
@@ -275,6 +292,11 @@ def request_schemas(s: ServeSettings) -> tuple[type[BaseModel], type[BaseModel]]
         exclude_seen: StrictBool = Field(True, description="never recommend the history's items")
         allow: Filter = Field(None, description="recommend only among these ids")
         deny: Filter = Field(None, description="never recommend these ids")
+        explain: StrictBool = Field(
+            False,
+            description="give each item's `because`: the history items that led to it (at "
+            f"most {MAX_EXPLAIN_WORK:,} history items x k per request)",
+        )
 
         @model_validator(mode="after")
         def _one_filter(self):

@@ -19,6 +19,7 @@ from fastapi.responses import JSONResponse, Response
 from vaecf import rundir
 from vaecf.config.serve import ServeSettings
 from vaecf.errors import UnknownUserError, VaecfError
+from vaecf.explain import check_work
 from vaecf.serve.batcher import ClientGone, Expired, MicroBatcher, Overloaded, Stopped
 from vaecf.serve.invalid import answer_too_large
 from vaecf.serve.prometheus import Metrics
@@ -39,10 +40,12 @@ def busy(metrics: Metrics, reason: str, message: str) -> JSONResponse:
 
 
 class UserQuery:
-    """What a user's recommendation is asked with: k; no filters, their history excluded."""
+    """What a user's recommendation is asked with: k, explain; no filters, their history
+    excluded."""
 
-    def __init__(self, k: int):
+    def __init__(self, k: int, explain: bool = False):
         self.k, self.exclude_seen, self.allow, self.deny = k, True, None, None
+        self.explain = explain
 
 
 QUEUE_ERRORS = (Stopped, Overloaded, Expired, ClientGone)  # the scoring worker did not answer
@@ -101,8 +104,10 @@ class Service:
                         "max_k": s.max_k},
             )  # fmt: skip
         try:
+            if req.explain:  # bounded: refused before any work, in words (a 422)
+                check_work(histories, req.k)
             recs = await self.batcher.submit(
-                model, histories, req.k, req.exclude_seen, req.allow, req.deny
+                model, histories, req.k, req.exclude_seen, req.allow, req.deny, req.explain
             )
         except QUEUE_ERRORS as e:
             return self.not_run(e)
@@ -144,7 +149,7 @@ class Service:
             lambda: {**recs[0].to_dict(), "model": model}, len(recs[0].item_ids)
         )
 
-    async def recommend_user(self, user_id: str, k: int) -> Response:
+    async def recommend_user(self, user_id: str, k: int, explain: bool = False) -> Response:
         """The answer to GET /v1/users/{user_id}/recommend: the user's history in the run's
         prepared dataset (read on the scoring thread: the first call loads the dataset),
         scored and excluded as any history."""
@@ -160,7 +165,7 @@ class Service:
             return found
         user, idx = found
         history = model.recommender.items.id_of(idx)
-        out = await self.scored([history], UserQuery(k), model)
+        out = await self.scored([history], UserQuery(k, explain), model)
         if isinstance(out, Response):
             return out
         (rec,), version = out

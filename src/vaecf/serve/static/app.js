@@ -55,12 +55,19 @@ function actions(item) {
   return td;
 }
 
+// "because you liked A, B": the history items that led to a recommendation (explain)
+function because(item) {
+  if (!item.because || !item.because.length) return "";
+  const names = item.because.map((b) => b.title || "#" + b.item_id);
+  return el("span", { class: "because", text: "because you liked " + names.join(", ") });
+}
+
 function fillTable(tbody, items) {
   tbody.replaceChildren(
     ...items.map((item, i) =>
       el("tr", { "data-item": String(item.item_id) },
         el("td", { class: "num", text: String(i + 1) }),
-        el("td", {}, itemLabel(item)),
+        el("td", {}, itemLabel(item), because(item)),
         el("td", { class: "num", text: item.score.toPrecision(4) }),
         actions(item)))
   );
@@ -69,7 +76,7 @@ function fillTable(tbody, items) {
 async function recommend() {
   try {
     const ids = state.history.map((h) => h.item_id);
-    const r = await api("/v1/recommend", { items: ids, k: state.k });
+    const r = await api("/v1/recommend", { items: ids, k: state.k, explain: ids.length > 0 });
     fillTable($("recs").tBodies[0], r.items);
     $("fallback").hidden = r.fallback !== "popular";
     say(r.unknown.length ? "not in the model (ignored): " + r.unknown.join(", ") : "");
