@@ -24,8 +24,8 @@ from vaecf.data.histories import UserHistories, run_histories
 from vaecf.data.matrix import SparseBatch
 from vaecf.data.vocab import Vocabulary
 from vaecf.errors import ConfigError, DataError, RunError
-from vaecf.explain import EXPLAIN_TOP, check_work, strongest, weights
 from vaecf.models.base import Model, cosine_neighbours, vector_norms
+from vaecf.models.explain import EXPLAIN_TOP, check_work, strongest, weights
 from vaecf.models.serving import serving_copy
 
 
@@ -39,7 +39,7 @@ class Recommendation:
     # start: no known item in the history; with explain, also the popularity model's answers)
     fallback: str | None = None
     # explain=True: for each item, the history items that led to it, strongest first, as
-    # [{"item_id", "weight"[, "title"]}] (vaecf.explain says what a weight is); None: not
+    # [{"item_id", "weight"[, "title"]}] (vaecf.models.explain says what a weight is); None: not
     # asked, or a fallback
     because: list | None = None
 

@@ -11,7 +11,7 @@ Everything outside training (`evaluate`, `Recommender`, `bench infer`, serving) 
   notion of "similar items".
 - `contributions(history, items)`: each history item's exact share of the items' scores, for
   the models whose score is a sum over the history; None otherwise (explanations are then
-  leave-one-out: vaecf.explain).
+  leave-one-out: vaecf.models.explain).
 - `multinomial`: True where scores are logits of a multinomial over items (softmax gives each
   item's probability); otherwise scores are shown as they are.
 
@@ -96,7 +96,7 @@ class Model(nn.Module):
     def contributions(self, history: torch.Tensor, items: torch.Tensor) -> torch.Tensor | None:
         """(len(history), len(items)) float32: each history item's exact share of each of
         `items`' scores, where a score is a sum over the history (the linear models); None
-        where it is not, and an explanation is leave-one-out (vaecf.explain)."""
+        where it is not, and an explanation is leave-one-out (vaecf.models.explain)."""
         return None
 
     def dense_scores(self, x: torch.Tensor) -> torch.Tensor:

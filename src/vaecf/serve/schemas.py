@@ -23,7 +23,7 @@ from pydantic import (
 )
 
 from vaecf.config.serve import ServeSettings
-from vaecf.explain import MAX_EXPLAIN_WORK
+from vaecf.models.explain import MAX_EXPLAIN_WORK
 
 
 # A raw item id: the data's own (an int or a string); 42 and "42" name the same item.

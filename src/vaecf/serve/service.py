@@ -19,7 +19,7 @@ from fastapi.responses import JSONResponse, Response
 from vaecf import rundir
 from vaecf.config.serve import ServeSettings
 from vaecf.errors import UnknownUserError, VaecfError
-from vaecf.explain import check_work
+from vaecf.models.explain import check_work
 from vaecf.serve.batcher import ClientGone, Expired, MicroBatcher, Overloaded, Stopped
 from vaecf.serve.invalid import answer_too_large
 from vaecf.serve.prometheus import Metrics

@@ -12,7 +12,7 @@ import vaecf
 from tests.helpers import cli_in_process, cpu_config
 from vaecf import models
 from vaecf.errors import ConfigError
-from vaecf.explain import MAX_EXPLAIN_WORK, leave_one_out
+from vaecf.models.explain import MAX_EXPLAIN_WORK, leave_one_out
 
 N_PAIRS = 30  # items 2p and 2p + 1 always come together
 
