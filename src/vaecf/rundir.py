@@ -1,7 +1,8 @@
 """The run directory: its file names, its config schema, and loading and saving a model.
 
-    config.json     {"model": {"name", "config"}, "train": {...}, "data": {path, fingerprint,
-                    n_items, n_train_users}, "vaecf_version"}: every setting, resolved (a
+    config.json     {"format_version", "model": {"name", "config"}, "train": {...}, "data":
+                    {path, fingerprint, n_items, n_train_users}, "vaecf_version"}: every
+                    setting, resolved (a
                     search's choice too: EDLAE's lambda, p and beta as the fit chose them),
                     and of the training settings only those the model reads
     config.toml     the same settings as a file for `vaecf train --config` (vaecf.config.toml):
@@ -17,6 +18,11 @@
 
 The trainer, the recommender, the CLI and the server all go through this module; it imports no
 training code.
+
+The run format is versioned (`RUN_FORMAT`, config.json's "format_version"; runs written before
+it existed are format 1): every older format loads and answers as it did
+(tests/test_run_formats.py keeps real runs of every model family from earlier commits with
+their answers); a newer one is refused with the version that wrote it.
 """
 
 from __future__ import annotations
@@ -34,6 +40,7 @@ from vaecf.config import toml as configfile
 from vaecf.errors import RunError
 from vaecf.storage import checkpoint
 from vaecf.storage.safewrite import atomic_file, write_json
+from vaecf.version import __version__
 
 CONFIG = "config.json"
 CONFIG_TOML = "config.toml"
@@ -46,6 +53,9 @@ METRICS = "metrics.jsonl"
 RESULTS = "results.json"
 # what loading a run for serving reads (Recommender.load)
 RUN_FILES = (CONFIG, ITEMS, ITEM_NAMES, POPULARITY, BEST, RESULTS)
+# the run format this code writes and the newest it reads: 1 = runs from before the field
+# (to 2026-11-28), 2 = "format_version" in config.json
+RUN_FORMAT = 2
 
 
 def is_run(path: str | os.PathLike) -> bool:
@@ -68,11 +78,18 @@ def load_config(run_dir: str | os.PathLike) -> dict:
             model["config"].pop("model", None)
             cfg["model"] = model
         cfg["train"], cfg["data"]["n_items"]  # noqa: B018 (present)
+        version = cfg.get("format_version", 1)
+        newer = not isinstance(version, int) or version > RUN_FORMAT
     except (json.JSONDecodeError, KeyError, TypeError, AttributeError) as e:
         raise RunError(
             f"{run_dir / CONFIG} is corrupted ({type(e).__name__}: {e}); restore it from a "
             "copy or train the run again"
         ) from None
+    if newer:
+        raise RunError(
+            f"{run_dir} was written by vaecf {cfg.get('vaecf_version') or '(unknown)'} in run "
+            f"format {version}; this vaecf reads run formats 1 to {RUN_FORMAT}: upgrade vaecf"
+        )
     return cfg
 
 
@@ -91,6 +108,7 @@ def write_config(
 ) -> dict:
     train = train_settings(model_name, train)
     cfg = {
+        "format_version": RUN_FORMAT,
         "model": {"name": model_name, "config": model_config},
         "train": train,
         "data": data,
@@ -122,7 +140,7 @@ def start_run(run_dir: Path, model_name: str, model_config: dict, train: dict, d
         "n_train_users": c["n_train_users"],
         "min_rating": ds.manifest["settings"].get("min_rating"),  # what a history keeps
     }
-    write_config(run_dir, model_name, model_config, train, data, ds.manifest.get("vaecf_version"))
+    write_config(run_dir, model_name, model_config, train, data, __version__)  # what wrote the run
     copy_file(ds.path / "items.parquet", run_dir / ITEMS)
     copy_item_names(run_dir, ds.item_names_file())
     save_popularity(run_dir, ds.split("train").getnnz(axis=0))  # training users per item
