@@ -42,6 +42,7 @@ _EXPORTS = {
     "Recommender": "vaecf.recommender",
     "RunResult": "vaecf.training.run",
     "train": "vaecf.training",
+    "update": "vaecf.training.update",
 }
 _ALIASES = {"prepare": "prepare_dataset"}  # vaecf.prepare("ml-20m")
 # from vaecf.models (a declared model's class or settings by name: vaecf.EDLAE, vaecf.EDLAEConfig)

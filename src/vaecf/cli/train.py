@@ -168,8 +168,44 @@ def cmd_evaluate(a) -> int:
     return 0
 
 
+# -- update -------------------------------------------------------------------------------------
+def cmd_update(a) -> int:
+    from vaecf.training.update import update
+
+    s = from_args(Compute, a)
+    res = update(a.run, a.data, a.out, a.budget, a.search, s.device, progress=not a.json)
+    if a.json:
+        print_json({"run_dir": str(res.run_dir), "validation": res.validation_metrics,
+                    "test": res.test_metrics})  # fmt: skip
+        return 0
+    print(f"\nupdated run {res.run_dir} (from {a.run})")
+    print(metrics_table({"validation": res.validation_metrics, "test": res.test_metrics}))
+    return 0
+
+
+def _register_update(sub) -> None:
+    pu = sub.add_parser(
+        "update",
+        help="keep a run current: fit its model to a newer preparation of the same data",
+        description="Fit RUN's model to --data (a newer preparation of the same source: more "
+        "interactions, new users and items, the same ids) into the new run --out, never over "
+        "RUN. EASE, EDLAE and inf-AE solve again at the settings RUN chose (--search: search "
+        "again); Mult-VAE, Mult-DAE and RecVAE start from RUN's weights (new items at the mean "
+        "of the old ones) and train with early stopping; popularity counts again.",
+    )
+    pu.add_argument("run", help="the run directory to keep current")
+    pu.add_argument("--data", required=True, help="the newer prepared dataset")
+    pu.add_argument("--out", required=True, help="the new run directory (must not exist)")
+    pu.add_argument("--budget", type=float, help="seconds the update may take")
+    pu.add_argument("--search", action="store_true", help="search a linear model's settings again")
+    add_settings(pu, Compute, only=("device",))
+    pu.add_argument("--json", action="store_true", help="print the new run's metrics as JSON")
+    pu.set_defaults(fn=cmd_update)
+
+
 def register(sub) -> None:
     _register_train(sub)
+    _register_update(sub)
     _register_models(sub)
     _register_evaluate(sub)
 

@@ -3,6 +3,7 @@
 entry.py       train(): `vaecf.train`, the one entry point (`--model auto` or one model)
 auto.py        `--model auto`: the candidates fitted, blended, the best kept on validation
 single.py      one model into a run directory: settings resolved, a resume checked, the fit
+update.py      `vaecf update`: a run kept current with newer data, as a new run
 gradient.py    GradientFit: the gradient models' epochs, early stopping, the budget, selection
 run.py         Run: what every fit shares (device, validation, the test, results.json), the
                closed-form fit, and the budget's one deadline

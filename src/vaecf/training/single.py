@@ -120,17 +120,22 @@ def _resume_config(saved: dict, given: TrainConfig | None) -> TrainConfig:
     return config
 
 
-def train(data, config, out, model_config=None, resume=False, model=None, on_epoch=None, test=True):
-    """vaecf.training.train (`vaecf.train`) for one model (not `auto`)."""
+def train(
+    data, config, out, model_config=None, resume=False, model=None, on_epoch=None, test=True,
+    init=None,
+):  # fmt: skip
+    """vaecf.training.train (`vaecf.train`) for one model (not `auto`); `init(model)` sets a
+    fresh gradient run's starting weights (an update's warm start; a resume's come from
+    last.pt)."""
     ds = data if isinstance(data, PreparedDataset) else PreparedDataset(data)
     out = Path(out)
     test = test and ds.manifest["counts"]["n_test_users"] > 0  # a production split has none
     if model is not None and not models.get(model).trainable:
         raise ConfigError(f"--model {model} is made by --model auto, not trained on its own")
     if int(os.environ.get("RANK", "0")) != 0:  # under torchrun rank 0 holds the lock
-        return _train(ds, config, out, model_config, resume, model, on_epoch, test)
+        return _train(ds, config, out, model_config, resume, model, on_epoch, test, init)
     with writer_lock(out, "vaecf train"):
-        return _train(ds, config, out, model_config, resume, model, on_epoch, test)
+        return _train(ds, config, out, model_config, resume, model, on_epoch, test, init)
 
 
 def _what_to_train(ds, config, out, model_config, resume, model):
@@ -176,7 +181,7 @@ def _what_to_train(ds, config, out, model_config, resume, model):
     return config, model_config, name
 
 
-def _train(ds, config, out, model_config, resume, model, on_epoch, test) -> RunResult:
+def _train(ds, config, out, model_config, resume, model, on_epoch, test, init) -> RunResult:
     config, model_config, name = _what_to_train(ds, config, out, model_config, resume, model)
     config.validate()
     started = not torch.distributed.is_initialized()
@@ -202,6 +207,8 @@ def _train(ds, config, out, model_config, resume, model, on_epoch, test) -> RunR
             )
         trainer_cls = ClosedFormFit if models.get(name).closed_form else GradientFit
         run = trainer_cls(ds, config, name, model_config, out, ctx, device)
+        if init is not None:
+            init(run.model)
         run.on_epoch = on_epoch
         run.score_test = test
         return run.fit()

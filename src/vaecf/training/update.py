@@ -1,0 +1,170 @@
+"""`vaecf update`: a run kept current with a newer preparation of the same data (more
+interactions, new users, new items; the same raw ids mean the same things), written as a new
+run beside the old one, never over it.
+
+What keeps each model current:
+- EASE, EDLAE, inf-AE: fitted again on the newer training matrix at the settings the run chose
+  (lambda, p, beta; inf-AE's ridge): one solve, no search (`search=True`: the search again).
+  The Gram matrix of the newer data is a sparse product far cheaper than the solve, so it is
+  built from the newer rows rather than patched.
+- Mult-VAE, Mult-DAE, RecVAE: a warm start. Every weight indexed by item is carried over item
+  by item (by raw id); a new item's rows start at the mean of the old items' (a typical item);
+  then training on the newer training users with early stopping (patience 3, or the run's own
+  where smaller) within the budget.
+- Popularity: counted again.
+- A blend (`--model auto`'s choice of one): not updated; train `--model auto` again.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import polars as pl
+import torch
+
+from vaecf import models, rundir
+from vaecf.config.settings import spelled
+from vaecf.config.train import TrainConfig
+from vaecf.data.prepare import PreparedDataset
+from vaecf.data.vocab import Vocabulary
+from vaecf.errors import ConfigError, DataError, RunError
+from vaecf.training.run import RunResult
+from vaecf.training.single import train
+
+MIN_SHARED = 0.5  # the share of the run's items the newer data must still hold
+PINNED = {  # a closed form's searched settings and the grids that searched them
+    "l2": ("l2_grid",),
+    "dropout": ("dropout_grid",),
+    "ridge": ("ridge_grid",),
+}
+UPDATE_PATIENCE = 3
+
+
+def item_map(old: Vocabulary, new: Vocabulary, run: Path, data: Path) -> np.ndarray:
+    """(len(new),) int64: each newer item's index in the run's vocabulary, -1 for a new one.
+    DataError where the two do not share at least MIN_SHARED of the run's items (another
+    source, or ids spelled another way)."""
+    pos = np.full(len(new), -1, dtype=np.int64)
+    if old.ids.dtype == new.ids.dtype:  # ids of one kind (integers or text) on both sides
+        both = pl.DataFrame({"id": new.ids, "new": np.arange(len(new))}).join(
+            pl.DataFrame({"id": old.ids, "old": np.arange(len(old))}), on="id"
+        )
+        pos[both.get_column("new").to_numpy()] = both.get_column("old").to_numpy()
+    shared = int((pos >= 0).sum())
+    if shared < MIN_SHARED * len(old):
+        raise DataError(
+            f"{data} shares {shared:,} of the {len(old):,} items of {run}: it is not a newer "
+            "preparation of the run's data (another source, or ids spelled another way); "
+            f"train on it instead (vaecf train --data {data})"
+        )
+    return pos
+
+
+def warm_start(old_state: dict, old_n: int, pos: np.ndarray):
+    """`init(model)` for single.train: every tensor of the run's weights copied in, those with
+    an item dimension (old_n there, len(pos) in the model) item by item, new items at the mean
+    of the old rows; a tensor the model holds in another shape keeps its fresh start."""
+    new_n = len(pos)
+    have = torch.from_numpy(np.flatnonzero(pos >= 0))
+    src = torch.from_numpy(pos[pos >= 0])
+    fresh = torch.from_numpy(np.flatnonzero(pos < 0))
+
+    @torch.no_grad()
+    def init(model) -> None:
+        for name, t in model.state_dict().items():
+            old = old_state.get(name)
+            if old is None or old.dim() != t.dim():
+                continue
+            old = old.to(t.device, t.dtype)
+            dims = [d for d in range(t.dim()) if old.shape[d] == old_n and t.shape[d] == new_n]
+            rest = [d for d in range(t.dim()) if d not in dims]
+            if len(dims) > 1 or any(old.shape[d] != t.shape[d] for d in rest):
+                continue
+            if not dims:
+                t.copy_(old)
+                continue
+            d = dims[0]
+            t.index_copy_(d, have.to(t.device), old.index_select(d, src.to(t.device)))
+            if len(fresh):
+                mean = old.mean(dim=d, keepdim=True).expand_as(t.index_select(d, fresh))
+                t.index_copy_(d, fresh.to(t.device), mean.contiguous())
+
+    return init
+
+
+def held_out_seen(cfg: dict, ds: PreparedDataset) -> int:
+    """How many of `ds`'s validation and test users were training users of the run (whose
+    config is `cfg`): 0 under a time protocol, where the held-out periods come after anything
+    the run saw, or where the run's dataset is gone."""
+    from vaecf.data.preprocess import TIME_PROTOCOLS
+
+    path = cfg["data"].get("path")
+    if ds.manifest["settings"]["protocol"] in TIME_PROTOCOLS or not path:
+        return 0
+    if not (Path(path) / "manifest.json").is_file():
+        return 0
+    old = PreparedDataset(path).users
+    trained = old.filter(pl.col("split") == "train").get_column("user_id")
+    held = ds.users.filter(pl.col("split") != "train").get_column("user_id")
+    return int(held.is_in(trained.implode()).sum()) if held.dtype == trained.dtype else 0
+
+
+def _pinned(name: str, saved: dict, search: bool):
+    """The model settings an update fits with: the run's own, its searched settings held at
+    what the search chose (no grid left to search) unless `search`."""
+    settings = dict(saved)
+    for key, grids in PINNED.items():
+        if key not in settings:
+            continue
+        if search:
+            settings[key] = None  # searched again over the run's grid
+        elif settings[key] is not None:
+            for g in grids:
+                settings[g] = [settings[key]]
+    if not search and "popularity_grid" in settings:
+        settings["popularity_grid"] = []
+    if not search and settings.get("selection") == "cv":
+        settings["selection"] = "validation"  # one setting left: nothing to cross-validate
+    return models.config_from_dict(name, settings)
+
+
+def update(
+    run: str | os.PathLike, data, out: str | os.PathLike, budget: float | None = None,
+    search: bool = False, device: str | None = None, progress: bool = True,
+) -> RunResult:  # fmt: skip
+    """Fit run `run`'s model to `data` (a newer prepared dataset of the same source) into the
+    new run directory `out`, as the module's doc says for each model."""
+    run, out = Path(run), Path(out)
+    cfg = rundir.load_config(run)
+    name = cfg["model"]["name"]
+    spec = models.get(name)
+    if spec.family == "selection":
+        raise ConfigError(f"{run} holds a {name} model, which update cannot keep current: "
+                          "train --model auto again on the newer data")  # fmt: skip
+    if out.resolve() == run.resolve() or rundir.is_run(out):
+        raise RunError(f"{out} already holds a run: an update writes a new run, never over one; "
+                       f"choose another {spelled('out')}")  # fmt: skip
+    ds = data if isinstance(data, PreparedDataset) else PreparedDataset(data)
+    pos = item_map(Vocabulary.load(run / rundir.ITEMS), ds.items, run, ds.path)
+    keep = {k: v for k, v in cfg["train"].items() if k in TrainConfig.__dataclass_fields__}
+    tcfg = TrainConfig(**{**keep, "progress": progress})
+    tcfg = replace(tcfg, budget=budget, device=device or tcfg.device)
+    init = None
+    if not spec.closed_form:
+        # the warm start is near its best: a few epochs without gain end it
+        tcfg = replace(tcfg, patience=min(tcfg.patience or UPDATE_PATIENCE, UPDATE_PATIENCE))
+        old_model, _ = rundir.load_model(run, "cpu")
+        init = warm_start(old_model.state_dict(), old_model.n_items, pos)
+        if seen := held_out_seen(cfg, ds):
+            print(f"vaecf update: {seen:,} of the newer data's validation and test users trained "
+                  f"{run}'s model: its warm start has seen their held-out items, so the new "
+                  "run's validation and test figures are optimistic (a time protocol, "
+                  "--protocol temporal, holds out what came after)", flush=True)  # fmt: skip
+    saved = cfg["model"]["config"]
+    mcfg = (
+        _pinned(name, saved, search) if spec.closed_form else models.config_from_dict(name, saved)
+    )
+    return train(ds, tcfg, out, mcfg, model=name, init=init)

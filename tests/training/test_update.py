@@ -1,0 +1,131 @@
+"""`vaecf update`: a linear model solved again at the settings its run chose (bit for bit what a
+train at those settings gives), an autoencoder's weights carried over item by item (new items
+at the mean of the old), the old run untouched (also by a kill), and the refusals in one line."""
+
+import hashlib
+import json
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import polars as pl
+import pytest
+import torch
+
+import vaecf
+from tests.helpers import cli_in_process, cpu_config
+from vaecf import models
+from vaecf.data import synthetic
+from vaecf.errors import DataError, RunError
+from vaecf.training.update import update, warm_start
+
+
+def digest(run) -> dict:
+    return {p.name: hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(run.iterdir()) if p.is_file()}  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def older_newer(tmp_path_factory):
+    """The newer data: more users and rows, 10 items the older never had."""
+    root = tmp_path_factory.mktemp("update")
+    df = synthetic.generate(n_users=500, n_items=70, n_groups=4, mean_items=10, seed=3)
+    older = df.filter((pl.col("user_id") < 400) & (pl.col("item_id") < 60))
+    settings = vaecf.PrepareSettings(heldout_users=40, seed=1)
+    return (vaecf.prepare_frame(older, root / "old", settings),
+            vaecf.prepare_frame(df, root / "new", settings), root)  # fmt: skip
+
+
+def test_a_linear_update_solves_once_at_the_chosen_settings(older_newer):
+    old, new, root = older_newer
+    vaecf.train(old, cpu_config(), root / "ease-old", model="ease")
+    chosen = json.loads((root / "ease-old" / "config.json").read_text())["model"]["config"]["l2"]
+    before = digest(root / "ease-old")
+    res = update(root / "ease-old", new, root / "ease-upd", progress=False, device="cpu")
+    assert digest(root / "ease-old") == before  # never over the old run
+    cfg = json.loads((res.run_dir / "config.json").read_text())["model"]["config"]
+    assert cfg["l2"] == chosen and cfg["l2_grid"] == [chosen]  # no search
+    same = vaecf.train(new, cpu_config(), root / "ease-at", models.config_from_dict(
+        "ease", {"l2": chosen, "l2_grid": [chosen]}), model="ease")  # fmt: skip
+    a = vaecf.Recommender.load(res.run_dir).model.weight
+    b = vaecf.Recommender.load(same.run_dir).model.weight
+    assert torch.equal(a, b) and a.shape[0] == new.n_items
+
+
+def test_warm_start_carries_each_item_over_by_id():
+    small = models.config_from_dict("multvae", {"hidden_dims": [4], "latent_dim": 2})
+    old = models.build("multvae", 5, small)
+    new = models.build("multvae", 7, old.config)
+    pos = np.array([4, 0, -1, 2, 1, 3, -1])  # new item i was old item pos[i]; -1: new
+    warm_start(old.state_dict(), 5, pos)(new)
+    o, n = old.state_dict(), new.state_dict()
+    for name, t in n.items():
+        dims = [d for d in range(t.dim()) if t.shape[d] == 7]
+        if not dims:
+            assert torch.equal(t, o[name]), name
+            continue
+        d = dims[0]
+        for i, p in enumerate(pos):
+            row = t.select(d, i)
+            want = o[name].select(d, int(p)) if p >= 0 else o[name].mean(dim=d)
+            assert torch.allclose(row, want), (name, i)
+
+
+def test_an_autoencoder_update_starts_from_the_run(older_newer):
+    old, new, root = older_newer
+    cfg = cpu_config(seed=2, epochs=4, batch_size=100)
+    vaecf.train(old, cfg, root / "mv-old", model="multvae")
+    before = digest(root / "mv-old")
+    res = update(root / "mv-old", new, root / "mv-upd", progress=False, device="cpu")
+    assert digest(root / "mv-old") == before
+    rec = vaecf.Recommender.load(res.run_dir)
+    assert rec.model.n_items == new.n_items and res.test_metrics["n_users"] > 0
+    saved = json.loads((res.run_dir / "config.json").read_text())
+    assert saved["train"]["patience"] == 3  # early stopping unless the run set its own
+
+
+def test_refusals_are_one_line(older_newer, tmp_path):
+    old, new, root = older_newer
+    if not (root / "ease-old").exists():
+        vaecf.train(old, cpu_config(), root / "ease-old", model="ease")
+    for out in (root / "ease-old", root / "ease-upd2"):
+        if out.name == "ease-upd2":
+            update(root / "ease-old", new, out, progress=False, device="cpu")
+        rc, err = cli_in_process(["update", root / "ease-old", "--data", new.path, "--out", out])
+        assert rc == 2 and "never over one" in err and len(err.strip().splitlines()) == 1
+    other = synthetic.generate(n_users=200, n_items=40, n_groups=4, mean_items=8, seed=0)
+    other = other.with_columns(pl.col("item_id").cast(pl.String) + "x")  # another source's ids
+    foreign = vaecf.prepare_frame(
+        other, tmp_path / "foreign", vaecf.PrepareSettings(heldout_users=20)
+    )
+    with pytest.raises(DataError, match="not a newer preparation of the run's data"):
+        update(root / "ease-old", foreign, tmp_path / "never", progress=False)
+    assert not (tmp_path / "never").exists()
+    with pytest.raises(RunError, match="never over one"):
+        update(root / "ease-old", new, root / "ease-old", progress=False)
+
+
+def test_a_killed_update_leaves_the_old_run_and_train_resume_completes_it(older_newer):
+    old, new, root = older_newer
+    cfg = cpu_config(seed=3, epochs=40, batch_size=20, patience=None)
+    vaecf.train(old, cfg, root / "k-old", model="multvae")
+    before = digest(root / "k-old")
+    out = root / "k-upd"
+    cmd = [sys.executable, "-m", "vaecf", "update", str(root / "k-old"), "--data", str(new.path),
+           "--out", str(out), "--device", "cpu"]  # fmt: skip
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 60
+    while not (out / "config.json").exists() and time.monotonic() < deadline:
+        time.sleep(0.02)
+    time.sleep(0.3)  # into the training
+    assert proc.poll() is None, "the update ended before the kill"
+    proc.send_signal(signal.SIGKILL)
+    proc.wait(30)
+    assert digest(root / "k-old") == before
+    # an interrupted update: train --resume completes it
+    rc, err = cli_in_process(["train", "--data", new.path, "--out", out, "--resume",
+                              "--device", "cpu"])  # fmt: skip
+    assert rc == 0, err
+    assert vaecf.Recommender.load(out).model.n_items == new.n_items
