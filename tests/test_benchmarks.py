@@ -51,6 +51,13 @@ SMOKE: dict[str, list[tuple[str, str]]] = {
         )
     ],
     "dense_solve.py": [("| torch |", "--items 300 --dtype float64")],
+    "update.py": [
+        (
+            "| ease |",
+            "--source {tmp}/ml/ratings.csv --models ease --drift-models ease --rounds 2 "
+            "--budget 10",
+        )
+    ],
     "explain_latency.py": [("| multvae | 10 |", "--items 300 --requests 4 --histories 10")],
     "temporal.py": [
         (
@@ -343,7 +350,7 @@ def runs(request, tmp_path_factory) -> dict[str, dict]:
                 job, name, argv, _ = queue.pop(0)
                 tmp = base / job.replace(":", "-")
                 tmp.mkdir()
-                if name in ("accuracy.py", "temporal.py") and job.startswith("smoke"):
+                if name in ("accuracy.py", "temporal.py", "update.py") and job.startswith("smoke"):
                     tiny_ratings(tmp / "ml")
                 out = tmp / "output.txt"
                 req = {
