@@ -29,6 +29,7 @@ from vaecf import models, rundir
 from vaecf.config.settings import spelled
 from vaecf.config.train import TrainConfig
 from vaecf.data.prepare import PreparedDataset
+from vaecf.data.preprocess import TIME_PROTOCOLS
 from vaecf.data.vocab import Vocabulary
 from vaecf.errors import ConfigError, DataError, RunError
 from vaecf.training.run import RunResult
@@ -99,8 +100,6 @@ def held_out_seen(cfg: dict, ds: PreparedDataset) -> int:
     """How many of `ds`'s validation and test users were training users of the run (whose
     config is `cfg`): 0 under a time protocol, where the held-out periods come after anything
     the run saw, or where the run's dataset is gone."""
-    from vaecf.data.preprocess import TIME_PROTOCOLS
-
     path = cfg["data"].get("path")
     if ds.manifest["settings"]["protocol"] in TIME_PROTOCOLS or not path:
         return 0
