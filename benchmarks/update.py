@@ -46,12 +46,14 @@ def timed(fn):
     return res, time.perf_counter() - t0
 
 
-def one_model(name: str, old, new, tmp: Path, budget: float) -> dict:
+def one_model(name: str, old, new, tmp: Path, budget: float, patience=None) -> dict:
     cfg = vaecf.TrainConfig(progress=False, budget=budget)
     vaecf.train(old, cfg, tmp / f"{name}-old", model=name)
     full, t_full = timed(lambda: vaecf.train(new, cfg, tmp / f"{name}-full", model=name))
     upd, t_upd = timed(
-        lambda: update(tmp / f"{name}-old", new, tmp / f"{name}-upd", budget, progress=False)
+        lambda: update(
+            tmp / f"{name}-old", new, tmp / f"{name}-upd", budget, progress=False, patience=patience
+        )
     )
     return {
         "model": name,
@@ -84,6 +86,7 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=10)
     ap.add_argument("--start", type=float, default=0.5, help="share of the data drift starts at")
     ap.add_argument("--budget", type=float, default=600.0, help="seconds per fit")
+    ap.add_argument("--patience", type=int, help="an autoencoder update's (default: update's)")
     a = ap.parse_args()
     if not a.source.is_file():
         print(f"skipped: {a.source} not found")
@@ -92,7 +95,7 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as t:
         tmp = Path(t)
         old, new = prepared(df, 0.8, tmp / "old"), prepared(df, 1.0, tmp / "new")
-        rows = [one_model(m, old, new, tmp, a.budget) for m in a.models.split(",")]
+        rows = [one_model(m, old, new, tmp, a.budget, a.patience) for m in a.models.split(",")]
         drifts = [(m, *drift(m, df, tmp, a.start, a.rounds, a.budget))
                   for m in a.drift_models.split(",") if m]  # fmt: skip
     print(f"\n{hardware.machine()}")

@@ -173,7 +173,7 @@ def cmd_update(a) -> int:
     from vaecf.training.update import update
 
     s = from_args(Compute, a)
-    res = update(a.run, a.data, a.out, a.budget, a.search, s.device, progress=not a.json)
+    res = update(a.run, a.data, a.out, a.budget, a.search, s.device, not a.json, a.patience)
     if a.json:
         print_json({"run_dir": str(res.run_dir), "validation": res.validation_metrics,
                     "test": res.test_metrics})  # fmt: skip
@@ -184,6 +184,8 @@ def cmd_update(a) -> int:
 
 
 def _register_update(sub) -> None:
+    from vaecf.config.train import TrainConfig
+
     pu = sub.add_parser(
         "update",
         help="keep a run current: fit its model to a newer preparation of the same data",
@@ -198,6 +200,7 @@ def _register_update(sub) -> None:
     pu.add_argument("--out", required=True, help="the new run directory (must not exist)")
     pu.add_argument("--budget", type=float, help="seconds the update may take")
     pu.add_argument("--search", action="store_true", help="search a linear model's settings again")
+    add_settings(pu, TrainConfig, only=("patience",))  # unset: 3 (or the run's, where smaller)
     add_settings(pu, Compute, only=("device",))
     pu.add_argument("--json", action="store_true", help="print the new run's metrics as JSON")
     pu.set_defaults(fn=cmd_update)

@@ -133,6 +133,7 @@ def _pinned(name: str, saved: dict, search: bool):
 def update(
     run: str | os.PathLike, data, out: str | os.PathLike, budget: float | None = None,
     search: bool = False, device: str | None = None, progress: bool = True,
+    patience: int | None = None,
 ) -> RunResult:  # fmt: skip
     """Fit run `run`'s model to `data` (a newer prepared dataset of the same source) into the
     new run directory `out`, as the module's doc says for each model."""
@@ -153,8 +154,10 @@ def update(
     tcfg = replace(tcfg, budget=budget, device=device or tcfg.device)
     init = None
     if not spec.closed_form:
-        # the warm start is near its best: a few epochs without gain end it
-        tcfg = replace(tcfg, patience=min(tcfg.patience or UPDATE_PATIENCE, UPDATE_PATIENCE))
+        # the warm start is near its best: a few epochs without gain end it (unless `patience`)
+        if patience is None:
+            patience = min(tcfg.patience or UPDATE_PATIENCE, UPDATE_PATIENCE)
+        tcfg = replace(tcfg, patience=patience)
         old_model, _ = rundir.load_model(run, "cpu")
         init = warm_start(old_model.state_dict(), old_model.n_items, pos)
         if seen := held_out_seen(cfg, ds):
