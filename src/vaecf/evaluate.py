@@ -101,25 +101,45 @@ def metric_sums(
 
 
 @torch.no_grad()
-def per_user_values(
+def evaluate_users(
     score_fn: ScoreFn, fold_in: CSR, target: CSR, metrics: Sequence[str], batch_size: int = 2000,
     info: torch.Tensor | None = None,
-) -> dict[str, torch.Tensor]:  # fmt: skip
-    """{"row": the rows of users with a non-empty target, metric: their values} (float64 on
-    the CPU, in row order: the values whose means `evaluate_scores` reports) for each
-    per-user metric of `metrics`."""
+) -> tuple[dict, dict[str, torch.Tensor]]:  # fmt: skip
+    """One pass over the users: (the summary `evaluate_scores` gives, each per-user metric's
+    values: {"row": the rows of users with a non-empty target, metric: their values}, float64
+    on the CPU, in row order; the summary's means are theirs)."""
     rows = torch.arange(fold_in.n_rows, device=fold_in.device)
     per_user = [m for m in metrics if parse_metric(m)[0] in PER_USER]
+    cat = _catalogue(metrics)
+    counts = {m: torch.zeros(fold_in.shape[1], dtype=torch.float64) for m, _ in cat}
     out: dict[str, list] = {"row": [], **{m: [] for m in per_user}}
-    batches = _batch_metrics(score_fn, fold_in, target, per_user, batch_size, rows, info=info)
+    batches = _batch_metrics(score_fn, fold_in, target, metrics, batch_size, rows, info=info)
     start = 0
-    for n_target, [(values, _)] in batches:
+    for n_target, [(values, top)] in batches:
         scored = n_target > 0
         out["row"].append(torch.arange(start, start + n_target.numel())[scored.cpu()])
         start += n_target.numel()
         for m in per_user:
             out[m].append(values[m][scored].double().cpu())
-    return {m: torch.cat(v) if v else torch.zeros(0, dtype=torch.float64) for m, v in out.items()}
+        for m, k in cat:
+            counts[m] += torch.bincount(top[scored, :k].reshape(-1).cpu(), minlength=len(counts[m]))
+    per = {m: torch.cat(v) if v else torch.zeros(0, dtype=torch.float64) for m, v in out.items()}
+    n_users = len(per["row"])
+    summary = {m: float(per[m].mean()) if n_users else float("nan") for m in per_user}
+    for m, _ in cat:
+        summary[m] = coverage(counts[m]) if parse_metric(m)[0] == "coverage" else gini(counts[m])
+    summary = {m: summary[m] for m in metrics}  # in the order asked
+    summary.update(n_users=n_users, n_skipped=fold_in.n_rows - n_users)
+    return summary, per
+
+
+def per_user_values(
+    score_fn: ScoreFn, fold_in: CSR, target: CSR, metrics: Sequence[str], batch_size: int = 2000,
+    info: torch.Tensor | None = None,
+) -> dict[str, torch.Tensor]:  # fmt: skip
+    """`evaluate_users`' per-user values of the per-user metrics of `metrics`."""
+    per_user = [m for m in metrics if parse_metric(m)[0] in PER_USER]
+    return evaluate_users(score_fn, fold_in, target, per_user, batch_size, info)[1]
 
 
 def per_user_metric(

@@ -277,12 +277,13 @@ class Recommender:
             check_work(known, min(k, self.model.n_items))
         idx, scores, n, cold = self.top_k(self._batch(known), k, exclude_history, mask)
         ids = self.items.array[idx]
+        # ranked by popularity: a cold start, or (asked to explain) the popularity model
         popular = cold | (explain and self.model.family == "baseline")
         why = self._because(known, idx, n, popular, explain_top) if explain else {}
         out = []
         for r in range(len(known)):
             top = ids[r, : n[r]].tolist()
-            fallback = "popular" if cold[r] or (explain and popular[r]) else None
+            fallback = "popular" if popular[r] else None
             scored = scores[r, : n[r]].tolist()
             rec = Recommendation(top, scored, list(unknown[r]), self.titles(top), fallback)
             rec.because = why.get(r)

@@ -18,7 +18,7 @@ from vaecf.data.matrix import CSR
 from vaecf.data.prepare import PreparedDataset
 from vaecf.data.sources import USER
 from vaecf.errors import ConfigError, RunError
-from vaecf.evaluate import DEFAULT_METRICS, evaluate_model, model_scores, per_user_values
+from vaecf.evaluate import DEFAULT_METRICS, evaluate_users, model_scores
 from vaecf.metrics import parse_metric, self_information
 from vaecf.recommender import Recommender
 from vaecf.rundir import load_config
@@ -80,9 +80,9 @@ def evaluate_run(
     train = ds.split("train")
     info = self_information(torch.from_numpy(train.getnnz(axis=0)), train.shape[0])
     info = info.to(rec.device)
-    summary = evaluate_model(rec.model, fold_in, target, metrics, precision=precision, info=info)
     rec.model.eval()
-    per = per_user_values(model_scores(rec.model, precision), fold_in, target, metrics, info=info)
+    score = model_scores(rec.model, precision)
+    summary, per = evaluate_users(score, fold_in, target, metrics, info=info)  # one pass
     rows = per.pop("row").numpy()
     ids = ds.users.filter(pl.col("split") == split).get_column(USER)
     history = np.diff(ds.split(f"{split}_tr").indptr)[rows]

@@ -30,10 +30,11 @@ from vaecf.errors import DataError
 PERIODS = ("train", "validation", "test")
 
 
-def _csr(frame: pl.DataFrame, row_of: dict, n_items: int, n_rows: int) -> sp.csr_matrix:
-    rows = np.array([row_of[u] for u in frame.get_column(USER).to_list()], dtype=np.int64)
+def _csr(frame: pl.DataFrame, users: pl.Series, n_items: int) -> sp.csr_matrix:
+    """`frame`'s (user, item) pairs as a CSR matrix whose row r is `users[r]` (sorted ids)."""
+    rows = np.searchsorted(users.to_numpy(), frame.get_column(USER).to_numpy())
     cols = frame.get_column("iidx").to_numpy()
-    m = sp.csr_matrix((np.ones(rows.size, dtype=np.float32), (rows, cols)), (n_rows, n_items))
+    m = sp.csr_matrix((np.ones(rows.size, dtype=np.float32), (rows, cols)), (len(users), n_items))
     m.sort_indices()
     return m
 
@@ -114,18 +115,16 @@ def split_by_time(df: pl.DataFrame, settings, counts: dict):
     train_rows = training_rows(known, settings)
     train_users = train_rows.get_column(USER).unique().sort()
     mats, users = {}, [train_users]
-    row_of = {u: r for r, u in enumerate(train_users.to_list())}
-    mats["train"] = _csr(train_rows, row_of, len(items), len(row_of))
+    mats["train"] = _csr(train_rows, train_users, len(items))
     for split, before in (("validation", ("train",)), ("test", ("train", "validation"))):
         history = known.filter(pl.col("period").is_in(before))
         targets = known.filter(pl.col("period") == split)
         scored = targets.join(history.select(USER).unique(), on=USER, how="semi")
         ids = scored.get_column(USER).unique().sort()
         counts[f"n_{split}_users_without_history"] = targets.get_column(USER).n_unique() - len(ids)
-        row_of = {u: r for r, u in enumerate(ids.to_list())}
         hist = history.join(scored.select(USER).unique(), on=USER, how="semi")
-        mats[f"{split}_tr"] = _csr(hist, row_of, len(items), len(ids))
-        mats[f"{split}_te"] = _csr(scored, row_of, len(items), len(ids))
+        mats[f"{split}_tr"] = _csr(hist, ids, len(items))
+        mats[f"{split}_te"] = _csr(scored, ids, len(items))
         users.append(ids)
     wanted_test = settings.protocol == "last" or settings.test_share > 0
     if (wanted_test and mats["test_te"].shape[0] == 0) or mats["validation_te"].shape[0] == 0:

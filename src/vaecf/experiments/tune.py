@@ -179,7 +179,7 @@ class _Objective:
     def __init__(self, study_dir, ds, model, space, base, seed, deadline, fixed, log=print):
         self.study_dir, self.ds, self.model, self.space, self.log = study_dir, ds, model, space, log
         self.base, self.seed, self.deadline, self.fixed = base, seed, deadline, fixed
-        self.metric = base.train.get("select_metric") or METRIC  # what a trial is judged by
+        self.metric = base.train["select_metric"]  # what a trial is judged by (tune sets it)
 
     def __call__(self, trial) -> float:
         import optuna
@@ -323,7 +323,7 @@ def finish(
     """Table, CSV, best settings and test score, pictures: from the study as it stands."""
     from optuna.trial import TrialState
 
-    metric = base.train.get("select_metric") or METRIC
+    metric = base.train["select_metric"]  # the study's (tune sets it)
     rows = trial_rows(study)
     res = TuneResult(study_dir, len(rows), rows=rows, metric=metric)
     write_csv(study_dir / "trials.csv", rows)
