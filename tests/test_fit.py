@@ -10,6 +10,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -387,3 +388,35 @@ def test_fit_holds_out_the_future_under_the_temporal_protocol(tmp_path):
         vaecf.fit(pd.DataFrame(df.drop(columns="timestamp")), protocol="temporal")
     with pytest.raises(vaecf.DataError, match="orders interactions by time"):
         vaecf.fit({1: [1, 2, 3]}, protocol="temporal")
+
+
+def _digests(run) -> dict:
+    import hashlib
+
+    return {p.name: hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in run.iterdir() if p.is_file()}  # fmt: skip
+
+
+def test_update_takes_a_newer_frame_of_the_same_shape_into_a_new_run(fits_home, capsys):
+    """rec.update: newer data as fit read the older (same columns, same threshold): a new run
+    that knows the new items, the old run unchanged, and update again from the new one."""
+    df = _clusters(per_user=10)
+    newer = pd.concat([df, pd.DataFrame(  # 40 new users; items 40-43 new, liked by group 0
+        [(2000 + u, 40 + j % 4, 5.0) for u in range(40) for j in range(4)]
+        + [(2000 + u, j, 5.0) for u in range(40) for j in range(6)],
+        columns=["userId", "movieId", "rating"],
+    )])  # fmt: skip
+    rec = vaecf.fit(df, model="ease", min_rating=1, progress=False)
+    before = _digests(Path(rec.source))
+    new = rec.update(newer, progress=False)
+    assert isinstance(new, vaecf.Recommender) and new.source != rec.source
+    assert _digests(Path(rec.source)) == before  # never over the old run
+    assert len(new.items) == 44 and len(rec.items) == 40
+    assert {42, 43} <= set(new.recommend([40, 41], k=4).item_ids)  # the new items, learned
+    assert rec.recommend([40, 41], k=4).unknown == [40, 41]
+    assert new.info["model"]["name"] == "ease"
+    assert (new.recommend([0, 1], k=5).item_ids == new.update(newer, progress=False)
+            .recommend([0, 1], k=5).item_ids)  # fmt: skip
+    with pytest.raises(DataError, match="not a newer preparation"):
+        other = _clusters(per_user=10)  # another catalogue: the same shape, other item ids
+        rec.update(other.assign(movieId=other.movieId + 500), progress=False)

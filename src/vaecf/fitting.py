@@ -20,7 +20,7 @@ import json
 import os
 import shutil
 import time
-from dataclasses import fields
+from dataclasses import dataclass, fields
 from pathlib import Path
 
 import polars as pl
@@ -35,6 +35,7 @@ from vaecf.data.sources import (
     USER,
 )
 from vaecf.errors import ConfigError, DataError
+from vaecf.recommender import Recommender
 
 MAX_VALIDATION_USERS = 10_000  # the paper's held-out count on ML-20M; a share stops growing here
 
@@ -116,17 +117,15 @@ def fit(
         patience, budget, ...) and the model's (`vaecf models` lists them), by name.
         budget: seconds for the whole fit, preparation included (default: `default_budget`).
     """
-    from vaecf.recommender import Recommender
     from vaecf.training import train
 
     t0 = _now()
     train_cfg, model_cfg = _split_settings(model, settings)
     train_cfg.validate()  # before any work
-    frame, used = read_input(data, (user_col, item_col, rating_col, time_col), min_rating, sep,
-                        columns, protocol)  # fmt: skip
-    prep = _prepare_settings(frame, protocol, validation, test, min_rating, min_user_items,
-                             min_item_users, split_seed)  # fmt: skip
-    ds, work = _prepared_for(frame, prep, item_names, model, settings)
+    how = FitInputs((user_col, item_col, rating_col, time_col), min_rating, sep, columns,
+                    protocol, validation, test, min_user_items, min_item_users, split_seed,
+                    model, settings)  # fmt: skip
+    frame, used, ds, work = how.prepare(data, item_names, {})
     run_dir = _run_dir(out, work, resume)
     if train_cfg.budget is None:  # what is left of the default, to a tenth: shown in the card
         train_cfg.budget = round(max(1.0, default_budget(frame.height) + t0 - _now()), 1)
@@ -139,10 +138,74 @@ def fit(
             f"vaecf.fit stopped; its run is kept in {run_dir}: the same vaecf.fit(..., "
             "resume=True) continues it"
         ) from None
-    return Recommender.load(run_dir, device=train_cfg.device, precision=serve_precision)
+    return FittedRecommender.of(run_dir, how, train_cfg.device, serve_precision)
 
 
 _now = time.perf_counter
+
+
+@dataclass(frozen=True)
+class FitInputs:
+    """How `fit` read and prepared its data: `FittedRecommender.update` reads and prepares
+    newer data of the same shape the same way."""
+
+    cols: tuple  # (user, item, rating, time) columns as given (None: found by name)
+    min_rating: float | None
+    sep: str | None
+    columns: list[str] | None
+    protocol: str | None
+    validation: float | int
+    test: float
+    min_user_items: int
+    min_item_users: int
+    split_seed: int
+    model: str
+    settings: dict
+
+    def prepare(self, data, item_names, salt: dict):
+        """(frame, the columns used, the prepared dataset, fit's working directory) of `data`
+        (its directory named by the data, the preparation, the settings and `salt`)."""
+        frame, used = read_input(data, self.cols, self.min_rating, self.sep, self.columns,
+                                 self.protocol)  # fmt: skip
+        prep = _prepare_settings(frame, self.protocol, self.validation, self.test,
+                                 self.min_rating, self.min_user_items, self.min_item_users,
+                                 self.split_seed)  # fmt: skip
+        ds, work = _prepared_for(frame, prep, item_names, self.model, {**self.settings, **salt})
+        return frame, used, ds, work
+
+
+class FittedRecommender(Recommender):
+    """What `vaecf.fit` returns: a Recommender that remembers how its data was read, so that
+    `update` takes newer data in the same shape (a DataFrame, a file, ...)."""
+
+    fit_inputs: FitInputs
+
+    @classmethod
+    def of(cls, run_dir, how: FitInputs, device: str, precision: str) -> FittedRecommender:
+        rec = cls.load(run_dir, device=device, precision=precision)
+        rec.fit_inputs = how
+        return rec
+
+    def update(
+        self, data, *, item_names=None, out: str | os.PathLike | None = None,
+        budget: float | None = None, search: bool = False, patience: int | None = None,
+        progress: bool = True,
+    ) -> FittedRecommender:  # fmt: skip
+        """This model kept current with `data`, a newer export of the same source (more
+        interactions, new users, new items; the same ids mean the same things) read and
+        prepared as `fit` read this one's: a new run (`out`, default beside the newer data's
+        preparation under $VAECF_HOME/fits), never over this one, loaded. What keeps each
+        model current, and `budget`/`search`/`patience`: `vaecf.update` (vaecf update)."""
+        from vaecf.training.update import update
+
+        how = self.fit_inputs
+        _, _, ds, work = how.prepare(data, item_names, {"updated_from": self.source})
+        run_dir = _run_dir(out, work, resume=False)
+        if progress:
+            print(f"vaecf update: {self.source} kept current with the newer data into {run_dir}",
+                  flush=True)  # fmt: skip
+        update(self.source, ds, run_dir, budget, search, str(self.device), progress, patience)
+        return FittedRecommender.of(run_dir, how, str(self.device), self.precision)
 
 
 def _run_dir(out, work: Path, resume: bool) -> Path:

@@ -129,3 +129,44 @@ def test_a_killed_update_leaves_the_old_run_and_train_resume_completes_it(older_
                               "--device", "cpu"])  # fmt: skip
     assert rc == 0, err
     assert vaecf.Recommender.load(out).model.n_items == new.n_items
+
+
+@pytest.mark.parametrize("share", [0.05, 0.4, 0.8])
+def test_an_update_onto_a_full_disk_says_so_and_completes_once_space_is_freed(
+    older_newer, share
+):
+    """The new run on a disk with a share of what it needs: one line naming the lack of space,
+    exit 2, the old run as it was, nothing there that loads as a run; once space is freed,
+    `train --resume` completes the update (as after a kill), or a new update where nothing
+    was written."""
+    from benchmarks.drillkit import Tmpfs, can_mount
+
+    if not can_mount():
+        pytest.skip("mounts a tmpfs: root on Linux only")
+    old, new, root = older_newer
+    if not (root / "ease-old").exists():
+        vaecf.train(old, cpu_config(), root / "ease-old", model="ease")
+    before = digest(root / "ease-old")
+    if not (root / "ease-ref").exists():
+        update(root / "ease-old", new, root / "ease-ref", progress=False, device="cpu")
+    need = sum(p.stat().st_size for p in (root / "ease-ref").rglob("*") if p.is_file())
+    fs = Tmpfs(8 << 20)
+    try:
+        filler = fs.fill(int(share * need))
+        out = fs.path / "upd"
+        rc, err = cli_in_process(["update", root / "ease-old", "--data", new.path, "--out", out])
+        assert digest(root / "ease-old") == before
+        assert rc == 2 and "no space" in err and len(err.strip().splitlines()) == 1, err
+        with pytest.raises(RunError):  # nothing there loads as a run
+            vaecf.Recommender.load(out)
+        filler.unlink()
+        if out.exists():
+            rc, err = cli_in_process(["train", "--data", new.path, "--out", out, "--resume",
+                                      "--device", "cpu"])  # fmt: skip
+            assert rc == 0, err
+        else:
+            update(root / "ease-old", new, out, progress=False, device="cpu")
+        got, ref = vaecf.Recommender.load(out), vaecf.Recommender.load(root / "ease-ref")
+        assert got.recommend([0, 1, 2], k=5).item_ids == ref.recommend([0, 1, 2], k=5).item_ids
+    finally:
+        fs.close()
