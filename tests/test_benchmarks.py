@@ -110,6 +110,9 @@ SMOKE: dict[str, list[tuple[str, str]]] = {
     "score_scale.py": [
         ("users/s", "--users 100 --items 200 --precision fp32 --workdir {tmp}/work")
     ],
+    "score_memory.py": [
+        ("vs first", "--users 300,600 --items 100 --per-user 5 --file --workdir {tmp}/work")
+    ],
     "serve_hostile.py": [
         (
             "run directory unchanged: True",
@@ -306,7 +309,7 @@ def runs(request, tmp_path_factory) -> dict[str, dict]:
     }
     todo = [j for j in jobs() if j[0] in wanted]
     # the longest first, so that two at a time finish together
-    slow = ("serve_", "accuracy_compare", "catalogue", "run_time", "prepare", "score_scale")
+    slow = ("serve_", "accuracy_compare", "catalogue", "run_time", "prepare", "score_")
     slow += ("serving_memory", "sparse_solve_time", "infae_scale")  # each starts a process
     todo.sort(key=lambda j: (j[0].startswith("help"), not j[1].startswith(slow)))
     base = tmp_path_factory.mktemp("bench")

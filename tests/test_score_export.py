@@ -16,7 +16,7 @@ from vaecf.cli import main
 from vaecf.errors import ConfigError, DataError, WriteError
 from vaecf.export import check_onnx, export_onnx
 from vaecf.recommender import Recommender
-from vaecf.score import score_file
+from vaecf.score import onefile, reading, score_file
 from vaecf.serve.fixtures import fresh_run
 
 IDS = list(range(500, 580))
@@ -254,7 +254,7 @@ def test_score_refuses_before_scoring_when_the_disk_is_too_small(run, tmp_path, 
     out = tmp_path / "recs.csv"
     assert score.check_disk(out, 37, 7) == 37 * 7 * 50  # a part row and a CSV row
     assert score.check_disk(tmp_path / "r.parquet", 10, 80) == 10 * 80 * 20
-    monkeypatch.setattr(score, "free_bytes", lambda path: 5_000)
+    monkeypatch.setattr(onefile, "free_bytes", lambda path: 5_000)
     monkeypatch.setattr(rec, "top_k", lambda *a, **kw: pytest.fail("scored before the check"))
     with pytest.raises(
         WriteError,
@@ -272,7 +272,7 @@ def test_score_batches_are_sized_by_memory(run, tmp_path, monkeypatch):
     monkeypatch.setattr(
         rec, "top_k", lambda b, *a, **kw: (sizes.append(b.batch_size), top_k(b, *a, **kw))[1]
     )
-    monkeypatch.setattr(score, "SCORE_BUDGET", 4 * len(IDS) * 3)  # three users' scores
+    monkeypatch.setattr(reading, "SCORE_BUDGET", 4 * len(IDS) * 3)  # three users' scores
     res = score_file(rec, src, "uid", "movie", tmp_path / "r.parquet", k=5, batch_users=1024)
     assert max(sizes) == 3 and sum(sizes) == res["users"] == 37
 

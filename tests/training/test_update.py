@@ -132,9 +132,7 @@ def test_a_killed_update_leaves_the_old_run_and_train_resume_completes_it(older_
 
 
 @pytest.mark.parametrize("share", [0.05, 0.4, 0.8])
-def test_an_update_onto_a_full_disk_says_so_and_completes_once_space_is_freed(
-    older_newer, share
-):
+def test_an_update_onto_a_full_disk_says_so_and_completes_once_space_is_freed(older_newer, share):
     """The new run on a disk with a share of what it needs: one line naming the lack of space,
     exit 2, the old run as it was, nothing there that loads as a run; once space is freed,
     `train --resume` completes the update (as after a kill), or a new update where nothing

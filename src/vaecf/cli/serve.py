@@ -54,11 +54,13 @@ class ScoreSettings(Scoring):
 def cmd_score(a) -> int:
     from tqdm.auto import tqdm
 
+    from vaecf import distributed
     from vaecf.recommender import Recommender
     from vaecf.score import RowFilter, score_file
 
     s = from_args(ScoreSettings, a)
-    rec = Recommender.load(a.run, device=s.device, precision=s.precision)
+    ctx, device = distributed.setup(s.device)  # under torchrun: this process's share, its GPU
+    rec = Recommender.load(a.run, device=device, precision=s.precision)
     how = dict(sep=a.sep, header=not a.no_header, columns=a.columns, rating_col=a.rating_col)
     if a.every_row:
         rows = RowFilter(**how)
@@ -66,7 +68,8 @@ def cmd_score(a) -> int:
         rows = RowFilter(min_rating=a.min_rating, why="--min-rating", **how)
     else:
         rows = RowFilter.of_run(rec, **how)
-    with tqdm(unit="user", disable=True if a.quiet else None, desc="scoring") as bar:
+    quiet = a.quiet or not ctx.is_main
+    with tqdm(unit="user", disable=True if quiet else None, desc="scoring") as bar:
 
         def progress(n: int) -> None:
             bar.update(n)
@@ -83,14 +86,23 @@ def cmd_score(a) -> int:
             batch_users=s.batch_users,
             progress=progress,
             rows=rows,
+            dist=ctx,
         )
+    distributed.teardown()
+    if not ctx.is_main:
+        return 0
     if a.json:
         print_json(res)
     else:
         cold = (
             f" ({res['cold_users']} with no known item: popular items)" if res["cold_users"] else ""
         )
-        print(f"{res['users']} users{cold}, {res['rows']} rows -> {res['out']}", file=sys.stderr)
+        parts = ""
+        if "parts_kept" in res:
+            kept = f", {res['parts_kept']} kept from an earlier run" if res["parts_kept"] else ""
+            parts = f" in {res['chunks']} parts{kept}"
+        print(f"{res['users']} users{cold}, {res['rows']} rows -> {res['out']}{parts}",
+              file=sys.stderr)  # fmt: skip
     return 0
 
 
@@ -185,7 +197,12 @@ def register_score(sub) -> None:
     )
     pc.add_argument("run", help="run directory written by `vaecf train`")
     pc.add_argument("--input", required=True, help="interactions: CSV, TSV, JSON or Parquet")
-    pc.add_argument("--out", required=True, help="output .parquet or .csv")
+    pc.add_argument(
+        "--out",
+        required=True,
+        help="output .parquet or .csv file, or a directory (recs/: Parquet parts and _SUCCESS; "
+        "resumable, and shared among the processes of `torchrun ... vaecf score`)",
+    )
     pc.add_argument(
         "--include-seen", action="store_true", help="may recommend the user's own items"
     )

@@ -89,6 +89,21 @@ def verify(path: str | os.PathLike) -> bool:
     return True
 
 
+def footer_digest(path: str | os.PathLike) -> str | None:
+    """The SHA-256 (hex) written in a checkpoint's footer, read without reading the file; None
+    for a file without a footer (or none at all). It names the weights, not a check of them."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            f.seek(max(0, f.tell() - _FOOTER_LEN))
+            tail = f.read(_FOOTER_LEN)
+    except OSError:
+        return None
+    return (
+        tail[len(FOOTER) :].hex() if len(tail) == _FOOTER_LEN and tail.startswith(FOOTER) else None
+    )
+
+
 def load(path: str | os.PathLike, map_location="cpu") -> dict:
     """Verify and load a checkpoint written by `save`; RunError names the file and what to do."""
     path = Path(path)
