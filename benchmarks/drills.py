@@ -38,7 +38,7 @@ import fuzzkit as fk  # tests/data/test_fuzz_parsers.py import them as benchmark
 
 ROOT = Path(__file__).resolve().parents[1]
 
-KILL_VERBS = ("prepare", "train", "score", "tune", "compare", "serve", "export")
+KILL_VERBS = ("prepare", "train", "score", "tune", "compare", "serve", "export", "score-table")
 CLI_DATASET = {  # parser -> the `vaecf prepare` verb that reads it
     "csv": "csv",
     "tsv": "csv",
@@ -154,6 +154,7 @@ def _kill_and_lock_drills(only: set, work: Path, runner, a, seed: int) -> list:
         "compare": dk.CompareDrill(),
         "serve": dk.ServeDrill(),
         "export": dk.ExportDrill(),  # last: the other verbs keep their seeds
+        "score-table": dk.ScoreTableDrill(),
     }
     for name, d in drills.items():
         if name in only or (name == "prepare" and "lock" in only):

@@ -21,6 +21,7 @@ from benchmarks.drillkit import (
     ForkRunner,
     PrepareDrill,
     ScoreDrill,
+    ScoreTableDrill,
     ServeDrill,
     Tmpfs,
     TrainDrill,
@@ -36,6 +37,7 @@ SEED = int(os.environ.get("VAECF_DRILL_SEED") or random.SystemRandom().randrange
 # than one run's trials (fewer trials a run keep the whole suite within its 10 minutes)
 KILL_TRIALS = {
     "prepare": 10, "train": 7, "score": 6, "tune": 2, "compare": 2, "serve": 5, "export": 6,
+    "score-table": 5,
 }  # fmt: skip
 DISK_TRIALS = 3
 
@@ -83,6 +85,13 @@ def test_killed_score_leaves_old_or_new_and_rerun_completes(runner, tmp_path):
     d.setup(tmp_path, runner)
     t = kill_drill(d, runner, KILL_TRIALS["score"], SEED + 4)
     _assert_clean(t, SEED + 4)
+
+
+def test_killed_score_into_a_directory_keeps_its_parts_and_the_rerun_completes(runner, tmp_path):
+    d = ScoreTableDrill()
+    d.setup(tmp_path, runner)
+    t = kill_drill(d, runner, KILL_TRIALS["score-table"], SEED + 5)
+    _assert_clean(t, SEED + 5)
 
 
 @pytest.fixture(scope="module")

@@ -6,7 +6,8 @@
     tmpfs.py     Tmpfs: a small filesystem to fill (root only), can_mount
     training.py  PrepareDrill, TrainDrill, CompareDrill and their states (prepared_state, run_state)
     tune.py      TuneDrill and study_state (a study's trials and files, checked against each other)
-    scoring.py   ScoreDrill, ExportDrill: one file written from a run (Parquet, ONNX)
+    scoring.py   ScoreDrill, ExportDrill: one file written from a run (Parquet, ONNX);
+                 ScoreTableDrill: a directory of parts, resumed
     serving.py   ServeDrill, serve_drill: servers killed while starting, answering and reloading
 
 Imported by tests/test_drills.py (a few trials) and benchmarks/drills.py (many). A verb plugs in
@@ -23,7 +24,7 @@ from __future__ import annotations
 
 from .outputs import Broken
 from .runners import ForkRunner, drill_env, run
-from .scoring import ExportDrill, ScoreDrill
+from .scoring import ExportDrill, ScoreDrill, ScoreTableDrill
 from .serving import ServeDrill, serve_drill
 from .tmpfs import Tmpfs, can_mount
 from .training import CompareDrill, PrepareDrill, TrainDrill, run_state
@@ -37,6 +38,7 @@ __all__ = [
     "ForkRunner",
     "PrepareDrill",
     "ScoreDrill",
+    "ScoreTableDrill",
     "ServeDrill",
     "Tmpfs",
     "TrainDrill",

@@ -64,6 +64,56 @@ class ScoreDrill(ReplaceDrill):
         return _table_state(self.out)
 
 
+class ScoreTableDrill(ScoreDrill):
+    """`vaecf score --out recs/` (a directory of parts), killed and then run again: after a
+    kill the directory holds nothing, or parts each equal to the uninterrupted run's (never a
+    torn or foreign one under a part's name), with `_SUCCESS` only once all are there; the same
+    command then completes it to the uninterrupted table."""
+
+    name = "score-table"
+
+    def setup(self, root: Path, runner, out_parent: Path | None = None) -> None:
+        super().setup(root, runner, out_parent)
+        self.out = Path(out_parent or self.root / "out") / "recs"
+        self.ref_table = self.root / "ref" / "table"
+        run_ok(runner, self._table_argv(self.ref_table))
+        self.state_new = _parts_state(self.ref_table)
+
+    def _table_argv(self, out: Path) -> list:
+        return [*self._argv(out, 20), "--chunk-rows", 400, "--batch-users", 16]
+
+    def reset(self, trial: int) -> None:
+        if self.out.exists():
+            shutil.rmtree(self.out)
+
+    def command(self, trial: int) -> list:
+        return self._table_argv(self.out)
+
+    def state(self):
+        return _parts_state(self.out)
+
+    def old(self, trial: int):
+        return None
+
+    def allowed_after_kill(self, trial: int):
+        def allowed(st) -> bool:
+            if st is None or st == self.state_new:
+                return True
+            done, parts = st
+            return not done and parts <= self.state_new[1]  # some of the final parts
+
+        return allowed
+
+
+def _parts_state(out: Path):
+    """(_SUCCESS written, the set of (part, digest of its rows)); None where there is no
+    directory; Broken for a part that does not read."""
+    if not out.exists():
+        return None
+    parts = frozenset((p.name, _table_state(p)) for p in out.glob("part-*.parquet"))
+    return (out / "_SUCCESS").is_file(), parts
+
+
 def _table_state(path: Path):
     """A digest of a Parquet table's rows; None if absent; Broken if it does not read."""
     import polars as pl
