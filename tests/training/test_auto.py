@@ -247,3 +247,14 @@ def test_readme_model_table_matches_the_declarations():
             if cells[1] in FAMILIES:  # the model table's rows (not the accuracy table's)
                 rows[name] = cells[1]
     assert rows == {m["name"]: m["family"] for m in models.describe()}
+
+
+def test_linear_candidates_cross_validate_only_where_validation_users_are_few():
+    from vaecf.training.auto import CV_ENOUGH_USERS, candidate_model_config
+
+    auto = models.AutoConfig()
+    few = candidate_model_config("edlae", auto, n_validation=CV_ENOUGH_USERS - 1)
+    assert few is not None and few.selection == "cv"
+    assert candidate_model_config("edlae", auto, n_validation=CV_ENOUGH_USERS) is None
+    assert candidate_model_config("edlae", auto, timed=True, n_validation=60) is None
+    assert candidate_model_config("multvae", auto, n_validation=60) is None

@@ -276,8 +276,9 @@ class AutoConfig:
         True,
         "the linear candidates choose lambda, p and the popularity penalty beta (from "
         f"{LINEAR_CV_BETAS}) on folds of the training users as well as on the validation "
-        "users (their --selection cv --popularity-grid): more users behind the choice, at "
-        "cv-folds + 1 solves per tried point; false: their defaults",
+        "users (their --selection cv --popularity-grid) where validation has fewer than "
+        "2,000 users: more users behind the choice, at cv-folds + 1 solves per tried point; "
+        "false: their defaults",
     )
     margin_z: float = setting(
         1.645,

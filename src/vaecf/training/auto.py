@@ -34,6 +34,8 @@ from vaecf.training.single import RunResult, train
 
 BLEND_WEIGHTS = [0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9]
 SETTINGS = "auto_settings.json"  # the settings an auto run started with, for its resume
+# validation users enough for a linear candidate's choice without the training users' folds
+CV_ENOUGH_USERS = 2_000
 # The share of --budget kept back from the candidates for the blend, the selection, the test and
 # (in vaecf.fit) loading the Recommender: with 3% those took 7.4-7.7% of the budget (Zen 3,
 # 2026-11-27: ml-latest-small's fits returned in 62.1-62.8 s of 60, ML-1M's in 118.8-119.0 of 114;
@@ -67,15 +69,20 @@ def candidate_config(cfg: TrainConfig, name: str, budget: float | None = None) -
     return replace(cfg, **reset)
 
 
-def candidate_model_config(name: str, auto: AutoConfig, timed: bool = False):
+def candidate_model_config(name: str, auto: AutoConfig, timed: bool = False, n_validation: int = 0):
     """A candidate's model settings: its defaults, and for a linear model with `linear_cv`
     the choice of lambda, p and beta on the validation users and folds of the training users
     (on ml-latest-small and FilmTrust, 5 splits each: +0.0036 and +0.0017 test NDCG@100 for
     EDLAE against its validation-only default; benchmarks/README.md). Not under a time
     protocol (`timed`): folds of the training period judge the past at random, the validation
     period judges the future (ML-1M, --protocol temporal: validation NDCG@100 0.1633 with the
-    folds, 0.1736 without; docs/accuracy.md)."""
+    folds, 0.1736 without; docs/accuracy.md). Nor where the validation users number
+    CV_ENOUGH_USERS or more: the folds then add few users to a choice already judged by
+    thousands, at cv-folds + 1 times its solves (Pinterest's shape, 5,000 validation users:
+    287 s against 29 s)."""
     if not auto.linear_cv or timed or models.get(name).family != "linear":
+        return None
+    if n_validation >= CV_ENOUGH_USERS:
         return None
     return models.config_from_dict(
         name, {"selection": "cv", "popularity_grid": list(LINEAR_CV_BETAS)}
@@ -130,6 +137,7 @@ def fit_candidates(ds, cfg: TrainConfig, out: Path, auto: AutoConfig, t_start: f
     budget: (the record of every candidate, name -> RunResult of those fitted)."""
     metric = cfg.select_metric
     timed = ds.manifest["settings"]["protocol"] in TIME_PROTOCOLS
+    n_validation = ds.manifest["counts"]["n_validation_users"]
     record: list[dict] = []
     fitted: dict[str, RunResult] = {}
     log(
@@ -157,7 +165,7 @@ def fit_candidates(ds, cfg: TrainConfig, out: Path, auto: AutoConfig, t_start: f
                 ds,
                 candidate_config(cfg, name, given),
                 out / "candidates" / name,
-                candidate_model_config(name, auto, timed),
+                candidate_model_config(name, auto, timed, n_validation),
                 model=name,
                 resume=True,
                 test=False,
