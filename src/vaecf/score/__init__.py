@@ -36,10 +36,10 @@ from vaecf.errors import DataError
 from vaecf.recommender import Recommender
 from vaecf.score.onefile import check_disk, write_file
 from vaecf.score.parts import names_a_directory, write_table
-from vaecf.score.reading import RowFilter, Scoring, scan_interactions, user_chunks
+from vaecf.score.reading import RowFilter, Scoring, plan_chunks, scan_interactions
 from vaecf.storage.safewrite import free_bytes, no_space_error
 
-__all__ = ["RowFilter", "check_disk", "scan_interactions", "score_file", "user_chunks"]
+__all__ = ["RowFilter", "check_disk", "plan_chunks", "scan_interactions", "score_file"]
 
 
 def score_file(

@@ -58,7 +58,7 @@ def scoring_plan(s: Scoring, path: Path, rows: dict, chunk_rows: int) -> dict:
     rec = s.rec
     best = Path(rec.source) / "best.pt" if rec.source else None
     weights = (footer_digest(best) if best else None) or rec.source  # an older run: its place
-    chunks, n_users = plan_chunks(s.lf, s.user_col, chunk_rows)
+    chunks, n_users = plan_chunks(s.lf, s.user_col, chunk_rows)  # users: maybe an estimate
     plan = {
         "format": PLAN_FORMAT,
         "run": weights,
@@ -105,9 +105,10 @@ def check_plan(out: Path, plan: dict) -> None:
                         "directory, or remove it to score again")  # fmt: skip
 
 
-def kept_rows(path: Path, lo, hi, n_users: int, k: int, schema: dict) -> int | None:
-    """The rows of a part already written, where it reads back whole and holds what its chunk
-    should (columns, users within lo..hi, at most k rows and n_users users); else None."""
+def kept_rows(path: Path, lo, hi, n_rows: int, k: int, schema: dict) -> tuple[int, int] | None:
+    """(rows, users) of a part already written, where it reads back whole and holds what its
+    chunk should (its columns; users within lo..hi, no more than the chunk's `n_rows`
+    interactions, at most k rows each); else None."""
     if not path.is_file():
         return None
     try:
@@ -117,12 +118,13 @@ def kept_rows(path: Path, lo, hi, n_users: int, k: int, schema: dict) -> int | N
     if dict(df.schema) != schema:
         return None
     users = df.get_column(next(iter(schema)))
+    n_users = users.n_unique() if df.height else 0
     if df.height and (
-        users.min() < lo or users.max() > hi or users.n_unique() > n_users
+        users.min() < lo or users.max() > hi or n_users > n_rows
         or df.height > n_users * k or df.get_column("rank").max() > k
     ):  # fmt: skip
         return None
-    return df.height
+    return df.height, n_users
 
 
 def write_table(
@@ -146,16 +148,15 @@ def write_table(
             check_plan(out, plan)  # this machine's view of `out`, where it is not shared
         mine = _score_share(s, plan, out, ctx)
     every = ctx.gather(mine)
+    parts = sorted((p for share in every for p in share["parts"]), key=lambda p: p["name"])
+    rows, users = sum(p["rows"] for p in parts), sum(p["users"] for p in parts)
     if ctx.is_main:
-        parts = sorted((p for share in every for p in share["parts"]), key=lambda p: p["name"])
-        write_json(out / SUCCESS, {"parts": parts, "rows": sum(p["rows"] for p in parts),
-                                   "users": plan["users"]})  # fmt: skip
+        write_json(out / SUCCESS, {"parts": parts, "rows": rows, "users": users})
     ctx.barrier()
     total = {key: sum(share[key] for share in every) for key in ("scored", "kept", "cold_users")}
-    return {"users": plan["users"], "rows": sum(p["rows"] for sh in every for p in sh["parts"]),
-            "chunks": len(plan["chunks"]), "parts_scored": total["scored"],
-            "parts_kept": total["kept"], "cold_users": total["cold_users"],
-            "out": str(out)}  # fmt: skip
+    return {"users": users, "rows": rows, "chunks": len(plan["chunks"]),
+            "parts_scored": total["scored"], "parts_kept": total["kept"],
+            "cold_users": total["cold_users"], "out": str(out)}  # fmt: skip
 
 
 def _score_share(s: Scoring, plan: dict, out: Path, ctx: DistContext) -> dict:
@@ -165,20 +166,21 @@ def _score_share(s: Scoring, plan: dict, out: Path, ctx: DistContext) -> dict:
     for c in mine:
         sweep_temps(out / part_name(c))  # what a killed write of this rank's part left
     todo = [c for c in mine if not (out / part_name(c)).is_file()]
-    check_disk(out, sum(plan["chunks"][c][2] for c in todo), min(s.k, len(s.rec.items)), True)
+    share = sum(plan["chunks"][c][2] for c in todo) / max(1, sum(c[2] for c in plan["chunks"]))
+    check_disk(out, round(plan["users"] * share), min(s.k, len(s.rec.items)), table=True)
     parts, scored, kept, cold = [], 0, 0, 0
     for c in mine:
         lo, hi, n = plan["chunks"][c]
         path = out / part_name(c)
         got = kept_rows(path, lo, hi, n, s.k, schema)
         if got is None:
-            rows, _, n_cold = s.chunk(lo, hi)
+            rows, users, n_cold = s.chunk(lo, hi)
             with atomic_file(path) as f:
                 rows.write_parquet(f)
-            got, scored, cold = rows.height, scored + 1, cold + n_cold
+            got, scored, cold = (rows.height, users), scored + 1, cold + n_cold
         else:
             kept += 1
             if s.progress is not None:
-                s.progress(n)
-        parts.append({"name": path.name, "rows": got, "users": n})
+                s.progress(got[1])
+        parts.append({"name": path.name, "rows": got[0], "users": got[1]})
     return {"parts": parts, "scored": scored, "kept": kept, "cold_users": cold}

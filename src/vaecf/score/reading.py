@@ -26,6 +26,9 @@ from vaecf.evaluate import SCORE_BUDGET
 from vaecf.recommender import Recommender
 
 IDX = "__vaecf_item_index"
+BUCKETS = 64  # value ranges counted per chunk of integer user ids: chunks within 1/64 of full
+USERS_MARGIN = 0.05  # above HyperLogLog's estimate of the users (its error: ~1-2%)
+EXACT_USERS = 100_000  # users counted exactly below this estimate
 
 
 @dataclass
@@ -93,26 +96,68 @@ def cast_ids(col: pl.Expr, given: pl.DataType, vocab: pl.DataType) -> pl.Expr:
     return col.cast(vocab, strict=False)
 
 
-def user_chunks(counts: pl.DataFrame, user_col: str, chunk_rows: int) -> list[tuple]:
-    """(first user, last user, n_users) ranges over the sorted users, each of at most
-    `chunk_rows` interactions (a user with more is a chunk of its own)."""
-    lens = counts.get_column("n").to_numpy().astype(np.int64)
-    users = counts.get_column(user_col)
-    starts, at, total = [], 0, len(lens)
-    ends = np.cumsum(lens)
-    while at < total:  # the next chunk: as many users as fit in chunk_rows (at least one)
-        base = ends[at - 1] if at else 0
+def runs_of(keys: list, lens: np.ndarray, chunk_rows: int) -> list[tuple]:
+    """(first key, last key, rows) of consecutive runs of the sorted `keys` (users, or ranges
+    of users), each of at most `chunk_rows` rows (`lens[i]` rows under key i; a key with more
+    is a run of its own)."""
+    ends, runs, at = np.cumsum(lens), [], 0
+    while at < len(lens):  # the next run: as many keys as fit in chunk_rows (at least one)
+        base = int(ends[at - 1]) if at else 0
         stop = max(int(np.searchsorted(ends, base + chunk_rows, side="right")), at + 1)
-        starts.append((at, stop))
+        runs.append((keys[at], keys[stop - 1], int(ends[stop - 1]) - base))
         at = stop
-    return [(users[a], users[b - 1], b - a) for a, b in starts]
+    return runs
 
 
 def plan_chunks(lf: pl.LazyFrame, user_col: str, chunk_rows: int) -> tuple[list[tuple], int]:
-    """(the chunks of `user_chunks` over the input's sorted users, the number of users): one
-    pass over the file counting each user's rows."""
-    counts = lf.group_by(user_col).agg(pl.len().alias("n")).sort(user_col).collect()
-    return user_chunks(counts, user_col, chunk_rows), counts.height
+    """(chunks: (first user, last user, rows) over the sorted users, each of at most
+        `chunk_rows` interactions (a user with more is a chunk of its own); the number of users, or
+        an estimate of it above the true one by at most a few percent).
+
+        Integer ids, in memory that does not grow with the users: their range cut into BUCKETS
+        buckets a chunk by value, each bucket's rows and first and last user counted (one pass),
+        consecutive buckets joined into chunks; the users counted by HyperLogLog (exactly below
+    EXACT_USERS). Other ids: each
+        user's rows counted (memory grows with the users: ~120 bytes each)."""
+    if not lf.collect_schema()[user_col].is_integer():
+        counts = lf.group_by(user_col).agg(pl.len().alias("n")).sort(user_col).collect()
+        users = counts.get_column(user_col).to_list()
+        return runs_of(users, counts.get_column("n").to_numpy(), chunk_rows), counts.height
+    u = pl.col(user_col)
+    top = lf.select(pl.len().alias("rows"), u.min().alias("lo"), u.max().alias("hi"),
+                    u.approx_n_unique().alias("users")).collect().row(0, named=True)  # fmt: skip
+    if not top["rows"]:
+        return [], 0
+    ranges = value_ranges(lf, u, top["lo"], top["hi"], top["rows"], chunk_rows)
+    runs = runs_of(list(range(len(ranges))), np.array([r[2] for r in ranges]), chunk_rows)
+    n_users = int(top["users"] * (1 + USERS_MARGIN))
+    if n_users < EXACT_USERS:  # few enough to count exactly in little memory
+        n_users = lf.select(u.n_unique()).collect().item()
+    return [(ranges[a][0], ranges[b][1], n) for a, b, n in runs], min(n_users, top["rows"])
+
+
+def value_ranges(lf: pl.LazyFrame, u: pl.Expr, lo, hi, rows: int, chunk_rows: int) -> list:
+    """(first user, last user, rows) of ranges of integer ids lo..hi, in order, each of at most
+    `chunk_rows` rows unless it holds one user: BUCKETS buckets a chunk's worth of rows by
+    value, and a bucket still too full cut again within its own first..last."""
+    n_buckets = BUCKETS * (rows // chunk_rows + 1)
+    scale = n_buckets / (float(hi) - float(lo) + 1.0)
+    # in floats (no overflow at any ids); monotonic, so each bucket is a range of values
+    bucket = ((u.cast(pl.Float64) - float(lo)) * scale).floor().cast(pl.Int64)
+    per = (
+        lf.filter(u.is_between(lo, hi))
+        .group_by(bucket.alias("b"))
+        .agg(pl.len().alias("n"), u.min().alias("first"), u.max().alias("last"))
+        .sort("b")
+        .collect()
+    )
+    out = []
+    for first, last, n in per.select("first", "last", "n").iter_rows():
+        if n > chunk_rows and first != last and per.height > 1:
+            out.extend(value_ranges(lf, u, first, last, n, chunk_rows))
+        else:
+            out.append((first, last, n))
+    return out
 
 
 @dataclass
