@@ -1,7 +1,7 @@
 """What every `vaecf score` output shares: the history file read lazily (`scan_interactions`, as
-`RowFilter` says), its users cut into chunks of bounded size (`plan_chunks`), a chunk's
-histories read by a filtered scan and mapped to the model's items (`chunk_histories`), and
-their top-k rows (`top_k_rows`)."""
+`RowFilter` says), its users cut into chunks of bounded size (`plan_chunks`), and a chunk's
+histories read by a filtered scan, mapped to the model's items and scored (`Scoring.chunk`,
+`top_k_rows`)."""
 
 from __future__ import annotations
 
