@@ -58,7 +58,9 @@ def cmd_score(a) -> int:
     from vaecf.score import RowFilter, score_file
 
     s = from_args(ScoreSettings, a)
-    rec = Recommender.load(a.run, device=s.device, precision=s.precision)
+    rec = Recommender.load(a.run, s.device, precision=s.precision, batch_sizes=[s.batch_users])
+    for line in rec.precision_choice.lines() if rec.precision_choice else ():
+        print(line, file=sys.stderr)
     how = dict(sep=a.sep, header=not a.no_header, columns=a.columns, rating_col=a.rating_col)
     if a.every_row:
         rows = RowFilter(**how)
@@ -85,7 +87,10 @@ def cmd_score(a) -> int:
             rows=rows,
         )
     if a.json:
-        print_json(res)
+        choice = rec.precision_choice
+        print_json(
+            {**res, "precision": rec.precision, "precision_choice": choice and choice.to_dict()}
+        )
     else:
         cold = (
             f" ({res['cold_users']} with no known item: popular items)" if res["cold_users"] else ""
@@ -204,5 +209,9 @@ def register_score(sub) -> None:
     )
     add_settings(pc, ScoreSettings)
     pc.add_argument("--quiet", action="store_true", help="no progress bar")
-    pc.add_argument("--json", action="store_true", help="print {users, rows, chunks, out}")
+    pc.add_argument(
+        "--json",
+        action="store_true",
+        help="print {users, rows, chunks, cold_users, out, precision, precision_choice}",
+    )
     pc.set_defaults(fn=cmd_score)
