@@ -13,6 +13,7 @@ import torch
 
 import vaecf
 from vaecf import models
+from vaecf.data.matrix import SparseBatch
 from vaecf.models import serving_choice as sc
 from vaecf.serve.fixtures import fresh_run
 
@@ -55,11 +56,11 @@ def test_a_copy_whose_scores_overflow_is_never_chosen():
     fp16 = next(c for c in choice.candidates if c.precision == "fp16")
     assert fp16.refused and "non-finite" in fp16.refused
     assert choice.chosen != "fp16" and choice.source == "measured"
-    batch = sc.batch_of([[1, 2, 3]], served.device)
+    batch = SparseBatch.of_rows([[1, 2, 3]], served.device)
     assert torch.isfinite(fn(batch).float()).all()
     lines = choice.lines()
     assert lines[0].startswith(f"precision auto: {choice.chosen} (measured in ")
-    assert len(lines) == 1 + len(ALL)  # one line per candidate
+    assert len(lines) == 1 + len(ALL) + len(choice.notes)  # a line per candidate, per note
     assert any(line.strip().startswith("fp16") and "refused: non-finite" in line for line in lines)
 
 

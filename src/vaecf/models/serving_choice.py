@@ -40,6 +40,7 @@ import copy
 import hashlib
 import json
 import math
+import os
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -83,9 +84,8 @@ class Candidate:
     @property
     def cost(self) -> float:
         """The geometric mean of `batch_ms` (infinite for a copy not timed)."""
-        if not self.batch_ms:
-            return math.inf
-        return math.exp(sum(math.log(max(ms, 1e-6)) for ms in self.batch_ms) / len(self.batch_ms))
+        ms = self.batch_ms or [math.inf]
+        return math.exp(sum(math.log(max(t, 1e-6)) for t in ms) / len(ms))
 
 
 @dataclass
@@ -102,7 +102,7 @@ class PrecisionChoice:
     min_agreement: float = MIN_AGREEMENT
     notes: list[str] = field(default_factory=list)
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict:  # what /v1/model and `vaecf score --json` give
         return asdict(self)
 
     @classmethod
@@ -117,11 +117,10 @@ class PrecisionChoice:
 
     def lines(self) -> list[str]:
         """What a person reads: the choice, then one line per candidate."""
-        how = (
-            f"measured in {self.seconds:.2f} s"
-            if self.source == "measured"
-            else f"timings read from {self.cache}"
-        )
+        how = f"timings read from {self.cache}"
+        if self.source == "measured":
+            cached = f", cached in {self.cache}" if self.cache else ""
+            how = f"measured in {self.seconds:.2f} s{cached}"
         sizes = ", ".join(map(str, self.batch_sizes))
         out = [f"precision auto: {self.chosen} ({how}; ms per call at batch {sizes})"]
         for c in self.candidates:
@@ -169,19 +168,6 @@ def sample_histories(n_items: int, n: int, popularity=None, seed: int = 0) -> li
     longest = max(1, min(50, n_items - 1))
     lengths = np.exp(rng.uniform(0, np.log(longest + 1), n)).astype(int).clip(1, longest)
     return [sorted(rng.choice(n_items, size=int(m), replace=False, p=p).tolist()) for m in lengths]
-
-
-def batch_of(histories: list[list[int]], device: torch.device) -> SparseBatch:
-    """The histories (item indices) as one sparse batch on `device`."""
-    lens = torch.tensor([len(h) for h in histories], dtype=torch.long)
-    idx = torch.tensor([i for h in histories for i in h], dtype=torch.long)
-    return SparseBatch(
-        indices=idx.to(device),
-        offsets=(torch.cumsum(lens, 0) - lens).to(device),
-        values=torch.ones(len(idx), device=device),
-        row_ids=torch.repeat_interleave(torch.arange(len(lens)), lens).to(device),
-        batch_size=len(lens),
-    )
 
 
 def weights_digest(model: Model) -> str:
@@ -275,7 +261,7 @@ def measure(model: Model, precision: str, sizes: list[int], histories) -> tuple[
     ms, tops = [], []
     for size in sizes:
         groups = [[h] for h in histories[:SINGLES]] if size == 1 else [histories[:size]]
-        t, outs = time_calls(fn, [batch_of(g, device) for g in groups], device)
+        t, outs = time_calls(fn, [SparseBatch.of_rows(g, device) for g in groups], device)
         ms.append(round(t, 4))
         for g, out in zip(groups, outs):
             tops += top_sets(out, g)
@@ -332,6 +318,16 @@ def room_for_copies(model: Model) -> str | None:
     return None
 
 
+def busy_note() -> list[str]:
+    """A note when the machine is busier than its cores (1-minute load average): timings then
+    say as much about the other work as about the copies."""
+    load, cores = (os.getloadavg()[0] if hasattr(os, "getloadavg") else 0.0), os.cpu_count() or 1
+    if load <= cores:
+        return []
+    return [f"the machine was busy while timing (load {load:.1f} on {cores} cores): to time "
+            "again when it is quiet, delete the cache file"]  # fmt: skip
+
+
 def choose(model, sizes, popularity, tried: dict, min_agreement: float) -> PrecisionChoice:
     """Time and check every candidate of `tried` ({precision: None or why not})."""
     start = time.perf_counter()
@@ -346,7 +342,10 @@ def choose(model, sizes, popularity, tried: dict, min_agreement: float) -> Preci
             ref = tops
         cands.append(c)
     seconds = time.perf_counter() - start
-    return PrecisionChoice(pick(cands), sizes, cands, "measured", seconds, None, min_agreement)
+    notes = busy_note()
+    return PrecisionChoice(
+        pick(cands), sizes, cands, "measured", seconds, None, min_agreement, notes
+    )
 
 
 def auto_copy(
