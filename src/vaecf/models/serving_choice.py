@@ -228,7 +228,7 @@ def top_sets(scores: torch.Tensor, histories: list[list[int]]) -> list[tuple[set
     for r, h in enumerate(histories):
         s[r, h] = -torch.inf
     top = s.topk(min(AGREEMENT_K, s.shape[1]), dim=1)
-    keep = torch.isfinite(top.values) | ~torch.isfinite(s).any(dim=1, keepdim=True)
+    keep = torch.isfinite(top.values)  # a row with nothing finite: an empty set
     return [(set(i[k].tolist()), f) for i, k, f in zip(top.indices, keep, finite)]
 
 
