@@ -1,12 +1,29 @@
-"""The fixture the test files share: a prepared dataset of planted taste groups (module-scoped in
-each file, with that file's own sizes and seed). Quiet CPU training settings: tests/helpers.py."""
+"""The fixtures the test files share: a prepared dataset of planted taste groups (module-scoped in
+each file, with that file's own sizes and seed), and $VAECF_HOME in a temporary directory. Quiet
+CPU training settings: tests/helpers.py."""
 
 from __future__ import annotations
+
+import os
 
 import pytest
 
 import vaecf
 from vaecf.data import synthetic
+
+
+@pytest.fixture(scope="session", autouse=True)
+def vaecf_home(tmp_path_factory):
+    """$VAECF_HOME in a temporary directory for the whole session (tests that need their own
+    set theirs): what vaecf caches there, e.g. `--precision auto`'s timings, stays out of the
+    user's ~/.cache/vaecf, and every session (each xdist worker) starts with none."""
+    was = os.environ.get("VAECF_HOME")
+    os.environ["VAECF_HOME"] = str(tmp_path_factory.mktemp("vaecf-home"))
+    yield os.environ["VAECF_HOME"]
+    if was is None:
+        os.environ.pop("VAECF_HOME", None)
+    else:
+        os.environ["VAECF_HOME"] = was
 
 
 @pytest.fixture(scope="session")

@@ -120,6 +120,34 @@ def test_score_cli_writes_atomically_and_checks_columns(run, tmp_path, capsys):
         score_file(Recommender.load(run), tmp_path / "nope.csv", "u", "i", tmp_path / "o.parquet")
 
 
+def test_score_precision_auto_scores_with_the_copy_it_chose_and_says_which(run, tmp_path, capsys):
+    """`vaecf score` chooses its copy (auto, the default) at its batch size, prints the choice
+    and each candidate's timings, names it in --json, and scores as that precision given
+    explicitly does; a second run reads the choice from the cache."""
+    import json
+
+    src = tmp_path / "in.parquet"
+    interactions(20).write_parquet(src)
+    base = ["score", str(run), "--input", str(src), "-k", "4", "--quiet", "--batch-users", "8"]
+    assert main([*base, "--out", str(tmp_path / "auto.parquet"), "--json"]) == 0
+    out, err = capsys.readouterr()
+    res = json.loads(out)
+    choice = res["precision_choice"]
+    assert res["precision"] == choice["chosen"] and choice["batch_sizes"] == [8]
+    assert choice["source"] == "measured" and res["users"] == 20
+    lines = err.splitlines()
+    assert lines[0].startswith(f"precision auto: {choice['chosen']} (measured in ")
+    assert [line.split()[0] for line in lines[1 : 1 + len(choice["candidates"])]] == [
+        c["precision"] for c in choice["candidates"]
+    ]
+    given = tmp_path / "given.parquet"
+    assert main([*base, "--out", str(given), "--precision", choice["chosen"], "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["precision_choice"] is None
+    assert pl.read_parquet(tmp_path / "auto.parquet").equals(pl.read_parquet(given))
+    assert main([*base, "--out", str(tmp_path / "again.parquet")]) == 0
+    assert "timings read from" in capsys.readouterr().err.splitlines()[0]
+
+
 MODELS = {
     "multvae": {"hidden_dims": [32], "latent_dim": 8},
     "multdae": {"latent_dim": 8},
@@ -331,6 +359,7 @@ def test_score_needs_the_ratings_its_run_kept_and_reads_a_file_without_a_header(
     assert main(["score", run, "--input", str(bare), "--out", str(tmp_path / "b.csv")]) == 2
     assert "has no header row" in capsys.readouterr().err
     argv = ["score", run, "--input", str(bare), "--out", str(tmp_path / "b.csv"), "--quiet"]
+    argv += ["--precision", "fp32"]  # the scores `rec` gives (auto may choose another copy)
     assert main([*argv, "--no-header", "--columns", "user,item,rating", "-k", "5"]) == 0
     score_file(rec, root / "ratings.csv", None, None, tmp_path / "a.csv", k=5)
     got, want = (pl.read_csv(tmp_path / f).sort("user", "rank") for f in ("b.csv", "a.csv"))

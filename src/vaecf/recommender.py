@@ -26,7 +26,7 @@ from vaecf.data.vocab import Vocabulary
 from vaecf.errors import ConfigError, DataError, RunError
 from vaecf.models.base import Model, cosine_neighbours, vector_norms
 from vaecf.models.explain import EXPLAIN_TOP, check_work, strongest, weights
-from vaecf.models.serving import serving_copy
+from vaecf.models.serving_choice import DEFAULT_BATCH_SIZES, PrecisionChoice, copy_to_serve
 
 
 @dataclass
@@ -66,6 +66,7 @@ class Recommender:
         info=None,
         names: dict | None = None,
         popularity: np.ndarray | None = None,
+        batch_sizes: Sequence[int] = DEFAULT_BATCH_SIZES,
     ):
         if len(items) != model.n_items:
             raise ConfigError(f"vocabulary has {len(items)} items, model {model.n_items}")
@@ -79,9 +80,13 @@ class Recommender:
             p = torch.as_tensor(np.asarray(popularity, dtype=np.float64))
             self.popularity = (p / max(float(p.sum()), 1.0)).float().to(model.device)
         self.device = model.device
-        self.model, self.score_fn = serving_copy(model, precision)
+        # precision_choice: what "auto" chose, from which timings (None: precision was given)
+        self.precision_choice: PrecisionChoice | None
+        self.model, self.score_fn, self.precision_choice = copy_to_serve(
+            model, precision, batch_sizes, self.popularity_counts
+        )
         self.items = items
-        self.precision = precision
+        self.precision = getattr(self.precision_choice, "chosen", precision)
         self.info = info or {}  # the run's config, when loaded from a run directory
         self.results: dict | None = None  # the run's results.json (validation, test metrics)
         self.names = names  # {raw item id: name}, or None when the run has no names
@@ -107,14 +112,16 @@ class Recommender:
         device: str = "cpu",
         checkpoint_name: str = rundir.BEST,
         precision: str = "fp32",
+        batch_sizes: Sequence[int] = DEFAULT_BATCH_SIZES,
     ) -> Recommender:
         """The run's selected model on `device`, served in `precision` (fp32, tf32, bf16, fp16,
-        or int8: see `vaecf.models.serving`)."""
+        or int8: see `vaecf.models.serving`), or "auto": the fastest copy here at `batch_sizes`
+        of those that rank as fp32 does, timed once (`vaecf.models.serving_choice`)."""
         dev = prec.resolve_device(device)
         model, cfg = rundir.load_model(run_dir, dev, checkpoint_name)
         items = Vocabulary.load(os.path.join(run_dir, rundir.ITEMS))
         pop = rundir.load_popularity(run_dir, model.n_items)
-        rec = cls(model, items, precision, cfg, rundir.load_item_names(run_dir), pop)
+        rec = cls(model, items, precision, cfg, rundir.load_item_names(run_dir), pop, batch_sizes)
         rec.source = os.path.abspath(run_dir)
         if os.path.isfile(os.path.join(run_dir, rundir.RESULTS)):
             try:  # metadata only: a damaged results.json does not stop the model loading
@@ -125,7 +132,8 @@ class Recommender:
 
     def __repr__(self) -> str:
         name = (self.info.get("model") or {}).get("name") or type(self.model).__name__
-        served = "" if self.precision == "fp32" else f", served in {self.precision}"
+        auto = " (chosen by auto)" if self.precision_choice is not None else ""
+        served = f", served in {self.precision}{auto}" if self.precision != "fp32" or auto else ""
         where = (  # a run directory that is gone (vaecf.fit's temporary one) is no source
             f"from run {self.source}" if self.source and rundir.is_run(self.source) else "in memory"
         )

@@ -4,7 +4,7 @@ import numpy as np
 import scipy.sparse as sp
 import torch
 
-from vaecf.data.matrix import CSR, load_csr, save_csr
+from vaecf.data.matrix import CSR, SparseBatch, load_csr, save_csr
 
 
 def test_batch_rows_equal_scipy_rows():
@@ -22,6 +22,15 @@ def test_batch_rows_equal_scipy_rows():
     lens = np.diff(m.indptr)[rows.numpy()]
     np.testing.assert_array_equal(b.offsets.numpy(), np.concatenate([[0], np.cumsum(lens)[:-1]]))
     np.testing.assert_allclose(b.row_sums().numpy(), m[rows.numpy()].sum(1).A1)
+
+
+def test_a_batch_of_index_lists_equals_the_csr_batch_of_those_rows():
+    rows = [[1, 4, 7], [], [0], [2, 3]]
+    m = sp.csr_matrix((np.ones(6, dtype=np.float32), [1, 4, 7, 0, 2, 3], [0, 3, 3, 4, 6]), (4, 9))
+    want, got = CSR.from_scipy(m).batch(torch.arange(4)), SparseBatch.of_rows(rows)
+    assert got.batch_size == want.batch_size == 4
+    for name in ("indices", "offsets", "values", "row_ids"):
+        assert torch.equal(getattr(got, name), getattr(want, name)), name
 
 
 def test_a_one_row_batch_equals_that_row_of_a_larger_batch():

@@ -42,8 +42,10 @@ def setup(tmp_path_factory):
 
 
 def _argv(root: Path, out, *more, k: int = 10) -> list:
+    """`vaecf score` of the history file at fp32 (tables compared exactly; auto may choose
+    another copy), `more` after it."""
     return ["score", root / "run", "--input", root / "hist.parquet", "--out", out, "-k", k,
-            "--chunk-rows", CHUNK, "--quiet", *more]  # fmt: skip
+            "--chunk-rows", CHUNK, "--quiet", "--precision", "fp32", *more]  # fmt: skip
 
 
 def _table(out: Path) -> pl.DataFrame:
@@ -89,6 +91,19 @@ def test_a_rerun_with_other_settings_or_into_another_directory_is_refused(setup,
     rc, err = cli_in_process(_argv(root, other))
     assert rc == 2 and "holds no vaecf score output" in err
     assert sorted(p.name for p in other.iterdir()) == ["notes.txt"]
+
+
+def test_auto_precision_resumes_a_directory_in_the_precision_its_parts_were_scored_in(
+    setup, tmp_path
+):
+    root, _ = setup
+    out = tmp_path / "recs"
+    assert cli_in_process([*_argv(root, out), "--precision", "bf16"])[0] == 0
+    (out / "part-00001.parquet").unlink()
+    rc, err = cli_in_process([*_argv(root, out), "--precision", "auto"])
+    assert rc == 0, err
+    assert json.loads((out / PLAN).read_text())["precision"] == "bf16"
+    assert "1 kept" not in err and "kept from an earlier run" in err
 
 
 def test_lost_damaged_and_foreign_parts_are_scored_again(setup, tmp_path):

@@ -545,6 +545,40 @@ def test_reload_root_widens_or_narrows_where_runs_come_from(runs, tmp_path):
         assert c.post("/v1/admin/reload", json={}).json()["model"]["run"] == str(other.resolve())
 
 
+def test_the_model_card_shows_what_precision_auto_chose_and_reloads_choose_again(runs):
+    """/v1/model names the copy auto chose and every candidate's timings and agreement (the
+    cache file by its name only); a reload of another run chooses for its weights, a reload of
+    the same run reads its choice from the cache; a given precision has no choice to show."""
+    from vaecf.serve.schemas import ModelCard
+
+    holder = ModelHolder.load(runs["a"], precision="auto", batch_sizes=(1, 4))
+    settings = ServeSettings(run=str(runs["a"]), reload_min_interval_s=0)
+    cards = []
+    with running(settings, holder) as (base, _), client(base) as c:
+        cards.append(c.get("/v1/model").json())
+        assert c.post("/v1/admin/reload", json={"run": str(runs["b"])}).status_code == 200
+        cards.append(c.get("/v1/model").json())
+        assert c.post("/v1/admin/reload", json={}).status_code == 200  # b again
+        cards.append(c.get("/v1/model").json())
+        answer = c.post("/v1/recommend", json={"items": [1001, 1002], "k": 3})
+    assert answer.status_code == 200 and len(answer.json()["items"]) == 3
+    for card in cards:
+        ModelCard.model_validate(card)  # the documented schema
+        choice = card["precision_choice"]
+        assert card["precision"] == choice["chosen"] and choice["batch_sizes"] == [1, 4]
+        ok = {x["precision"]: x for x in choice["candidates"] if x["refused"] is None}
+        assert choice["chosen"] in ok and "fp32" in ok
+        assert all(x["agreement"] >= choice["min_agreement"] for x in ok.values())
+        assert all(len(x["batch_ms"]) == 2 for x in ok.values())
+        assert "/" not in choice["cache"]  # without --expose-paths, the file's name only
+    assert [c["model"]["name"] for c in cards] == ["multvae", "multdae", "multdae"]
+    assert [c["precision_choice"]["source"] for c in cards[1:]] == ["measured", "cache"]
+    assert cards[1]["precision_choice"]["cache"] != cards[0]["precision_choice"]["cache"]
+    with running(settings) as (base, _), client(base) as c:  # fp32, as given
+        card = c.get("/v1/model").json()
+    assert card["precision"] == "fp32" and card["precision_choice"] is None
+
+
 # -- the CLI: start-up rules, SIGHUP, SIGTERM ---------------------------------------------------
 def vaecf_cmd(*args: str) -> list[str]:
     return [sys.executable, "-m", "vaecf", *args]
@@ -635,6 +669,10 @@ def test_serve_cli_sighup_reloads_and_sigterm_lets_requests_finish(runs):
         assert "Application shutdown complete" in err and "stopped by SIGTERM" in err
         assert "now serving" in err  # the SIGHUP reload, logged
         assert f"on {base}/ (the page; " in out and "docs at /docs" in out  # the start-up line
+        # --precision auto (the default): the choice and a line per candidate at start-up;
+        # the SIGHUP reload of the same run read its choice from the cache
+        assert "precision auto: " in out and "  fp32  batch 1: " in out
+        assert "precision auto: " in err and "timings read from" in err
     finally:
         if proc.poll() is None:
             proc.kill()

@@ -62,7 +62,9 @@ class BenchInfer(Scoring):
         help="users per call; repeat for several", factory=lambda: [1, 1024], action="append"
     )
     precision: Literal["auto", ServingPrecision] = setting(
-        "auto", "auto: bf16 where the device has native bf16, else fp32; as serve --precision"
+        "auto",
+        "auto: bf16 where the device has native bf16, else fp32 (not timed, unlike serve's "
+        "auto); the others as serve --precision",
     )
     history: int = setting(50, "items per user history")
     seconds: float = setting(3.0, "time per batch size")

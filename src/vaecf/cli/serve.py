@@ -55,12 +55,11 @@ def cmd_score(a) -> int:
     from tqdm.auto import tqdm
 
     from vaecf import distributed
-    from vaecf.recommender import Recommender
     from vaecf.score import RowFilter, score_file
 
     s = from_args(ScoreSettings, a)
     ctx, device = distributed.setup(s.device)  # under torchrun: this process's share, its GPU
-    rec = Recommender.load(a.run, device=device, precision=s.precision)
+    rec = _score_recommender(a, s, ctx, device)
     how = dict(sep=a.sep, header=not a.no_header, columns=a.columns, rating_col=a.rating_col)
     if a.every_row:
         rows = RowFilter(**how)
@@ -92,7 +91,10 @@ def cmd_score(a) -> int:
     if not ctx.is_main:
         return 0
     if a.json:
-        print_json(res)
+        choice = rec.precision_choice
+        print_json(
+            {**res, "precision": rec.precision, "precision_choice": choice and choice.to_dict()}
+        )
     else:
         cold = (
             f" ({res['cold_users']} with no known item: popular items)" if res["cold_users"] else ""
@@ -104,6 +106,25 @@ def cmd_score(a) -> int:
         print(f"{res['users']} users{cold}, {res['rows']} rows -> {res['out']}{parts}",
               file=sys.stderr)  # fmt: skip
     return 0
+
+
+def _score_recommender(a, s, ctx, device):
+    """The run served as `score` scores it: `--precision auto` chooses on rank 0 (printed), the
+    other ranks take its choice; into a directory an earlier run started, the precision its
+    parts were scored in (so that a resumed table is one table)."""
+    from vaecf.recommender import Recommender
+    from vaecf.score.parts import planned_precision
+
+    precision = s.precision
+    if precision == "auto":
+        precision = planned_precision(a.out) or precision
+    rec = None
+    if ctx.is_main:
+        rec = Recommender.load(a.run, device, precision=precision, batch_sizes=[s.batch_users])
+        for line in rec.precision_choice.lines() if rec.precision_choice else ():
+            print(line, file=sys.stderr)
+    chosen = ctx.from_main(rec.precision if rec is not None else None)
+    return rec or Recommender.load(a.run, device, precision=chosen)
 
 
 # -- export -------------------------------------------------------------------------------------
@@ -221,5 +242,9 @@ def register_score(sub) -> None:
     )
     add_settings(pc, ScoreSettings)
     pc.add_argument("--quiet", action="store_true", help="no progress bar")
-    pc.add_argument("--json", action="store_true", help="print {users, rows, chunks, out}")
+    pc.add_argument(
+        "--json",
+        action="store_true",
+        help="print {users, rows, chunks, cold_users, out, precision, precision_choice}",
+    )
     pc.set_defaults(fn=cmd_score)

@@ -93,8 +93,10 @@ class Scoring:
     """Where and in what precision a trained model answers (serve, score, recommend)."""
 
     device: str = setting("cpu", DEVICE_HELP)
-    precision: ServingPrecision = setting(
-        "fp32",
+    precision: Literal["auto", ServingPrecision] = setting(
+        "auto",
+        "auto: the copy that answers fastest on this machine at the served batch sizes, among "
+        "those whose top 10 agrees with fp32's (timed at start-up, then cached; printed); "
         "fp32: the scores the run was evaluated with; int8: the item-sized layers in int8 with "
         "one scale per item (Mult-VAE, Mult-DAE, RecVAE), a quarter of their fp32 bytes, held "
         "and read per call (the other layers stay in fp32, or bf16 on a CPU with native bf16)",

@@ -31,6 +31,19 @@ class SparseBatch:
     # graph's batch: CSR.padded_batch); None: computed from the values when asked
     row_stats: torch.Tensor | None = None
 
+    @classmethod
+    def of_rows(cls, rows, device: torch.device | str = "cpu") -> SparseBatch:
+        """Histories given as item indices (each row distinct items) as a batch of ones."""
+        lens = torch.tensor([len(r) for r in rows], dtype=torch.long)
+        indices = torch.tensor([i for r in rows for i in r], dtype=torch.long)
+        return cls(
+            indices=indices.to(device),
+            offsets=(torch.cumsum(lens, 0) - lens).to(device),
+            values=torch.ones(len(indices), device=device),
+            row_ids=torch.repeat_interleave(torch.arange(len(lens)), lens).to(device),
+            batch_size=len(lens),
+        )
+
     def to(self, device: torch.device, pin: bool = False) -> SparseBatch:
         """A copy on `device`; with `pin`, staged through pinned memory (asynchronous copy)."""
         moved = {}

@@ -52,6 +52,14 @@ def names_a_directory(out: str | os.PathLike) -> bool:
     return Path(text).suffix.lower() not in (".parquet", ".csv")
 
 
+def planned_precision(out: str | os.PathLike) -> str | None:
+    """The precision the plan in directory `out` was scored in; None where there is none."""
+    try:
+        return json.loads((Path(out) / PLAN).read_text()).get("precision")
+    except (OSError, ValueError, AttributeError):
+        return None
+
+
 def scoring_plan(s: Scoring, path: Path, rows: dict, chunk_rows: int) -> dict:
     """What a directory's parts are the answer to (compared on every run into it): the run (its
     weights' digest), the precision, k, what counts as history, the input, and the chunks."""

@@ -16,6 +16,7 @@ import datetime as dt
 import hashlib
 import os
 import threading
+from collections.abc import Sequence
 from concurrent import futures
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,6 +24,7 @@ from typing import Any
 
 from vaecf import rundir
 from vaecf.errors import RunError
+from vaecf.models.serving_choice import DEFAULT_BATCH_SIZES
 from vaecf.recommender import Recommender
 
 
@@ -63,9 +65,16 @@ def _version(run_dir: Path, rec: Recommender) -> dict[str, Any]:
     }
 
 
-def load_checked(run_dir: str | os.PathLike, device: str = "cpu", precision: str = "fp32"):
+def load_checked(
+    run_dir: str | os.PathLike,
+    device: str = "cpu",
+    precision: str = "fp32",
+    batch_sizes: Sequence[int] = DEFAULT_BATCH_SIZES,
+):
     """A LoadedModel of the run's best model, after a check that it scores: one history of its
-    first item must give finite scores for every item. RunError if it does not load or check."""
+    first item must give finite scores for every item. RunError if it does not load or check.
+    precision "auto" chooses for this run (or reads its choice from the cache) at
+    `batch_sizes`: a reload chooses again."""
     run_dir = Path(run_dir)
     for name in rundir.RUN_FILES:
         path = run_dir / name
@@ -74,7 +83,7 @@ def load_checked(run_dir: str | os.PathLike, device: str = "cpu", precision: str
                 f"{run_dir}: {name} is not a regular file (a FIFO, a device or a directory); "
                 "a run directory holds regular files only"
             )
-    rec = Recommender.load(run_dir, device=device, precision=precision)
+    rec = Recommender.load(run_dir, device, precision=precision, batch_sizes=batch_sizes)
     scores, _ = rec.scores([[0]])
     if scores.shape != (1, len(rec.items)) or not bool(scores.isfinite().all()):
         raise RunError(
@@ -108,10 +117,12 @@ class ModelHolder:
         device: str = "cpu",
         precision: str = "fp32",
         root: str | os.PathLike | None = None,
+        batch_sizes: Sequence[int] = DEFAULT_BATCH_SIZES,
     ):
         self.current = current
         self.device = device
-        self.precision = precision
+        self.precision = precision  # as asked: "auto" chooses again for each run loaded
+        self.batch_sizes = tuple(batch_sizes)
         self.root = Path(root or Path(current.version["run"]).parent).resolve()
         self._lock = threading.Lock()  # the swap, and the state of reloads
         self._one = threading.Lock()  # one load at a time
@@ -124,8 +135,10 @@ class ModelHolder:
         device: str = "cpu",
         precision: str = "fp32",
         root: str | os.PathLike | None = None,
+        batch_sizes: Sequence[int] = DEFAULT_BATCH_SIZES,
     ):
-        return cls(load_checked(run_dir, device, precision), device, precision, root)
+        loaded = load_checked(run_dir, device, precision, batch_sizes)
+        return cls(loaded, device, precision, root, batch_sizes)
 
     def reload(
         self, run_dir: str | os.PathLike | None = None, timeout_s: float | None = None
@@ -188,7 +201,7 @@ class ModelHolder:
         """On the reload's thread: load and check, then swap in unless abandoned."""
         try:
             with self._one:
-                new = load_checked(pending.target, self.device, self.precision)
+                new = load_checked(pending.target, self.device, self.precision, self.batch_sizes)
             with self._lock:
                 if not pending.abandoned:
                     self.current = new  # one reference assignment: atomic for readers

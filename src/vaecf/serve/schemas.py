@@ -182,6 +182,48 @@ class ItemsResponse(BaseModel):
     model: ModelVersion
 
 
+class PrecisionCandidate(BaseModel):
+    precision: str
+    batch_ms: list[float] | None = Field(
+        description="median ms of a scoring call at each of `batch_sizes` (null: not timed)"
+    )
+    agreement: float | None = Field(
+        description="the mean share of fp32's top 10 (history excluded) in this copy's"
+    )
+    refused: str | None = Field(description="why it may not serve (null: it may)")
+
+
+class PrecisionChoice(BaseModel):
+    """What --precision auto chose: the fastest copy whose top 10 agrees with fp32's."""
+
+    chosen: str = Field(description="the precision served")
+    batch_sizes: list[int] = Field(description="the batch sizes timed")
+    candidates: list[PrecisionCandidate]
+    source: Literal["measured", "cache"] = Field(
+        description="timed by this load, or read from the cache of an earlier one"
+    )
+    seconds: float = Field(description="what choosing took at this load")
+    cache: str | None = Field(description="the cache file (null: not cached)")
+    min_agreement: float = Field(description="the top-10 agreement a copy needs")
+    notes: list[str]
+
+
+PRECISION_EXAMPLE = {
+    "chosen": "int8",
+    "batch_sizes": [1, 104],
+    "candidates": [
+        {"precision": "fp32", "batch_ms": [1.03, 9.43], "agreement": 1.0, "refused": None},
+        {"precision": "bf16", "batch_ms": [1.2, 3.97], "agreement": 0.981, "refused": None},
+        {"precision": "int8", "batch_ms": [1.04, 4.15], "agreement": 0.985, "refused": None},
+    ],
+    "source": "measured",
+    "seconds": 0.61,
+    "cache": "/home/me/.cache/vaecf/serving/precision-3f1c0d9e8b7a6c5d4e3f2a1b.json",
+    "min_agreement": 0.9,
+    "notes": [],
+}
+
+
 class ModelCard(BaseModel):
     """The model served, what it was trained on, how it scored."""
 
@@ -193,7 +235,8 @@ class ModelCard(BaseModel):
             "data": {"n_items": 5770, "n_train_users": 519, "fingerprint": "d76a35704f1e6d72"},
             "validation": {"ndcg@100": 0.2983, "n_users": 42},
             "test": {"ndcg@100": 0.3243, "n_users": 41},
-            "precision": "fp32",
+            "precision": "int8",
+            "precision_choice": PRECISION_EXAMPLE,
             "titles": True,
             "similar": True,
         }
@@ -205,7 +248,11 @@ class ModelCard(BaseModel):
     data: dict[str, Any] = Field(description="items, training users, the data's fingerprint")
     validation: dict[str, Any] | None = Field(description="validation metrics of the model")
     test: dict[str, Any] | None = Field(description="test metrics (null: none were scored)")
-    precision: str = Field(description="the precision it is served in")
+    precision: str = Field(description="the precision it is served in (auto: the one chosen)")
+    precision_choice: PrecisionChoice | None = Field(
+        description="with --precision auto, the choice and each candidate's timings; null "
+        "when the precision was given"
+    )
     titles: bool = Field(description="the run names its items")
     similar: bool = Field(description="the model has item vectors (similar items)")
 

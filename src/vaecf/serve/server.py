@@ -32,7 +32,11 @@ def serve(settings: ServeSettings, log_level: str = "info", access_log: bool = F
 
     check_auth(settings)
     holder = ModelHolder.load(
-        settings.run, settings.device, settings.precision, settings.reload_root
+        settings.run,
+        settings.device,
+        settings.precision,
+        settings.reload_root,
+        batch_sizes=(1, settings.max_batch_size),  # one request, a full micro-batch
     )
     app = create_app(holder, settings)
     logger = logging.getLogger("vaecf.serve")
@@ -42,6 +46,9 @@ def serve(settings: ServeSettings, log_level: str = "info", access_log: bool = F
         handler.setFormatter(logging.Formatter("%(levelname)s:     vaecf: %(message)s"))
         logger.addHandler(handler)
     config = uvicorn_config(app, settings, log_level=log_level, access_log=access_log)
+    choice = holder.current.recommender.precision_choice
+    for line in choice.lines() if choice else ():
+        print(line, flush=True)
     print(
         f"serving {holder.current.version['name']} from {holder.current.version['run']} on "
         f"http://{settings.host}:{settings.port}/ (the page; auth: "

@@ -235,6 +235,9 @@ class Service:
             metrics.reloads.labels("ok").inc()
             metrics.model_loaded.set_to_current_time()
             log.info("now serving %s from %s", new.version["id"], new.version["run"])
+            choice = new.recommender.precision_choice
+            for line in choice.lines() if choice else ():
+                log.info("%s", line)
             return JSONResponse({"reloaded": True, "model": self.version(new.version)})
 
     async def reloaded(self, run: str | None):
@@ -264,6 +267,17 @@ class Service:
             "validation": card["validation"],
             "test": card["test"],
             "precision": rec.precision,
+            "precision_choice": self.precision_choice(rec),
             "titles": rec.names is not None,
             "similar": rec.item_vectors is not None,
         }
+
+    def precision_choice(self, rec) -> dict | None:
+        """What --precision auto chose (None: the precision was given); the cache file by its
+        name only, unless --expose-paths."""
+        if rec.precision_choice is None:
+            return None
+        choice = rec.precision_choice.to_dict()
+        if not self.settings.expose_paths and choice["cache"]:
+            choice["cache"] = os.path.basename(choice["cache"])
+        return choice

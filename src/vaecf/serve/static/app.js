@@ -160,14 +160,16 @@ function fmt(value) {
 async function loadCard() {
   const c = await api("/v1/model");
   const m = c.model;
+  // --precision auto: the copy chosen as the fastest here of those that rank as fp32 does
+  const served = c.precision_choice ? `${c.precision} (chosen by auto)` : c.precision;
   $("model-line").textContent =
-    `${m.name} · ${m.n_items.toLocaleString()} items · loaded ${m.loaded_at} · ${c.precision}`;
+    `${m.name} · ${m.n_items.toLocaleString()} items · loaded ${m.loaded_at} · ${served}`;
   // a closed form (EASE, EDLAE, ...) is fitted once: it has no best epoch to show
   const epoch = m.best_epoch == null ? [] : [["best epoch", m.best_epoch]];
   const rows = [["model", m.name], ["run", m.run], ...epoch,
     ["items", m.n_items], ["training users", c.data.n_train_users ?? "–"],
     ["data", c.data.fingerprint ? c.data.fingerprint.slice(0, 12) : "–"],
-    ["served in", c.precision], ["loaded at", m.loaded_at]];
+    ["served in", served], ["loaded at", m.loaded_at]];
   for (const [split, metrics] of [["validation", c.validation], ["test", c.test]]) {
     if (!metrics) continue;
     const shown = Object.entries(metrics).filter(([k]) => k.includes("@"));

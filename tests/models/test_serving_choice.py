@@ -1,0 +1,144 @@
+"""`--precision auto` (vaecf.models.serving_choice): the copy chosen is one whose top 10 agrees
+with fp32's, the choice is cached and read back without timing, a damaged cache is written
+again, and a Recommender loaded with "auto" serves the copy chosen. Which copy is fastest
+depends on the machine: no test says which."""
+
+from __future__ import annotations
+
+import copy
+import json
+
+import pytest
+import torch
+
+import vaecf
+from vaecf import models
+from vaecf.data.matrix import SparseBatch
+from vaecf.models import serving_choice as sc
+from vaecf.serve.fixtures import fresh_run
+
+ALL = ["fp32", "bf16", "fp16", "int8"]
+SMALL = {"hidden_dims": [32], "latent_dim": 8}
+
+
+def model(seed: int = 0, n_items: int = 300, logit_scale: float = 1.0):
+    torch.manual_seed(seed)
+    m = models.build("multvae", n_items, SMALL)
+    if logit_scale != 1.0:
+        with torch.no_grad():
+            for layer in m.modules():
+                if isinstance(layer, torch.nn.Linear) and layer.out_features == n_items:
+                    layer.weight.mul_(logit_scale)
+    return m.eval()
+
+
+def usable(choice) -> dict:
+    return {c.precision: c for c in choice.candidates if c.refused is None}
+
+
+def check_sound(choice, sizes) -> None:
+    """Every copy it could have chosen was timed at every size and agrees with fp32; the
+    chosen one is among them (whichever this machine found fastest)."""
+    ok = usable(choice)
+    assert "fp32" in ok and choice.chosen in ok
+    for c in ok.values():
+        assert len(c.batch_ms) == len(sizes) and all(ms > 0 for ms in c.batch_ms)
+        assert c.agreement >= choice.min_agreement
+    assert ok["fp32"].agreement == 1.0
+
+
+def test_a_copy_whose_scores_overflow_is_never_chosen():
+    """Output weights beyond fp16's range (65,504): the fp16 copy's scores are infinite, so it is
+    refused for that, whatever its speed; the others still compete."""
+    m = model(logit_scale=1e7)
+    served, fn, choice = sc.auto_copy(m, (1, 8), precisions=ALL, cache=False)
+    check_sound(choice, [1, 8])
+    fp16 = next(c for c in choice.candidates if c.precision == "fp16")
+    assert fp16.refused and "non-finite" in fp16.refused
+    assert choice.chosen != "fp16" and choice.source == "measured"
+    batch = SparseBatch.of_rows([[1, 2, 3]], served.device)
+    assert torch.isfinite(fn(batch).float()).all()
+    lines = choice.lines()
+    assert lines[0].startswith(f"precision auto: {choice.chosen} (measured in ")
+    assert len(lines) == 1 + len(ALL) + len(choice.notes)  # a line per candidate, per note
+    assert any(line.strip().startswith("fp16") and "refused: non-finite" in line for line in lines)
+
+
+def test_a_tolerance_no_reduced_copy_meets_leaves_fp32():
+    """A tolerance above what any reduced copy can reach (agreement 1.01): each is refused with
+    its agreement, and fp32 (the reference, never refused) serves."""
+    _, fn, choice = sc.auto_copy(model(), (1, 8), precisions=ALL, min_agreement=1.01, cache=False)
+    assert choice.chosen == "fp32" and list(usable(choice)) == ["fp32"]
+    for c in choice.candidates[1:]:
+        assert c.refused and ("top-10 agreement" in c.refused or "not timed" in c.refused)
+
+
+def test_a_model_without_an_item_layer_has_no_int8_candidate():
+    torch.manual_seed(0)
+    m = models.build("ease", 40)
+    _, _, choice = sc.auto_copy(m, (1, 4), precisions=["fp32", "int8"], cache=False)
+    int8 = choice.candidates[1]
+    assert int8.precision == "int8" and "cannot be built" in int8.refused
+    assert choice.chosen == "fp32"
+
+
+def test_the_choice_is_cached_read_back_without_timing_and_rewritten_when_damaged(
+    tmp_path, monkeypatch
+):
+    monkeypatch.setenv("VAECF_HOME", str(tmp_path))
+    m = model(seed=1)
+    _, _, first = sc.auto_copy(copy.deepcopy(m), (1, 16))
+    check_sound(first, [1, 16])
+    assert first.source == "measured" and first.cache is not None
+    files = list((tmp_path / "serving").iterdir())
+    assert [str(f) for f in files] == [first.cache]
+    # the same weights again (a restart): read back, nothing timed (the same figures)
+    _, _, again = sc.auto_copy(copy.deepcopy(m), (1, 16))
+    assert again.source == "cache" and again.cache == first.cache
+    assert again.chosen == first.chosen and again.candidates == first.candidates
+    assert again.lines()[0].startswith(f"precision auto: {first.chosen} (timings read from ")
+    # other weights, or other batch sizes: another key, measured
+    _, _, other = sc.auto_copy(model(seed=2), (1, 16))
+    assert other.source == "measured" and other.cache != first.cache
+    _, _, sizes = sc.auto_copy(copy.deepcopy(m), (1, 32))
+    assert sizes.source == "measured" and sizes.batch_sizes == [1, 32]
+    # a damaged cache file is ignored and written again
+    for damage in ("{not json", json.dumps({"key": "x"}), ""):
+        files[0].write_text(damage)
+        _, _, fresh = sc.auto_copy(copy.deepcopy(m), (1, 16))
+        assert fresh.source == "measured" and fresh.cache == first.cache
+        assert json.loads(files[0].read_text())["choice"]["chosen"] == fresh.chosen
+    # one that names a copy it refused is not believed either
+    cached = json.loads(files[0].read_text())
+    cached["choice"]["chosen"] = "fp16-not-a-copy"
+    files[0].write_text(json.dumps(cached))
+    assert sc.read_cache(files[0], cached["key"]) is None
+
+
+def test_timed_sizes_are_bounded_by_the_catalogue():
+    assert sc.timed_sizes((1, 256), 60) == [1, 256]
+    assert sc.timed_sizes((1, 256), 20_108) == [1, sc.TIMED_SCORES // 20_108]  # 104
+    assert sc.timed_sizes((1024,), 10**8) == [1]
+    hist = sc.sample_histories(30, 50, popularity=list(range(30)))
+    assert len(hist) == 50 and all(1 <= len(h) <= 29 and h == sorted(set(h)) for h in hist)
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    root = tmp_path_factory.mktemp("auto")
+    return fresh_run(root / "run", 120, "multvae", SMALL, list(range(1000, 1120)), seed=5)
+
+
+def test_recommender_load_auto_serves_the_chosen_copy(run):
+    rec = vaecf.Recommender.load(run, precision="auto", batch_sizes=[1, 8])
+    choice = rec.precision_choice
+    check_sound(choice, [1, 8])
+    assert rec.precision == choice.chosen
+    assert ("(chosen by auto)" in repr(rec)) and rec.recommend([1000, 1001], k=5).item_ids
+    again = vaecf.Recommender.load(run, precision="auto", batch_sizes=[1, 8])
+    assert again.precision_choice.source == "cache" and again.precision == rec.precision
+    # given precisions are served as given, nothing chosen
+    for p in ("fp32", "int8"):
+        given = vaecf.Recommender.load(run, precision=p)
+        assert given.precision == p and given.precision_choice is None
+        assert "chosen by auto" not in repr(given)
