@@ -255,6 +255,7 @@ def test_linear_candidates_cross_validate_only_where_validation_users_are_few():
     auto = models.AutoConfig()
     few = candidate_model_config("edlae", auto, n_validation=CV_ENOUGH_USERS - 1)
     assert few is not None and few.selection == "cv"
-    assert candidate_model_config("edlae", auto, n_validation=CV_ENOUGH_USERS) is None
+    many = candidate_model_config("edlae", auto, n_validation=CV_ENOUGH_USERS)
+    assert many.selection == "validation" and many.popularity_grid == few.popularity_grid
     assert candidate_model_config("edlae", auto, timed=True, n_validation=60) is None
     assert candidate_model_config("multvae", auto, n_validation=60) is None
