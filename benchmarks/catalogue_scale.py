@@ -94,8 +94,8 @@ def train(a, prep: Path) -> list[tuple]:
             cmd += [*a.train_args.split(), "--quiet"]
             s, rss = timed(cmd, a.out / f"train-{name}.log")
             res = json.loads((run / "results.json").read_text())
-            first = json.loads((run / "metrics.jsonl").read_text().splitlines()[0])
-            solver = first.get("solver", "")
+            lines = (run / "metrics.jsonl").read_text().splitlines()  # auto's: its candidates'
+            solver = json.loads(lines[0]).get("solver", "") if lines else ""
             rows.append((f"train {name}", s, rss, solver, f"{res['test']['ndcg@100']:.4f}"))
     return rows
 
