@@ -1,8 +1,13 @@
-"""What serving adds to a recommendation at concurrency 1: served against in-process latency.
+"""What serving adds to a recommendation at concurrency 1: served against in-process latency,
+and against a bare route on the same framework.
 
 The p50/p99 latency of `Recommender.recommend` in process against `POST /v1/recommend` of a
 real `vaecf serve` subprocess over one keep-alive connection, for the same model, precision,
 histories and k, measured in alternating rounds in one run (this machine is shared and noisy).
+The third side, the framework's floor: a bare FastAPI route on the same uvicorn (uvloop and
+httptools, as `vaecf serve` runs), validating the same body with a pydantic model and returning
+the bytes `vaecf serve` answered for it, without scoring (`BARE`, a subprocess). What vaecf's
+own layers add: served - (bare + in process).
 
 The model is an untrained Mult-VAE (the paper's [600] hidden layer, 200-d latent) of
 ml-latest-small's size (6,946 items after the paper's preparation); random weights cost what
@@ -32,6 +37,27 @@ import numpy as np
 from vaecf.bench.hardware import cpu_name
 from vaecf.recommender import Recommender
 from vaecf.serve.fixtures import fresh_run
+
+BARE = """
+import sys
+import uvicorn
+from fastapi import FastAPI, Response
+from pydantic import BaseModel, Field
+
+class Body(BaseModel):
+    items: list[int | str] = Field(max_length=10_000)
+    k: int = Field(10, ge=1, le=1000)
+
+answer = open(sys.argv[2], "rb").read()
+app = FastAPI()
+
+@app.post("/v1/recommend")
+async def recommend(body: Body) -> Response:
+    return Response(answer, media_type="application/json")
+
+uvicorn.run(app, host="127.0.0.1", port=int(sys.argv[1]), loop="uvloop", http="httptools",
+            log_level="warning", access_log=False)
+"""
 
 
 class Client:
@@ -112,12 +138,19 @@ def main(argv: list[str] | None = None) -> int:
         env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "")}
         env = {k: v for k, v in env.items() if v != ""}
         proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env)
+        bare = None
         try:
             wait_ready(port, proc)
-            inproc, served = _rounds(a, rec, Client(port), histories, bodies)
+            client = Client(port)
+            answer = Path(tmp) / "answer.json"
+            answer.write_bytes(client.post("/v1/recommend", bodies[0])[1])
+            bare, bare_port = _bare(answer, env)
+            inproc, served, floor = _rounds(a, rec, client, Client(bare_port), histories, bodies)
         finally:
-            proc.terminate()
-            proc.wait(30)
+            for p in (proc, bare):
+                if p is not None:
+                    p.terminate()
+                    p.wait(30)
     res = {
         "cpu": cpu_name(),
         "cores": os.cpu_count(),
@@ -125,9 +158,11 @@ def main(argv: list[str] | None = None) -> int:
         "precision": a.precision,
         "in_process": percentiles(inproc),
         "served": percentiles(served),
+        "bare": percentiles(floor),
     }
-    res["added_p50_ms"] = res["served"]["p50_ms"] - res["in_process"]["p50_ms"]
-    res["added_p99_ms"] = res["served"]["p99_ms"] - res["in_process"]["p99_ms"]
+    for q in ("p50", "p99"):
+        res[f"added_{q}_ms"] = res["served"][f"{q}_ms"] - res["in_process"][f"{q}_ms"]
+        res[f"own_{q}_ms"] = res[f"added_{q}_ms"] - res["bare"][f"{q}_ms"]
     if a.json:
         print(json.dumps(res))
         return 0
@@ -137,19 +172,46 @@ def main(argv: list[str] | None = None) -> int:
     )
     print("| | p50 ms | p99 ms |")
     print("|---|---:|---:|")
-    for label, key in (("in process: Recommender.recommend", "in_process"),
-                       ("served: POST /v1/recommend, concurrency 1", "served")):  # fmt: skip
+    sides = (("in process: Recommender.recommend", "in_process"),
+             ("served: POST /v1/recommend, concurrency 1", "served"),
+             ("bare route: FastAPI + pydantic, the same bytes, no scoring", "bare"))  # fmt: skip
+    for label, key in sides:
         print(f"| {label} | {res[key]['p50_ms']:.3f} | {res[key]['p99_ms']:.3f} |")
     print(f"| added by serving | {res['added_p50_ms']:+.3f} | {res['added_p99_ms']:+.3f} |")
+    print(f"| vaecf's own layers: served - (bare + in process) | {res['own_p50_ms']:+.3f} | "
+          f"{res['own_p99_ms']:+.3f} |")  # fmt: skip
     return 0
 
 
-def _rounds(a, rec, client, histories: list, bodies: list) -> tuple[list, list]:
-    """Milliseconds of each in-process and each served answer: both sides warmed, then
+def _bare(answer: Path, env: dict) -> tuple[subprocess.Popen, int]:
+    """The bare route's server (`BARE`) answering `answer`'s bytes, ready; and its port."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    cmd = [sys.executable, "-c", BARE, str(port), str(answer)]
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        try:
+            client = Client(port)
+            client.post("/v1/recommend", b'{"items": [1], "k": 1}')
+            client.close()
+            return proc, port
+        except OSError:
+            if proc.poll() is not None:
+                raise RuntimeError(f"the bare route's server exited: {proc.returncode}") from None
+            time.sleep(0.2)
+    proc.terminate()
+    raise RuntimeError("the bare route's server did not start")
+
+
+def _rounds(a, rec, client, bare, histories: list, bodies: list) -> tuple[list, list, list]:
+    """Milliseconds of each in-process, served and bare answer: every side warmed, then
     `a.rounds` rounds of `a.requests` answers a side."""
-    inproc, served = [], []
-    for i in range(a.warmup):  # warm both sides
+    inproc, served, floor = [], [], []
+    for i in range(a.warmup):  # warm every side
         client.post("/v1/recommend", bodies[i % len(bodies)])
+        bare.post("/v1/recommend", bodies[i % len(bodies)])
         rec.recommend(histories[i % len(histories)], k=a.k)
     # rounds of each side in turn, so that both see the machine's noise alike (not one call
     # of each in turn: the other process's busy-waiting threads would slow it)
@@ -165,8 +227,15 @@ def _rounds(a, rec, client, histories: list, bodies: list) -> tuple[list, list]:
             served.append((time.perf_counter() - t0) * 1e3)
             if status != 200:
                 raise RuntimeError(f"the server answered {status}")
+        for i in range(a.requests):
+            t0 = time.perf_counter()
+            status, _ = bare.post("/v1/recommend", bodies[i % len(bodies)])
+            floor.append((time.perf_counter() - t0) * 1e3)
+            if status != 200:
+                raise RuntimeError(f"the bare route answered {status}")
     client.close()
-    return inproc, served
+    bare.close()
+    return inproc, served, floor
 
 
 if __name__ == "__main__":

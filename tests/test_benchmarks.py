@@ -136,7 +136,7 @@ SMOKE: dict[str, list[tuple[str, str]]] = {
             "--users 300 --items 200 --nnz 3000 --batch-size 50 --precision fp32 --hidden 8",
         )
     ],
-    "serve_latency.py": [("added by serving", "--items 100 --requests 5 --rounds 1 --warmup 5")],
+    "serve_latency.py": [("own layers", "--items 100 --requests 5 --rounds 1 --warmup 5")],
     "serve_load.py": [
         (
             "| micro-batching | 2 |",
