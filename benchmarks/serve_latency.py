@@ -1,5 +1,4 @@
-"""What serving adds to a recommendation at concurrency 1: served against in-process latency,
-and against a bare route on the same framework.
+"""What serving adds at concurrency 1: against the in-process call and a bare framework route.
 
 The p50/p99 latency of `Recommender.recommend` in process against `POST /v1/recommend` of a
 real `vaecf serve` subprocess over one keep-alive connection, for the same model, precision,
