@@ -41,11 +41,12 @@ def check_disk(out: Path, n_users: int, k: int, table: bool = False) -> int:
     free = free_bytes(disk)
     if free is not None and need > free:
         what = "its parts" if table else "the parts, then the file"
+        split = "" if table else ", or score the users in several files"
         raise WriteError(
             f"no space for {out}: scoring {n_users:,} users at k={k} writes up to "
             f"{n_users * k:,} rows, about {gib(need)} ({what}), but "
-            f"{disk} has {gib(free)} free; write --out to a disk with more space, lower "
-            "-k, or score the users in several files"
+            f"{disk} has {gib(free)} free; write --out to a disk with more space or lower "
+            f"-k{split}"
         )
     return need
 
