@@ -1,6 +1,7 @@
 """`vaecf update`: a linear model solved again at the settings its run chose (bit for bit what a
 train at those settings gives), an autoencoder's weights carried over item by item (new items
-at the mean of the old), the old run untouched (also by a kill), and the refusals in one line."""
+at the mean of the old), the old run untouched (also by a kill or a full disk), the refusals in
+one line, and a server reloaded onto the new run."""
 
 import hashlib
 import json
@@ -9,6 +10,7 @@ import subprocess
 import sys
 import time
 
+import httpx
 import numpy as np
 import polars as pl
 import pytest
@@ -168,3 +170,28 @@ def test_an_update_onto_a_full_disk_says_so_and_completes_once_space_is_freed(ol
         assert got.recommend([0, 1, 2], k=5).item_ids == ref.recommend([0, 1, 2], k=5).item_ids
     finally:
         fs.close()
+
+
+def test_the_server_reloads_onto_an_updated_run_with_its_new_items(older_newer):
+    """A server of the old run, reloaded onto its update: the new run's catalogue (new items
+    known, and recommended from their neighbours), the same answers as the run loaded anew."""
+    from tests.serve.helpers import running
+    from vaecf.config.serve import ServeSettings
+
+    old, new, root = older_newer
+    if not (root / "ease-old").exists():
+        vaecf.train(old, cpu_config(), root / "ease-old", model="ease")
+    if not (root / "ease-ref").exists():
+        update(root / "ease-old", new, root / "ease-ref", progress=False, device="cpu")
+    fresh = vaecf.Recommender.load(root / "ease-ref")
+    new_item = next(i for i in fresh.items.ids.to_list() if i >= 60)  # the older data had < 60
+    settings = ServeSettings(run=str(root / "ease-old"), reload_min_interval_s=0,
+                             precision="fp32")  # fmt: skip
+    with running(settings) as (base, _), httpx.Client(base_url=base, timeout=30) as c:
+        before = c.post("/v1/recommend", json={"items": [new_item], "k": 5}).json()
+        assert before["unknown"] == [new_item]
+        r = c.post("/v1/admin/reload", json={"run": str(root / "ease-ref")})
+        assert r.status_code == 200, r.text
+        after = c.post("/v1/recommend", json={"items": [new_item], "k": 5}).json()
+        assert after["unknown"] == []
+        assert [i["item_id"] for i in after["items"]] == fresh.recommend([new_item], k=5).item_ids
