@@ -111,14 +111,14 @@ def runs_of(keys: list, lens: np.ndarray, chunk_rows: int) -> list[tuple]:
 
 def plan_chunks(lf: pl.LazyFrame, user_col: str, chunk_rows: int) -> tuple[list[tuple], int]:
     """(chunks: (first user, last user, rows) over the sorted users, each of at most
-        `chunk_rows` interactions (a user with more is a chunk of its own); the number of users, or
-        an estimate of it above the true one by at most a few percent).
+    `chunk_rows` interactions (a user with more is a chunk of its own); the number of users, or
+    an estimate of it above the true one by at most a few percent).
 
-        Integer ids, in memory that does not grow with the users: their range cut into BUCKETS
-        buckets a chunk by value, each bucket's rows and first and last user counted (one pass),
-        consecutive buckets joined into chunks; the users counted by HyperLogLog (exactly below
-    EXACT_USERS). Other ids: each
-        user's rows counted (memory grows with the users: ~120 bytes each)."""
+    Integer ids, in memory that does not grow with the users: their range cut into BUCKETS
+    buckets a chunk by value, each bucket's rows and first and last user counted (one pass),
+    consecutive buckets joined into chunks; the users counted by HyperLogLog (exactly below
+    EXACT_USERS). Other ids: each user's rows counted (memory grows with the users: ~120 bytes
+    each)."""
     if not lf.collect_schema()[user_col].is_integer():
         counts = lf.group_by(user_col).agg(pl.len().alias("n")).sort(user_col).collect()
         users = counts.get_column(user_col).to_list()
