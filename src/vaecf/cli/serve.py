@@ -124,7 +124,7 @@ def _score_recommender(a, s, ctx, device):
         for line in rec.precision_choice.lines() if rec.precision_choice else ():
             print(line, file=sys.stderr)
     chosen = ctx.from_main(rec.precision if rec is not None else None)
-    return rec or Recommender.load(a.run, device, precision=chosen)
+    return rec if rec is not None else Recommender.load(a.run, device, precision=chosen)
 
 
 # -- export -------------------------------------------------------------------------------------
