@@ -134,15 +134,7 @@ def check_onnx(path: str | os.PathLike, model: Model, histories: list[list[int]]
         x[r, h] = 1.0
     sess = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
     got = sess.run(["scores"], {"history": x})[0]
-    lens = torch.tensor([len(h) for h in rows])
-    flat = torch.tensor([i for h in rows for i in h], dtype=torch.long)
-    batch = SparseBatch(  # the sparse path the model serves with
-        indices=flat,
-        offsets=torch.cumsum(lens, 0) - lens,
-        values=torch.ones(len(flat)),
-        row_ids=torch.repeat_interleave(torch.arange(len(rows)), lens),
-        batch_size=len(rows),
-    )
+    batch = SparseBatch.of_rows(rows)  # the sparse path the model serves with
     with torch.no_grad():
         want = model.eval().scores(batch).float().numpy()
     k = min(100, model.n_items)

@@ -199,13 +199,7 @@ class Recommender:
     def batch_of(self, indices: torch.Tensor, lens: torch.Tensor) -> SparseBatch:
         """A batch of histories given as item indices (not raw ids): row r is the next
         `lens[r]` entries of `indices`, distinct and sorted."""
-        return SparseBatch(
-            indices=indices.to(self.device),
-            offsets=(torch.cumsum(lens, 0) - lens).to(self.device),
-            values=torch.ones(len(indices), device=self.device),
-            row_ids=torch.repeat_interleave(torch.arange(len(lens)), lens).to(self.device),
-            batch_size=len(lens),
-        )
+        return SparseBatch.of_flat(indices, lens, self.device)
 
     def _item_mask(self, allow: Iterable | None, deny: Iterable | None) -> torch.Tensor | None:
         """(n_items,) True where an item may not be recommended, or None for no filter."""

@@ -32,10 +32,11 @@ class SparseBatch:
     row_stats: torch.Tensor | None = None
 
     @classmethod
-    def of_rows(cls, rows, device: torch.device | str = "cpu") -> SparseBatch:
-        """Histories given as item indices (each row distinct items) as a batch of ones."""
-        lens = torch.tensor([len(r) for r in rows], dtype=torch.long)
-        indices = torch.tensor([i for r in rows for i in r], dtype=torch.long)
+    def of_flat(
+        cls, indices: torch.Tensor, lens: torch.Tensor, device: torch.device | str = "cpu"
+    ) -> SparseBatch:
+        """A batch of ones: row r is the next `lens[r]` entries of `indices` (item indices,
+        distinct within a row)."""
         return cls(
             indices=indices.to(device),
             offsets=(torch.cumsum(lens, 0) - lens).to(device),
@@ -43,6 +44,15 @@ class SparseBatch:
             row_ids=torch.repeat_interleave(torch.arange(len(lens)), lens).to(device),
             batch_size=len(lens),
         )
+
+    @classmethod
+    def of_rows(cls, rows, device: torch.device | str = "cpu") -> SparseBatch:
+        """Histories given as item indices (lists or tensors; each row distinct items) as a
+        batch of ones."""
+        lens = torch.tensor([len(r) for r in rows], dtype=torch.long)
+        parts = [torch.as_tensor(r, dtype=torch.long).reshape(-1) for r in rows]
+        indices = torch.cat(parts) if parts else torch.zeros(0, dtype=torch.long)
+        return cls.of_flat(indices, lens, device)
 
     def to(self, device: torch.device, pin: bool = False) -> SparseBatch:
         """A copy on `device`; with `pin`, staged through pinned memory (asynchronous copy)."""

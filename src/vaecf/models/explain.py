@@ -51,15 +51,7 @@ def _without_each(histories: Sequence[torch.Tensor], device) -> SparseBatch:
         if n:
             keep = ~torch.eye(n, dtype=torch.bool)
             rows.extend(h.expand(n, n)[keep].view(n, n - 1))
-    lens = torch.tensor([len(r) for r in rows], dtype=torch.long)
-    indices = torch.cat(rows) if rows else torch.zeros(0, dtype=torch.long)
-    return SparseBatch(
-        indices=indices.to(device),
-        offsets=(torch.cumsum(lens, 0) - lens).to(device),
-        values=torch.ones(len(indices), device=device),
-        row_ids=torch.repeat_interleave(torch.arange(len(lens)), lens).to(device),
-        batch_size=len(lens),
-    )
+    return SparseBatch.of_rows(rows, device)
 
 
 def _chunks(batch: SparseBatch, rows_per_chunk: int):
