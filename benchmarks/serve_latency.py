@@ -220,18 +220,15 @@ def _rounds(a, rec, client, bare, histories: list, bodies: list) -> tuple[list, 
             t0 = time.perf_counter()
             rec.recommend(h, k=a.k)
             inproc.append((time.perf_counter() - t0) * 1e3)
-        for i in range(a.requests):
-            t0 = time.perf_counter()
-            status, _ = client.post("/v1/recommend", bodies[i % len(bodies)])
-            served.append((time.perf_counter() - t0) * 1e3)
-            if status != 200:
-                raise RuntimeError(f"the server answered {status}")
-        for i in range(a.requests):
-            t0 = time.perf_counter()
-            status, _ = bare.post("/v1/recommend", bodies[i % len(bodies)])
-            floor.append((time.perf_counter() - t0) * 1e3)
-            if status != 200:
-                raise RuntimeError(f"the bare route answered {status}")
+        for c, times in ((client, served), (bare, floor)):
+            for i in range(a.requests):
+                t0 = time.perf_counter()
+                status, _ = c.post("/v1/recommend", bodies[i % len(bodies)])
+                times.append((time.perf_counter() - t0) * 1e3)
+                if status != 200:
+                    raise RuntimeError(
+                        f"the {'bare route' if c is bare else 'server'} answered {status}"
+                    )
     client.close()
     bare.close()
     return inproc, served, floor
