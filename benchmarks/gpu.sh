@@ -3,6 +3,7 @@
 #
 #     benchmarks/gpu.sh OUTDIR [tests] [quick] [bench] [first] [output] [speed] [profile]
 #                              [large] [graphs] [recvae] [items] [run] [b500] [suite]
+#                              [kernels] [score]
 #                              (default: tests bench)
 #
 # tests: tests/training/test_cuda.py and the trainer's CUDA test (every model and precision on the GPU
@@ -23,6 +24,11 @@
 # speed: train_speed.py at batches 500 and 24,576, Mult-VAE, Mult-DAE and RecVAE, tf32 and bf16,
 #        beside the dense reference (issue 41's table);
 # profile: one batch-24,576 bf16 step under torch.profiler, and batch 500's step eagerly;
+# kernels: the fused layer's Triton softmax kernels against PyTorch's on the GPU (tests), whole
+#        steps with each side by side (probe_softmax_kernels.py), and a batch-24,576 bf16 step
+#        kernel by kernel (profile_step.py, eager);
+# score: `vaecf score` into parts on the GPU, Mult-VAE over 20,108 items, 200,000 to 3.2M users
+#        (score_memory.py: users/s, peak RSS and GPU memory);
 # large: the whole ML-20M-shaped run at NVIDIA's batch (24,576, 200 epochs, bf16) with the
 #        auto learning rate (sqrt rule) and a lower one;
 # Logs and tables go to OUTDIR; run from the repository root.
@@ -142,6 +148,19 @@ for part in $parts; do
         # epoch); the paper's protocol (--preset paper) on the 116,677 training users alone
         timeout ${RUN_TIMEOUT:-590} $py benchmarks/run_time.py --datasets ml-20m --device cuda --precision bf16 \
             --variant "paper=--preset paper" 2>&1 | tee "$out/run_ml20m.txt"
+        ;;
+    kernels)
+        timeout 150 $py -m pytest tests/training/test_cuda.py -q -rA -k "fused_loss or graphed_step" \
+            2>&1 | tee "$out/tests_kernels.log" | grep -E "passed|failed|error|PASSED|FAILED"
+        timeout 150 $py benchmarks/probe_softmax_kernels.py --batch-size 500 --batch-size 24576 \
+            --precision bf16 --steps 40 --rounds 1 2>&1 | tee "$out/softmax_kernels.txt"
+        timeout 90 $py benchmarks/profile_step.py --device cuda --precision bf16 \
+            --batch-size 24576 --steps 5 --rows 30 --cuda-graphs false 2>&1 | tee "$out/profile.txt"
+        ;;
+    score)
+        timeout ${SCORE_TIMEOUT:-200} $py benchmarks/score_memory.py --device cuda --model multvae \
+            --items 20108 --users ${SCORE_USERS:-200000,800000,3200000} --batch-users 8192 \
+            --workdir /tmp/score 2>&1 | tee "$out/score_gpu.txt"
         ;;
     suite)
         # not in parallel: 8 xdist workers on one GPU gave no result in 230 s (2026-11-25)

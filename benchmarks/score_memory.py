@@ -1,7 +1,8 @@
 """`vaecf score --out DIR/` at growing user counts: peak memory (max RSS) must stay flat.
 
     python benchmarks/score_memory.py [--users 200000,800000,3200000,10000000] [--items 5000]
-        [--per-user 10] [-k 10] [--model ease] [--file] [--workdir DIR]
+        [--per-user 10] [-k 10] [--model ease] [--file] [--workdir DIR] [--device cuda]
+        [--batch-users 1024]
 
 For each user count, an interactions file (Parquet, user_id and item_id, `--per-user` rows a
 user on average, power-law items and heavy-tailed users: `bench.synthetic_csr`, users
@@ -9,6 +10,7 @@ interleaved as files come) is scored by a run of an untrained `--model` over `--
 (what trained weights cost) into a directory of parts, each as its own process; the table
 gives its wall time, users/s, rows written and peak RSS, and that peak against the first
 row's. `--file` also writes one .parquet file at each count (the parts merged at the end).
+On a GPU (`--device cuda`) the table adds the process's peak GPU memory (PyTorch's allocator).
 """
 
 from __future__ import annotations
@@ -38,6 +40,8 @@ MEASURED = (
     "sys.argv = ['vaecf', *sys.argv[1:]]\n"
     "try:\n    runpy.run_module('vaecf', run_name='__main__')\n"
     "finally:\n    print('maxrss', resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)\n"
+    "    import torch\n"
+    "    print('maxgpu', torch.cuda.max_memory_allocated() if torch.cuda.is_initialized() else 0)\n"
 )
 
 
@@ -60,14 +64,17 @@ def interactions(path: Path, users: int, items: int, per_user: int) -> int:
     return pl.scan_parquet(path).select(pl.len()).collect().item()
 
 
-def score(run: Path, src: Path, out: Path, k: int) -> tuple[float, int, dict]:
+def score(run: Path, src: Path, out: Path, a) -> tuple[float, int, int, dict]:
+    """Wall s, peak RSS KiB, peak GPU bytes and the --json answer of one `vaecf score`."""
     cmd = [sys.executable, "-c", MEASURED, "score", str(run), "--input", str(src), "--out",
-           str(out), "-k", str(k), "--quiet", "--json", "--device", "cpu"]  # fmt: skip
+           str(out), "-k", str(a.k), "--quiet", "--json", "--device", a.device,
+           "--batch-users", str(a.batch_users)]  # fmt: skip
     t0 = time.perf_counter()
     p = subprocess.run(cmd, capture_output=True, text=True, check=True)
     wall = time.perf_counter() - t0
     lines = p.stdout.strip().splitlines()
-    return wall, int(lines[-1].split()[1]), json.loads("\n".join(lines[:-1]))
+    rss, gpu = (int(line.split()[1]) for line in lines[-2:])
+    return wall, rss, gpu, json.loads("\n".join(lines[:-2]))
 
 
 def main() -> None:
@@ -79,6 +86,8 @@ def main() -> None:
     ap.add_argument("--model", default="ease")
     ap.add_argument("--file", action="store_true", help="also score into one .parquet file")
     ap.add_argument("--workdir", help="keep the files here (default: a temporary directory)")
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--batch-users", type=int, default=1024, help="users per scoring call")
     a = ap.parse_args()
     work = Path(a.workdir or tempfile.mkdtemp(prefix="vaecf-score-memory-"))
     work.mkdir(parents=True, exist_ok=True)
@@ -88,10 +97,11 @@ def main() -> None:
     print(machine())
     also = " --file" if a.file else ""
     print(f"command: python benchmarks/score_memory.py --users {a.users} --items {a.items} "
-          f"--per-user {a.per_user} -k {a.k} --model {a.model}{also}")  # fmt: skip
+          f"--per-user {a.per_user} -k {a.k} --model {a.model}{also} --device {a.device} "
+          f"--batch-users {a.batch_users}")  # fmt: skip
     print("| users | interactions | output | wall s | users/s | parts | rows out | peak RSS GiB "
-          "| vs first |")  # fmt: skip
-    print("|---:|---:|---|---:|---:|---:|---:|---:|---:|")
+          "| vs first | peak GPU GiB |")  # fmt: skip
+    print("|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|")
     first = None
     for users in (int(u) for u in a.users.split(",")):
         src = work / f"interactions-{users}-{a.items}-{a.per_user}.parquet"
@@ -99,12 +109,12 @@ def main() -> None:
         outs = [work / f"recs-{users}"] + ([work / f"recs-{users}.parquet"] if a.file else [])
         for out in outs:
             subprocess.run(["rm", "-rf", str(out)], check=True)
-            wall, rss, res = score(run, src, out, a.k)
+            wall, rss, gpu, res = score(run, src, out, a)
             first = first or rss
             kind = "file" if out.suffix else "parts"
             print(f"| {users:,} | {rows:,} | {kind} | {wall:.1f} | {users / wall:,.0f} | "
                   f"{res.get('chunks', 1)} | {res['rows']:,} | {rss / 2**20:.2f} | "
-                  f"{rss / first:.2f}x |", flush=True)  # fmt: skip
+                  f"{rss / first:.2f}x | {gpu / 2**30:.2f} |", flush=True)  # fmt: skip
             subprocess.run(["rm", "-rf", str(out)], check=True)
 
 

@@ -156,13 +156,19 @@ def test_a_graphed_step_replays_the_eager_step(name, kernel):
     np.testing.assert_allclose(losses[1], losses[0], rtol=1e-4)
 
 
+@pytest.mark.parametrize("softmax", ["triton", "torch"])
 @pytest.mark.parametrize("precision", ["fp32", "bf16"])
-def test_first_layer_kernels_and_the_fused_loss_equal_the_cpus(precision):
-    """On the device, each first-layer kernel and the fused output layer (its GPU softmax)
-    against the CPU's embedding_bag and chunked softmax: fp32 to 1e-5, bf16 within its
-    rounding; forward and gradients."""
+def test_first_layer_kernels_and_the_fused_loss_equal_the_cpus(precision, softmax, monkeypatch):
+    """On the device, each first-layer kernel and the fused output layer (its GPU softmax: the
+    Triton kernels, or PyTorch's) against the CPU's embedding_bag and chunked softmax: fp32 to
+    1e-5, bf16 within its rounding; forward and gradients."""
     from vaecf.bench.speed import synthetic_csr
+    from vaecf.models import fused, softmax_kernels
     from vaecf.models.fused import linear_multinomial_nll
+
+    if softmax == "triton" and not softmax_kernels.available(torch.device(DEVICE)):
+        pytest.skip("Triton's kernels do not run on this device")
+    monkeypatch.setattr(fused, "USE_KERNELS", softmax == "triton")
 
     m = synthetic_csr(2000, 3000, 80_000, seed=5)
     rows = torch.arange(0, 2000, 3)

@@ -23,10 +23,13 @@ from __future__ import annotations
 
 import torch
 
+from vaecf.models import softmax_kernels
+
 _CHUNK_BYTES = 1 << 20  # rows per chunk so that one chunk's float32 copy fits in L2
 _SUM_BYTES = 4 << 20  # rows per chunk of the bias gradient's float32 column sums (CPU)
 _WEIGHT_GRAD_ROWS = 4096  # item rows per piece of the weight gradient's product (CPU, bf16)
 GPU_MULTIPLE = 64  # the logits' row length on a GPU is a multiple of this (see above)
+USE_KERNELS = True  # the softmax's passes as softmax_kernels' Triton kernels where they run
 
 
 def padded(t: torch.Tensor, dtype: torch.dtype, rows: int, fill: float = 0.0) -> torch.Tensor:
@@ -70,7 +73,8 @@ class LinearMultinomialNLL(torch.autograd.Function):
         acc = _acc(dtype)
         n = weight.shape[0]
         width = n if width is None else width
-        cpu = h.device.type == "cpu"
+        kernels = USE_KERNELS and acc == torch.float32 and softmax_kernels.available(h.device)
+        cpu = h.device.type == "cpu" and not kernels
         with torch.autocast(h.device.type, enabled=False):
             hc, wc = h.to(dtype), padded(weight, dtype, width)
             bc = padded(bias, acc if cpu else dtype, width, fill=float("-inf"))
@@ -82,14 +86,17 @@ class LinearMultinomialNLL(torch.autograd.Function):
                 logits[:, :n].add_(offset.to(dtype))
             flat = row_ids * width + indices  # each non-zero's place in the flattened logits
             picked = logits.view(-1)[flat].to(acc)  # before the overwrite
-            if cpu:
+            if kernels:  # the logits kept as they are: backward makes the softmax from them
+                lse = softmax_kernels.row_logsumexp(logits)
+            elif cpu:
                 picked += bc[indices]
                 lse = softmax_chunked(logits, acc, bc)
             else:
                 logits, lse = softmax_whole(logits, acc)
             # sum_u n_u lse_u - sum_ui x_ui logit_ui: two dot products, no per-row sums
             nll = torch.dot(n_u.to(acc), lse) - torch.dot(picked, values.to(acc))
-        ctx.save_for_backward(hc, wc, logits, n_u, indices, row_ids, values, flat)
+        ctx.save_for_backward(hc, wc, logits, n_u, indices, row_ids, values, flat, lse)
+        ctx.kernels = kernels
         ctx.dtypes = (h.dtype, weight.dtype, bias.dtype)
         ctx.n_items = n
         ctx.offset_dtype = offset.dtype if offset is not None else None
@@ -97,21 +104,30 @@ class LinearMultinomialNLL(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad):
-        hc, wc, probs, n_u, indices, row_ids, values, flat = ctx.saved_tensors
+        hc, wc, probs, n_u, indices, row_ids, values, flat, lse = ctx.saved_tensors
         acc = _acc(probs.dtype)
         scale = grad.to(acc)
+        sums = None  # the columns sums of n_u * softmax, where the kernel took them
         with torch.autocast(probs.device.type, enabled=False):
-            g = probs.mul_((n_u.to(acc) * scale)[:, None].to(probs.dtype))  # n_u * softmax
-            picked = (-scale * values.to(acc)).to(g.dtype)
-            if g.device.type == "cpu":
-                g.index_put_((row_ids, indices), picked, accumulate=True)
+            coef = n_u.to(acc) * scale
+            if ctx.kernels:  # probs holds the logits still
+                g, sums = probs, softmax_kernels.scaled_softmax_(probs, lse, coef)
+            else:
+                g = probs.mul_(coef[:, None].to(probs.dtype))  # n_u * softmax
+            picked = -scale * values.to(acc)
+            if g.device.type == "cpu" and not ctx.kernels:
+                g.index_put_((row_ids, indices), picked.to(g.dtype), accumulate=True)
             else:  # atomics on distinct places: no sort (index_put_'s accumulate sorts on a GPU)
-                g.view(-1).index_add_(0, flat, picked)
+                g.view(-1).index_add_(0, flat, picked.to(g.dtype))
             h_dt, w_dt, b_dt = ctx.dtypes  # g is now d loss / d logits (B, width)
             n = ctx.n_items  # the padding's rows of wc and columns of g are 0
             grad_h = (g @ wc).to(h_dt) if ctx.needs_input_grad[0] else None
             grad_w = weight_grad(g, hc, n, w_dt) if ctx.needs_input_grad[1] else None
-            grad_b = column_sums(g, acc)[:n].to(b_dt) if ctx.needs_input_grad[2] else None
+            grad_b = None
+            if ctx.needs_input_grad[2] and sums is not None:
+                grad_b = sums.index_add_(0, indices, picked)[:n].to(b_dt)
+            elif ctx.needs_input_grad[2]:
+                grad_b = column_sums(g, acc)[:n].to(b_dt)
             grad_o = (
                 g[:, :n].to(ctx.offset_dtype) if ctx.needs_input_grad[7] else None
             )  # d loss / d offset = d / d logits
