@@ -158,9 +158,13 @@ for part in $parts; do
             --batch-size 24576 --steps 5 --rows 30 --cuda-graphs false 2>&1 | tee "$out/profile.txt"
         ;;
     score)
-        timeout ${SCORE_TIMEOUT:-200} $py benchmarks/score_memory.py --device cuda --model multvae \
-            --items 20108 --users ${SCORE_USERS:-200000,800000,3200000} --batch-users 8192 \
+        timeout ${SCORE_TIMEOUT:-300} $py benchmarks/score_memory.py --device cuda --model multvae \
+            --items 20108 --users ${SCORE_USERS:-200000,800000,3200000,10000000} --batch-users 8192 \
             --workdir /tmp/score 2>&1 | tee "$out/score_gpu.txt"
+        # the host's peak with Polars on 2 threads, as on a 2-core machine
+        POLARS_MAX_THREADS=2 timeout 120 $py benchmarks/score_memory.py --device cuda \
+            --model multvae --items 20108 --users 200000,3200000 --batch-users 8192 \
+            --workdir /tmp/score 2>&1 | tee "$out/score_gpu_2threads.txt"
         ;;
     suite)
         # not in parallel: 8 xdist workers on one GPU gave no result in 230 s (2026-11-25)

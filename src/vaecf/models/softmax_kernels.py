@@ -27,23 +27,40 @@ try:
 except ImportError:  # a CPU build of PyTorch ships without Triton
     triton = None
 
-_LSE_BLOCK = 2048  # columns a program reads at once in `row_logsumexp`
-_TILE_ROWS = 64  # a tile of `scaled_softmax_`: rows x columns
-_TILE_COLS = 256
+# the shapes each kernel is timed at on its first call for a width (Triton's autotuner), the
+# fastest kept: `row_logsumexp`'s columns read at once and warps; `scaled_softmax_`'s tile
+# columns and warps, its rows fixed (each block of rows writes one row of partial sums, so
+# every shape fills the same rows: what a trial leaves is overwritten by the kept shape)
+_LSE_CONFIGS = [(1024, 4), (2048, 4), (2048, 8), (4096, 8), (4096, 16), (8192, 16)]
+_TILE_ROWS = 32
+_TILE_CONFIGS = [(256, 4), (256, 8), (512, 8), (1024, 8), (1024, 16), (2048, 16)]
+
+
+def _interpreted() -> bool:
+    from triton import knobs  # noqa: PLC0415 (only once Triton is known to be there)
+
+    return bool(knobs.runtime.interpret)
 
 
 def available(device: torch.device) -> bool:
     """Whether these kernels run for tensors on `device`: Triton importable, and a GPU (or the
     interpreter, TRITON_INTERPRET=1, on a CPU)."""
-    if triton is None:
-        return False
-    from triton import knobs  # noqa: PLC0415 (only once Triton is known to be there)
+    return triton is not None and (device.type == "cuda" or _interpreted())
 
-    return device.type == "cuda" or bool(knobs.runtime.interpret)
+
+def _launch(kernel, grid, *args, first: dict, **kw) -> None:
+    """`kernel` autotuned on a GPU; in the interpreter (nothing to time) at its `first` shape."""
+    if _interpreted():
+        kernel.fn[grid](*args, **kw, **first)
+    else:
+        kernel[grid](*args, **kw)
 
 
 if triton is not None:
 
+    @triton.autotune(
+        [triton.Config({"BLOCK": b}, num_warps=w) for b, w in _LSE_CONFIGS], key=["N_COLS"]
+    )
     @triton.jit
     def _lse_kernel(x_ptr, out_ptr, stride, N_COLS: tl.constexpr, BLOCK: tl.constexpr):
         row = tl.program_id(0).to(tl.int64)
@@ -61,6 +78,11 @@ if triton is not None:
         total = tl.sum(tl.where(m > float("-inf"), s * tl.exp(m - top), 0.0), axis=0)
         tl.store(out_ptr + row, top + tl.log(total))
 
+    @triton.autotune(
+        [triton.Config({"BN": n}, num_warps=w) for n, w in _TILE_CONFIGS],
+        key=["n_cols"],
+        restore_value=["x_ptr"],  # it overwrites its input: each timed shape starts from it
+    )
     @triton.jit
     def _scaled_softmax_kernel(
         x_ptr, lse_ptr, coef_ptr, part_ptr, n_rows, n_cols, stride, BM: tl.constexpr,
@@ -87,7 +109,9 @@ def row_logsumexp(logits: torch.Tensor) -> torch.Tensor:
     b, n = logits.shape
     out = torch.empty(b, dtype=torch.float32, device=logits.device)
     if b:
-        _lse_kernel[(b,)](logits, out, logits.stride(0), N_COLS=n, BLOCK=_LSE_BLOCK, num_warps=8)
+        block, warps = _LSE_CONFIGS[0]
+        first = dict(BLOCK=block, num_warps=warps)
+        _launch(_lse_kernel, (b,), logits, out, logits.stride(0), N_COLS=n, first=first)
     return out
 
 
@@ -97,9 +121,20 @@ def scaled_softmax_(logits: torch.Tensor, lse: torch.Tensor, coef: torch.Tensor)
     b, n = logits.shape
     blocks = triton.cdiv(b, _TILE_ROWS)
     parts = torch.empty(blocks, n, dtype=torch.float32, device=logits.device)
-    grid = (blocks, triton.cdiv(n, _TILE_COLS))
-    _scaled_softmax_kernel[grid](
-        logits, lse, coef.float().contiguous(), parts, b, n, logits.stride(0),
-        BM=_TILE_ROWS, BN=_TILE_COLS, num_warps=8,
-    )  # fmt: skip
+
+    def grid(meta):
+        return blocks, triton.cdiv(n, meta["BN"])
+
+    cols, warps = _TILE_CONFIGS[0]
+    first = dict(BN=cols, num_warps=warps)
+    args = (logits, lse, coef.float().contiguous(), parts, b, n, logits.stride(0), _TILE_ROWS)
+    _launch(_scaled_softmax_kernel, grid, *args, first=first)
     return parts.sum(0)
+
+
+def chosen() -> dict:
+    """The shapes the autotuner kept, by kernel and width ({} before the first call)."""
+    if triton is None:
+        return {}
+    kernels = {"row_logsumexp": _lse_kernel, "scaled_softmax_": _scaled_softmax_kernel}
+    return {name: {k: str(c) for k, c in k_.cache.items()} for name, k_ in kernels.items()}
