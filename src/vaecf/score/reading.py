@@ -125,14 +125,14 @@ def plan_chunks(lf: pl.LazyFrame, user_col: str, chunk_rows: int) -> tuple[list[
         return runs_of(users, counts.get_column("n").to_numpy(), chunk_rows), counts.height
     u = pl.col(user_col)
     top = lf.select(pl.len().alias("rows"), u.min().alias("lo"), u.max().alias("hi"),
-                    u.approx_n_unique().alias("users")).collect().row(0, named=True)  # fmt: skip
+                    u.approx_n_unique().alias("users")).collect(engine="streaming").row(0, named=True)  # fmt: skip
     if not top["rows"]:
         return [], 0
     ranges = value_ranges(lf, u, top["lo"], top["hi"], top["rows"], chunk_rows)
     runs = runs_of(list(range(len(ranges))), np.array([r[2] for r in ranges]), chunk_rows)
     n_users = int(top["users"] * (1 + USERS_MARGIN))
     if n_users < EXACT_USERS:  # few enough to count exactly in little memory
-        n_users = lf.select(u.n_unique()).collect().item()
+        n_users = lf.select(u.n_unique()).collect(engine="streaming").item()
     return [(ranges[a][0], ranges[b][1], n) for a, b, n in runs], min(n_users, top["rows"])
 
 
@@ -149,7 +149,7 @@ def value_ranges(lf: pl.LazyFrame, u: pl.Expr, lo, hi, rows: int, chunk_rows: in
         .group_by(bucket.alias("b"))
         .agg(pl.len().alias("n"), u.min().alias("first"), u.max().alias("last"))
         .sort("b")
-        .collect()
+        .collect(engine="streaming")
     )
     out = []
     for first, last, n in per.select("first", "last", "n").iter_rows():
@@ -201,7 +201,7 @@ class Scoring:
             .group_by(self.user_col)
             .agg(pl.col(IDX).drop_nulls().unique().sort())
             .sort(self.user_col)
-            .collect()
+            .collect(engine="streaming")
         )
         rows, cold = top_k_rows(self, hist)
         if not rows.height:
