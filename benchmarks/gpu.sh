@@ -25,7 +25,7 @@
 #        beside the dense reference (issue 41's table);
 # profile: one batch-24,576 bf16 step under torch.profiler, and batch 500's step eagerly;
 # kernels: the fused layer's Triton softmax kernels against PyTorch's on the GPU (tests), whole
-#        steps with each side by side (probe_softmax_kernels.py), and a batch-24,576 bf16 step
+#        steps with each side by side (softmax_kernels.py), and a batch-24,576 bf16 step
 #        kernel by kernel (profile_step.py, eager);
 # score: `vaecf score` into parts on the GPU, Mult-VAE over 20,108 items, 200,000 to 3.2M users
 #        (score_memory.py: users/s, peak RSS and GPU memory);
@@ -152,7 +152,7 @@ for part in $parts; do
     kernels)
         timeout 150 $py -m pytest tests/training/test_cuda.py -q -rA -k "fused_loss or graphed_step" \
             2>&1 | tee "$out/tests_kernels.log" | grep -E "passed|failed|error|PASSED|FAILED"
-        timeout 150 $py benchmarks/probe_softmax_kernels.py --batch-size 500 --batch-size 24576 \
+        timeout 150 $py benchmarks/softmax_kernels.py --batch-size 500 --batch-size 24576 \
             --precision bf16 --steps 40 --rounds 1 2>&1 | tee "$out/softmax_kernels.txt"
         timeout 90 $py benchmarks/profile_step.py --device cuda --precision bf16 \
             --batch-size 24576 --steps 5 --rows 30 --cuda-graphs false 2>&1 | tee "$out/profile.txt"

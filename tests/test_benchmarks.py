@@ -130,6 +130,13 @@ SMOKE: dict[str, list[tuple[str, str]]] = {
     "first_layer.py": [
         ("bag", "--users 300 --items 200 --nnz 3000 --batch-size 50 --precision fp32 --hidden 8")
     ],
+    "softmax_kernels.py": [
+        (
+            "| 50 | fp32 |",
+            "--device cpu --users 300 --items 200 --nnz 3000 --batch-size 50 --precision fp32 "
+            "--steps 2 --rounds 1",
+        )
+    ],
     "output_layer.py": [
         (
             "products ms",

@@ -125,7 +125,10 @@ def plan_chunks(lf: pl.LazyFrame, user_col: str, chunk_rows: int) -> tuple[list[
         return runs_of(users, counts.get_column("n").to_numpy(), chunk_rows), counts.height
     u = pl.col(user_col)
     top = lf.select(pl.len().alias("rows"), u.min().alias("lo"), u.max().alias("hi"),
-                    u.approx_n_unique().alias("users")).collect(engine="streaming").row(0, named=True)  # fmt: skip
+                    u.approx_n_unique().alias("users"))  # fmt: skip
+    # Polars' streaming engine: its in-memory one held the input's columns (Polars 1.33:
+    # ~1 GiB at 30M rows; benchmarks/README.md, "Batch scoring")
+    top = top.collect(engine="streaming").row(0, named=True)
     if not top["rows"]:
         return [], 0
     ranges = value_ranges(lf, u, top["lo"], top["hi"], top["rows"], chunk_rows)

@@ -1,6 +1,6 @@
-"""Probe: whole training steps with the fused layer's softmax as Triton kernels and as PyTorch's.
+"""Training steps with the fused layer's softmax as Triton kernels and as PyTorch's, side by side.
 
-    python benchmarks/probe_softmax_kernels.py [--device cuda] [--batch-size 500 --batch-size 24576]
+    python benchmarks/softmax_kernels.py [--device cuda] [--batch-size 500 --batch-size 24576]
                                                [--precision bf16] [--steps 30] [--rounds 2]
 
 `vaecf bench train`'s steps (ML-20M shape, Mult-VAE, CUDA graphs where training uses them) with
@@ -34,7 +34,8 @@ def main() -> int:
     data = bench.synthetic_csr(a.users, a.items, a.nnz)
     print(f"{hardware.device_name(dev)}, torch {torch.__version__}; kernels run here: "
           f"{softmax_kernels.available(dev)}")  # fmt: skip
-    print("| batch | precision | PyTorch's softmax users/s (ms) | Triton kernels users/s (ms) | ratio |")
+    print("| batch | precision | PyTorch's softmax users/s (ms) | Triton kernels users/s (ms) "
+          "| ratio |")  # fmt: skip
     print("|---:|---|---:|---:|---:|")
     for b in a.batch_size or [500, 24576]:
         for p in a.precision or ["bf16"]:
