@@ -115,7 +115,7 @@ class Hostile:
         while not self.killed:
             try:
                 return await asyncio.wait_for(reader.read(4096), self.a.drip)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 writer.write(b"X-Drip-%d: 1\r\n" % i)
                 i += 1
         return None

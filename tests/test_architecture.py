@@ -8,11 +8,11 @@ import ast
 import logging
 import re
 import sys
+import tomllib
 from pathlib import Path
 
 import grimp
 import pytest
-import tomllib
 
 ROOT = Path(__file__).resolve().parents[1]
 SRC = ROOT / "src" / "vaecf"

@@ -7,12 +7,12 @@ from __future__ import annotations
 
 import json
 import re
+import tomllib
 from importlib import metadata
 from pathlib import Path
 
 import polars as pl
 import pytest
-import tomllib
 
 from tests.serve.helpers import client, running
 from vaecf.cli import main

@@ -33,7 +33,6 @@ def file_digest(path: Path) -> str | None:
     """sha256 of a file that must be whole: None if absent; Broken if it does not parse (JSON,
     CSV with every row as long as the header, PNG through its IEND chunk, TOML)."""
     import csv
-
     import tomllib
 
     if not path.exists():

@@ -107,7 +107,7 @@ def test_similar_and_search_wait_in_a_bounded_queue_without_starving_recommend(r
                 async def get(path):  # None when no answer comes within a second
                     try:
                         return await asyncio.wait_for(c.get(path), 1.0)
-                    except asyncio.TimeoutError:
+                    except TimeoutError:
                         return None
 
                 held = asyncio.ensure_future(c.get("/v1/items/1000/similar?k=5"))

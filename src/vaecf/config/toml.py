@@ -19,16 +19,11 @@ only; it imports no training code.
 from __future__ import annotations
 
 import os
-import sys
+import tomllib
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 
 from vaecf.errors import ConfigError
-
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # pragma: no cover - Python 3.10
-    import tomli as tomllib
 
 CONFIG_TOML = "config.toml"
 # TrainConfig fields that describe the session, not the run: never read from or written to TOML.

@@ -13,7 +13,7 @@ import hashlib
 import json
 import os
 from dataclasses import asdict
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 import numpy as np
@@ -110,7 +110,7 @@ def prepare_frame(
     manifest = {
         "format_version": FORMAT_VERSION,
         "vaecf_version": __version__,
-        "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "created": datetime.now(UTC).isoformat(timespec="seconds"),
         "source": source,
         "settings": asdict(settings),
         "fingerprint": fp,

@@ -57,26 +57,44 @@ class ClientGone(RuntimeError):
     """The request's client closed its connection while the request waited."""
 
 
+WATCH_AFTER_S = 0.005  # an answer this late has its connection watched (_answer_or_gone)
 # per request: a coroutine function that returns when the request's client has disconnected
 client_gone: ContextVar[Callable[[], Any] | None] = ContextVar("client_gone", default=None)
 
 
 async def _answer_or_gone(future: asyncio.Future, timeout: float | None) -> Any:
     """`future`'s result, unless the request's client leaves first (ClientGone) or `timeout`
-    seconds pass (TimeoutError)."""
-    watch = client_gone.get()
-    if watch is None:
-        return await asyncio.wait_for(future, timeout)
-    gone = asyncio.ensure_future(watch())
+    seconds pass (TimeoutError). Two timers, no task: the connection is watched (a task
+    reading it) only once the answer is WATCH_AFTER_S late, so a request answered at once
+    costs the event loop no task to start and cancel."""
+    loop = asyncio.get_running_loop()
+    watch, watcher = client_gone.get(), None
+
+    def fail(e: BaseException) -> None:
+        if not future.done():
+            future.set_exception(e)
+
+    def left(task: asyncio.Task) -> None:
+        if not task.cancelled():
+            task.exception()  # retrieved: a read that failed means the client is gone too
+            fail(ClientGone("the client closed the connection"))
+
+    def start_watching() -> None:
+        nonlocal watcher
+        if not future.done():
+            watcher = asyncio.ensure_future(watch())
+            watcher.add_done_callback(left)
+
+    timers = [] if timeout is None else [loop.call_later(timeout, fail, TimeoutError())]
+    if watch is not None:
+        timers.append(loop.call_later(WATCH_AFTER_S, start_watching))
     try:
-        await asyncio.wait((future, gone), timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+        return await future
     finally:
-        gone.cancel()
-    if future.done():
-        return future.result()
-    if gone.done() and not gone.cancelled():
-        raise ClientGone("the client closed the connection")
-    raise TimeoutError
+        for timer in timers:
+            timer.cancel()
+        if watcher is not None:
+            watcher.cancel()
 
 
 @dataclass(eq=False)  # a job is itself: found in the queue by identity
@@ -245,7 +263,7 @@ class MicroBatcher:
         given back if it was not taken."""
         try:
             return await _answer_or_gone(future, self.timeout_s)
-        except (TimeoutError, asyncio.TimeoutError):  # one class from Python 3.11
+        except TimeoutError:
             raise Expired(
                 f"not answered within request_timeout_s={self.timeout_s:g} s; the server is "
                 "overloaded, retry shortly"
@@ -291,8 +309,9 @@ class MicroBatcher:
                 if self._stopping:
                     break
                 self._wake.clear()
-                with contextlib.suppress(asyncio.TimeoutError):  # a beat every IDLE_BEAT_S idle
-                    await asyncio.wait_for(self._wake.wait(), IDLE_BEAT_S)
+                with contextlib.suppress(TimeoutError):  # a beat every IDLE_BEAT_S idle
+                    async with asyncio.timeout(IDLE_BEAT_S):  # no task, unlike wait_for
+                        await self._wake.wait()
                 continue
             if self._calls and (self._calls_turn or not self._jobs):
                 self._calls_turn = False

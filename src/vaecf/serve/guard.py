@@ -147,8 +147,9 @@ class Guard:
             return await self.app(scope, receive, send)
         # buffer the body (at most max_body bytes, within body_timeout_s), then replay it
         try:
-            chunks = await asyncio.wait_for(self._body(receive), self.body_timeout)
-        except asyncio.TimeoutError:  # (TimeoutError itself from Python 3.11)
+            async with asyncio.timeout(self.body_timeout):  # no task, unlike wait_for
+                chunks = await self._body(receive)
+        except TimeoutError:
             return await self._too_slow(scope, receive, send)
         if chunks is None:
             state["status"] = CLIENT_CLOSED

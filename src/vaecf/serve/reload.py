@@ -49,7 +49,7 @@ class LoadedModel:
 def _version(run_dir: Path, rec: Recommender) -> dict[str, Any]:
     ck = run_dir / rundir.BEST
     stat = ck.stat()
-    mtime = dt.datetime.fromtimestamp(stat.st_mtime, dt.timezone.utc)
+    mtime = dt.datetime.fromtimestamp(stat.st_mtime, dt.UTC)
     # read once, by Recommender.load; None for a closed form (fitted once, no epochs)
     best_epoch = rundir.card(rec.info or {}, rec.results)["best_epoch"]
     ident = f"{run_dir.resolve()}|{stat.st_mtime_ns}|{stat.st_size}"
@@ -61,7 +61,7 @@ def _version(run_dir: Path, rec: Recommender) -> dict[str, Any]:
         "checkpoint": rundir.BEST,
         "checkpoint_mtime": mtime.isoformat(timespec="seconds"),
         "best_epoch": best_epoch,
-        "loaded_at": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+        "loaded_at": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
     }
 
 
@@ -137,7 +137,13 @@ class ModelHolder:
         root: str | os.PathLike | None = None,
         batch_sizes: Sequence[int] = DEFAULT_BATCH_SIZES,
     ):
-        loaded = load_checked(run_dir, device, precision, batch_sizes)
+        # on a thread that ends with the load, as a reload's does: once the main thread runs an
+        # OpenMP region, libgomp keeps its helper thread for good, the process then has more
+        # OpenMP threads than cores, and libgomp stops spinning: the scoring thread's helper
+        # slept between calls and each answer waited for its wake-up (+0.15-0.3 ms at batch 1;
+        # benchmarks/README.md, "What serving adds at concurrency 1")
+        with futures.ThreadPoolExecutor(1, thread_name_prefix="vaecf-load") as pool:
+            loaded = pool.submit(load_checked, run_dir, device, precision, batch_sizes).result()
         return cls(loaded, device, precision, root, batch_sizes)
 
     def reload(
