@@ -155,7 +155,7 @@ for part in $parts; do
         timeout 150 $py benchmarks/softmax_kernels.py --batch-size 500 --batch-size 24576 \
             --precision bf16 --steps 40 --rounds 1 2>&1 | tee "$out/softmax_kernels.txt"
         timeout 90 $py benchmarks/profile_step.py --device cuda --precision bf16 \
-            --batch-size 24576 --steps 5 --rows 30 --cuda-graphs false 2>&1 | tee "$out/profile.txt"
+            --batch-size 24576 --steps 5 --rows 40 --cuda-graphs false --shapes 2>&1 | tee "$out/profile.txt"
         ;;
     score)
         timeout ${SCORE_TIMEOUT:-300} $py benchmarks/score_memory.py --device cuda --model multvae \

@@ -2,7 +2,7 @@
 
     python benchmarks/profile_step.py [--device cuda] [--precision fp32] [--model multvae]
                                       [--users 136677 --items 20108 --nnz 10000000] [--steps 10]
-                                      [--cuda-graphs false]
+                                      [--cuda-graphs false] [--shapes]
 
 Leaves out the model's set-up and 3 warm-up steps (allocations, caches). Prints the operators
 by self time on the host (launch and Python overhead, the cost on a GPU when kernels are small)
@@ -10,7 +10,8 @@ and, on a GPU, by device time, and counts the host-device synchronisations (the 
 synchronises 4 times a step to split its breakdown; any more stall the queue). ML-20M shape and
 batch 500 by default. A replayed CUDA graph shows as one launch: `--cuda-graphs false` profiles
 the same step eagerly, kernel by kernel (their device times are what a replay runs; the
-launches are what it saves).
+launches are what it saves). `--shapes` groups the operators by their inputs' shapes as well
+(which product is which layer's).
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ def main() -> int:
     ap.add_argument("--steps", type=int, default=10)
     ap.add_argument("--rows", type=int, default=25, help="operators shown per table")
     ap.add_argument("--cuda-graphs", default="true", choices=["true", "false"])
+    ap.add_argument("--shapes", action="store_true", help="group operators by input shapes")
     a = ap.parse_args()
     data = bench.synthetic_csr(a.users, a.items, a.nnz)
     acts = [ProfilerActivity.CPU]
@@ -42,11 +44,11 @@ def main() -> int:
     kw["cuda_graphs"] = a.cuda_graphs == "true"
     warmup = 3  # the model's set-up and the first steps (allocations, caches) are not profiled
     when = schedule(skip_first=warmup - 1, wait=0, warmup=1, active=a.steps, repeat=1)
-    with profile(activities=acts, schedule=when) as prof:
+    with profile(activities=acts, schedule=when, record_shapes=a.shapes) as prof:
         r = bench.bench_train(
             a.precision, a.batch_size, steps=a.steps, warmup=warmup, on_step=prof.step, **kw
         )
-    ev = prof.key_averages()
+    ev = prof.key_averages(group_by_input_shape=a.shapes)
     print(f"{a.model} {a.precision} on {a.device}: {r.users_per_s:.0f} users/s, {r.step_ms:.2f} ms")
     print(ev.table(sort_by="self_cpu_time_total", row_limit=a.rows))
     if gpu:
