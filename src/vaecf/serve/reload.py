@@ -141,10 +141,20 @@ class ModelHolder:
         # OpenMP region, libgomp keeps its helper thread for good, the process then has more
         # OpenMP threads than cores, and libgomp stops spinning: the scoring thread's helper
         # slept between calls and each answer waited for its wake-up (+0.15-0.3 ms at batch 1;
-        # benchmarks/README.md, "What serving adds at concurrency 1")
-        with futures.ThreadPoolExecutor(1, thread_name_prefix="vaecf-load") as pool:
-            loaded = pool.submit(load_checked, run_dir, device, precision, batch_sizes).result()
-        return cls(loaded, device, precision, root, batch_sizes)
+        # benchmarks/README.md, "What serving adds at concurrency 1"). A daemon's, joined: a
+        # Ctrl-C during the load stops the server at once.
+        out: futures.Future = futures.Future()
+
+        def load() -> None:
+            try:
+                out.set_result(load_checked(run_dir, device, precision, batch_sizes))
+            except BaseException as e:  # noqa: BLE001 - raised on the caller's thread
+                out.set_exception(e)
+
+        thread = threading.Thread(target=load, name="vaecf-load", daemon=True)
+        thread.start()
+        thread.join()
+        return cls(out.result(), device, precision, root, batch_sizes)
 
     def reload(
         self, run_dir: str | os.PathLike | None = None, timeout_s: float | None = None
