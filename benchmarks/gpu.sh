@@ -27,8 +27,8 @@
 # kernels: the fused layer's Triton softmax kernels against PyTorch's on the GPU (tests), whole
 #        steps with each side by side (softmax_kernels.py), and a batch-24,576 bf16 step
 #        kernel by kernel (profile_step.py, eager);
-# score: `vaecf score` into parts on the GPU, Mult-VAE over 20,108 items, 200,000 to 3.2M users
-#        (score_memory.py: users/s, peak RSS and GPU memory);
+# score: `vaecf score` into parts on the GPU, Mult-VAE over 20,108 items, 200,000 to 10M users
+#        (score_memory.py: users/s, peak RSS and GPU memory), and with Polars on 2 threads;
 # large: the whole ML-20M-shaped run at NVIDIA's batch (24,576, 200 epochs, bf16) with the
 #        auto learning rate (sqrt rule) and a lower one;
 # Logs and tables go to OUTDIR; run from the repository root.

@@ -1,7 +1,7 @@
 """Training steps with the fused layer's softmax as Triton kernels and as PyTorch's, side by side.
 
     python benchmarks/softmax_kernels.py [--device cuda] [--batch-size 500 --batch-size 24576]
-                                               [--precision bf16] [--steps 30] [--rounds 2]
+                                         [--precision bf16] [--steps 30] [--rounds 2]
 
 `vaecf bench train`'s steps (ML-20M shape, Mult-VAE, CUDA graphs where training uses them) with
 `fused.USE_KERNELS` off and on in turn, `--rounds` times, in one process; users/s and ms a step
