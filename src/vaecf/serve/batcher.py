@@ -344,12 +344,21 @@ class MicroBatcher:
         jobs, _ = self._take()
         if not jobs:
             return
+        loop = asyncio.get_running_loop()
         try:
-            outcomes = await self._on_thread(self._score, jobs)
+            await self._on_thread(self._score_and_answer, jobs, loop)
         except asyncio.CancelledError:
             raise
         except BaseException as e:  # the executor itself failed: fail the batch
-            outcomes = [e] * len(jobs)
+            self._answer_jobs(jobs, [e] * len(jobs))
+
+    def _score_and_answer(self, jobs: list[_Job], loop: asyncio.AbstractEventLoop) -> None:
+        """On the scoring thread: the batch scored, its answers handed to the event loop at
+        once (the requests resume before this worker's own wake-up from the thread)."""
+        loop.call_soon_threadsafe(self._answer_jobs, jobs, self._score(jobs))
+
+    @staticmethod
+    def _answer_jobs(jobs: list[_Job], outcomes: list) -> None:
         for job, out in zip(jobs, outcomes):
             if job.future.done():  # the client went away, or its deadline passed
                 continue
