@@ -75,6 +75,24 @@ def test_warm_start_carries_each_item_over_by_id():
             assert torch.allclose(row, want), (name, i)
 
 
+def test_a_shrunk_warm_start_is_between_the_run_and_a_fresh_start():
+    small = models.config_from_dict("recvae", {"hidden_dim": 4, "latent_dim": 2})
+    old = models.build("recvae", 5, small)
+    pos = np.array([4, 0, -1, 2, 1, 3, -1])
+    torch.manual_seed(7)
+    fresh = models.build("recvae", 7, old.config).state_dict()
+    torch.manual_seed(7)
+    carried = models.build("recvae", 7, old.config)
+    warm_start(old.state_dict(), 5, pos)(carried)
+    torch.manual_seed(7)
+    shrunk = models.build("recvae", 7, old.config)
+    warm_start(old.state_dict(), 5, pos, keep=0.5)(shrunk)
+    for name, t in shrunk.state_dict().items():
+        want = 0.5 * carried.state_dict()[name] + 0.5 * fresh[name]
+        assert torch.allclose(t, want), name
+    assert not torch.allclose(shrunk.decoder.weight, carried.decoder.weight)
+
+
 def test_an_autoencoder_update_starts_from_the_run(older_newer):
     old, new, root = older_newer
     cfg = cpu_config(seed=2, epochs=4, batch_size=100)
