@@ -100,7 +100,8 @@ def main() -> int:
                   for m in a.drift_models.split(",") if m]  # fmt: skip
     print(f"\n{hardware.machine()}")
     cmd = (f"python benchmarks/update.py --source {a.source.name} --models {a.models} "
-           f"--drift-models '{a.drift_models}' --rounds {a.rounds} --budget {a.budget:g}")  # fmt: skip
+           f"--drift-models '{a.drift_models}' --rounds {a.rounds} "
+           f"--budget {a.budget:g}")  # fmt: skip
     print(f"command: {cmd}; older: the first 80% of the ratings by time, newer: all; temporal")
     print("| model | retrain NDCG@100 | update NDCG@100 | difference | retrain s | update s | "
           "update / retrain |")  # fmt: skip
