@@ -64,15 +64,13 @@ client_gone: ContextVar[Callable[[], Any] | None] = ContextVar("client_gone", de
 
 async def _answer_or_gone(future: asyncio.Future, timeout: float | None) -> Any:
     """`future`'s result, unless the request's client leaves first (ClientGone) or `timeout`
-    seconds pass (TimeoutError). Two timers, no task: the connection is watched (a task
-    reading it) only once the answer is WATCH_AFTER_S late, so a request answered at once
-    costs the event loop no task to start and cancel."""
+    seconds pass (TimeoutError). Two timers: the connection is watched (a task reading it) only
+    once the answer is WATCH_AFTER_S late; an answer at once costs no task."""
     loop = asyncio.get_running_loop()
     watch, watcher = client_gone.get(), None
 
     def fail(e: BaseException) -> None:
-        if not future.done():
-            future.set_exception(e)
+        future.done() or future.set_exception(e)
 
     def left(task: asyncio.Task) -> None:
         if not task.cancelled():
@@ -91,10 +89,8 @@ async def _answer_or_gone(future: asyncio.Future, timeout: float | None) -> Any:
     try:
         return await future
     finally:
-        for timer in timers:
-            timer.cancel()
-        if watcher is not None:
-            watcher.cancel()
+        for handle in (*timers, *([watcher] if watcher is not None else [])):
+            handle.cancel()
 
 
 @dataclass(eq=False)  # a job is itself: found in the queue by identity
@@ -353,8 +349,8 @@ class MicroBatcher:
             self._answer_jobs(jobs, [e] * len(jobs))
 
     def _score_and_answer(self, jobs: list[_Job], loop: asyncio.AbstractEventLoop) -> None:
-        """On the scoring thread: the batch scored, its answers handed to the event loop at
-        once (the requests resume before this worker's own wake-up from the thread)."""
+        """On the scoring thread: the batch scored, its answers handed to the loop (the requests
+        resume before this worker's own wake-up from the thread)."""
         loop.call_soon_threadsafe(self._answer_jobs, jobs, self._score(jobs))
 
     @staticmethod
