@@ -39,6 +39,14 @@ for autocast in (False, True):
     x = torch.randn(5, 4099) * 30
     x[:, 4000:] = float("-inf")
     torch.testing.assert_close(softmax_kernels.row_logsumexp(x), torch.logsumexp(x, 1))
+# a GPU where the kernels cannot build or run keeps PyTorch's kernels, with a warning (here: no
+# CUDA at all, so the first trial fails); the answer is kept
+import warnings
+with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter("always")
+    assert not softmax_kernels.available(torch.device("cuda:0"))
+    assert not softmax_kernels.available(torch.device("cuda:0"))
+assert len(caught) == 1 and "PyTorch's kernels are used" in str(caught[0].message)
 print("ok")
 """
 

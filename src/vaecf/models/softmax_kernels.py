@@ -12,12 +12,15 @@ sums each walk the ~1 GB array. Here two kernels walk it twice in all:
   float32, taken tile by tile from the float32 values before they are rounded (one partial row
   per block of rows, summed after: the same order every time).
 
-Triton ships with PyTorch's CUDA builds; where it cannot be imported (CPU builds) `available()`
-is False and the fused layer keeps PyTorch's kernels. `TRITON_INTERPRET=1` runs these kernels
+Triton ships with PyTorch's CUDA builds; where it cannot be imported (CPU builds), or its first
+small trial on a GPU fails (no C compiler for its launcher, a GPU it does not build for),
+`available()` is False and the fused layer keeps PyTorch's kernels. `TRITON_INTERPRET=1` runs these kernels
 on a CPU, as the tests do where Triton is installed.
 """
 
 from __future__ import annotations
+
+import warnings
 
 import torch
 
@@ -42,10 +45,46 @@ def _interpreted() -> bool:
     return bool(knobs.runtime.interpret)
 
 
+_RUNS: dict[int, bool] = {}  # CUDA device index -> whether the kernels ran there (_runs_on)
+
+
 def available(device: torch.device) -> bool:
-    """Whether these kernels run for tensors on `device`: Triton importable, and a GPU (or the
-    interpreter, TRITON_INTERPRET=1, on a CPU)."""
-    return triton is not None and (device.type == "cuda" or _interpreted())
+    """Whether these kernels run for tensors on `device`: Triton importable, and a GPU where a
+    first small log-sum-exp compiled, ran and matched PyTorch's (or the interpreter,
+    TRITON_INTERPRET=1, on a CPU)."""
+    if triton is None:
+        return False
+    if device.type != "cuda":
+        return _interpreted()
+    index = device.index if device.index is not None else 0
+    if device.index is None and torch.cuda.is_available():
+        index = torch.cuda.current_device()
+    if index not in _RUNS:
+        capturing = torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
+        if capturing:  # no trial inside a CUDA graph's capture
+            return False
+        _RUNS[index] = _runs_on(index)
+    return _RUNS[index]
+
+
+def _runs_on(index: int) -> bool:
+    """Triton builds a launcher for each kernel with the machine's C compiler when it first
+    runs: where there is none, or the GPU is one Triton does not build for, PyTorch's kernels
+    stay (with a warning) rather than the step failing."""
+    try:
+        x = torch.randn(3, 100, device=f"cuda:{index}")
+        out = torch.empty(3, device=x.device)
+        block, warps = _LSE_CONFIGS[0]
+        _lse_kernel.fn[(3,)](out_ptr=out, x_ptr=x, stride=x.stride(0), N_COLS=100, BLOCK=block,
+                             num_warps=warps)  # fmt: skip
+        if torch.allclose(out, torch.logsumexp(x, 1), atol=1e-4):
+            return True
+        problem = "its log-sum-exp did not match PyTorch's"
+    except Exception as e:  # noqa: BLE001 - any failure to build or run means: not here
+        problem = f"{type(e).__name__}: {e}"
+    warnings.warn(f"the fused loss's Triton kernels do not run on cuda:{index} ({problem}); "
+                  "PyTorch's kernels are used", stacklevel=2)  # fmt: skip
+    return False
 
 
 def _launch(kernel, grid, *args, first: dict, **kw) -> None:
