@@ -111,7 +111,7 @@ class LinearMultinomialNLL(torch.autograd.Function):
         hc, wc, probs, n_u, indices, row_ids, values, flat, lse = ctx.saved_tensors
         acc = _acc(probs.dtype)
         scale = grad.to(acc)
-        sums = None  # the columns sums of n_u * softmax, where the kernel took them
+        sums = None  # the column sums of n_u * softmax, where the kernel took them
         with torch.autocast(probs.device.type, enabled=False):
             coef = n_u.to(acc) * scale
             if ctx.kernels:  # probs holds the logits still
