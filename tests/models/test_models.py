@@ -942,6 +942,25 @@ def test_auto_defaults_fit_the_data():
     assert (rec.epochs, rec.batch_size, rec.lr, rec.total_anneal_steps) == (50, 500, 5e-4, None)
 
 
+def test_auto_patience_counts_updates_where_an_epoch_holds_many():
+    """30 epochs up to 50 updates an epoch; beyond, 1,500 updates, at least 10 epochs. RecVAE's
+    epoch is its encoder's and decoder's passes (4 by default), set by its settings."""
+    vae, rec = models.get("multvae"), models.get("recvae")
+
+    def patience(model, n, **settings):
+        mcfg = model.Config(**settings) if settings else None
+        return resolve_config(vaecf.TrainConfig(), model, n, mcfg).patience
+
+    assert patience(vae, 510) == patience(rec, 510) == 30  # ml-latest-small: 6 and 24 updates
+    assert patience(vae, 5_000) == 30  # 50 updates an epoch
+    assert patience(vae, 45_000) == 15 and patience(rec, 45_000) == 10  # 100 and 400 updates
+    assert patience(rec, 45_000, encoder_passes=1, decoder_passes=1) == 10  # 200: 7.5, floor
+    assert patience(rec, 6_000, encoder_passes=1, decoder_passes=1) == 13  # 120 updates
+    assert patience(vae, 116_677) == 10  # ML-20M: 234 updates an epoch
+    assert resolve_config(vaecf.TrainConfig(patience=4), vae, 116_677).patience == 4  # given
+    assert resolve_config(vaecf.TrainConfig(preset="paper"), vae, 116_677).patience == 0
+
+
 def test_settings_that_do_not_apply_are_refused(ds, tmp_path):
     with pytest.raises(vaecf.VaecfError, match="epochs= does not apply to model='ease'"):
         vaecf.train(ds, cfg_for("ease", epochs=3), tmp_path / "e", model="ease")

@@ -163,6 +163,11 @@ class Model(nn.Module):
         return {"all": [p for p in self.parameters() if p.requires_grad]}
 
     def phases(self) -> list[Phase]:
+        return self.phases_of(self.config)
+
+    @classmethod
+    def phases_of(cls, config) -> list[Phase]:
+        """The parts of an epoch of a model with settings `config`; default one."""
         return [Phase("all", ("all",))]
 
     def begin_phase(self, phase: Phase) -> None:

@@ -149,11 +149,11 @@ class RecVAE(Model):
             "decoder": list(self.decoder.parameters()),
         }
 
-    def phases(self) -> list[Phase]:
-        c = self.config
+    @classmethod
+    def phases_of(cls, config) -> list[Phase]:
         return [
-            Phase("encoder", ("encoder",), c.encoder_passes),
-            Phase("decoder", ("decoder",), c.decoder_passes, log=False),
+            Phase("encoder", ("encoder",), config.encoder_passes),
+            Phase("decoder", ("decoder",), config.decoder_passes, log=False),
         ]
 
     def begin_phase(self, phase: Phase) -> None:

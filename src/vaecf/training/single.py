@@ -7,6 +7,7 @@ are here too.
 
 from __future__ import annotations
 
+import math
 import os
 from pathlib import Path
 
@@ -15,7 +16,13 @@ import torch
 from vaecf import distributed, models, rundir
 from vaecf.config.settings import spelled
 from vaecf.config.specs import SPECS
-from vaecf.config.train import ANNEAL_SETTINGS, GRADIENT_SETTINGS, PATIENCE, TrainConfig, from_dict
+from vaecf.config.train import (
+    ANNEAL_SETTINGS,
+    GRADIENT_SETTINGS,
+    TrainConfig,
+    auto_patience,
+    from_dict,
+)
 from vaecf.data.prepare import PreparedDataset
 from vaecf.errors import ConfigError, RunError
 from vaecf.models import Model
@@ -69,8 +76,11 @@ def model_name_of(model_config) -> str:
     raise ConfigError(f"{type(model_config).__name__} is no model's config")
 
 
-def resolve_config(cfg: TrainConfig, model_cls: type[Model], n_train_users: int) -> TrainConfig:
-    """Refuse settings the model does not read; fill the unset ones from the model and data."""
+def resolve_config(
+    cfg: TrainConfig, model_cls: type[Model], n_train_users: int, model_config=None
+) -> TrainConfig:
+    """Refuse settings the model does not read; fill the unset ones from the model, its
+    settings `model_config` (its default where None) and the data."""
     cfg.validate()
     unused = [
         n for n in (*GRADIENT_SETTINGS, *ANNEAL_SETTINGS) if n not in model_cls.train_settings
@@ -88,7 +98,9 @@ def resolve_config(cfg: TrainConfig, model_cls: type[Model], n_train_users: int)
     d = cfg.to_dict()
     d.update(model_cls.resolve_train(d, n_train_users, cfg.preset))
     if d["patience"] is None and "patience" in model_cls.train_settings:
-        d["patience"] = 0 if cfg.preset == "paper" else PATIENCE
+        passes = sum(p.passes for p in model_cls.phases_of(model_config or model_cls.Config()))
+        updates = passes * math.ceil(n_train_users / d["batch_size"])
+        d["patience"] = 0 if cfg.preset == "paper" else auto_patience(updates)
     return TrainConfig(**d)
 
 
@@ -176,7 +188,10 @@ def _what_to_train(ds, config, out, model_config, resume, model):
         elif model_name_of(model_config) != name:
             raise ConfigError(f"model {name!r} was given a {type(model_config).__name__}")
         config = resolve_config(
-            config or TrainConfig(), models.get(name), ds.manifest["counts"]["n_train_users"]
+            config or TrainConfig(),
+            models.get(name),
+            ds.manifest["counts"]["n_train_users"],
+            model_config,
         )
     return config, model_config, name
 
