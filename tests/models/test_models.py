@@ -231,25 +231,32 @@ def test_edlae_search_holds_ease_and_records_every_pair(ds, tmp_path):
     assert (row["l2"], row["dropout"]) == (best["l2"], best["dropout"])
 
 
-@pytest.mark.parametrize("selection", ["validation", "cv"])
-def test_fast_search_refines_the_coarse_best_on_every_item(ds, tmp_path, selection):
+@pytest.mark.parametrize(
+    "selection,betas", [("validation", []), ("cv", []), ("validation", [0.0, 0.25, 0.5])]
+)
+def test_fast_search_refines_the_coarse_best_on_every_item(ds, tmp_path, selection, betas):
+    """The coarse best and half a step toward its better neighbour, each neighbour judged at its
+    best beta where beta is searched too (the full stage chooses beta again)."""
     cfg = {"l2_grid": [1.0, 10.0, 100.0, 1000.0], "dropout_grid": [0.0, 0.33], "coarse_items": 60}
-    cfg = models.config_from_dict("edlae", {**cfg, "selection": selection, "cv_folds": 2})
-    run = vaecf.train(ds, cfg_for("edlae"), tmp_path / "f", cfg, model="edlae")
+    cfg |= {"selection": selection, "cv_folds": 2, "popularity_grid": betas}
+    run = vaecf.train(
+        ds, cfg_for("edlae"), tmp_path / "f", models.config_from_dict("edlae", cfg), model="edlae"
+    )
     row = json.loads((run.run_dir / "metrics.jsonl").read_text().splitlines()[0])
     coarse = [g for g in row["grid"] if g["stage"] == "coarse"]
     full = [g for g in row["grid"] if g["stage"] == "full"]
-    assert len(coarse) == 8 and {g["n_items"] for g in coarse} == {60}
+    assert len(coarse) == 8 * max(1, len(betas)) and {g["n_items"] for g in coarse} == {60}
     assert row["selection"] == selection and all(("cv" in g) == (selection == "cv") for g in full)
-    pick = (lambda g: g["value"]) if selection == "cv" else (lambda g: g["validation"]["ndcg@100"])
-    value = {(g["l2"], g["dropout"]): pick(g) for g in coarse}
+    own = selection == "cv" or betas
+    pick = (lambda g: g["value"]) if own else (lambda g: g["validation"]["ndcg@100"])
+    value: dict = {}
+    for g in coarse:  # each (lambda, p) at its best beta
+        value[g["l2"], g["dropout"]] = max(value.get((g["l2"], g["dropout"]), -1.0), pick(g))
     l2, p = max(value, key=value.get)
     lower, upper = value.get((l2 / 10, p), 2.0), value.get((l2 * 10, p), 2.0)  # edge: outward
     step = 10**0.25
-    assert [(g["l2"], g["dropout"]) for g in full] == [
-        (l2, p),
-        (pytest.approx(l2 / step if lower >= upper else l2 * step), p),
-    ]
+    tried = list(dict.fromkeys((g["l2"], g["dropout"]) for g in full))
+    assert tried == [(l2, p), (pytest.approx(l2 / step if lower >= upper else l2 * step), p)]
     assert {g["n_items"] for g in full} == {ds.n_items}
     best = max(full, key=pick)
     assert row["l2"] == best["l2"]

@@ -206,9 +206,18 @@ class Search:
             return full
         if refine:  # half a grid step toward the better coarse neighbour
             i = l2s.index(l2)
-            # a neighbour the deadline left untried counts as worse than any tried
-            down = curve.get((l2s[i - 1], p, beta), -math.inf) if i > 0 else math.inf
-            up = curve.get((l2s[i + 1], p, beta), -math.inf) if i + 1 < len(l2s) else math.inf
+
+            def worth(j: int) -> float:
+                """Coarse lambda j's value at its best beta (the full stage chooses beta again
+                at each lambda: on a Pinterest-shaped set the coarse best's beta, 0, pointed
+                the refinement down where beta 0.1, the full catalogue's choice, gained up:
+                validation NDCG@100 0.4409 -> 0.4419); a neighbour the deadline left untried
+                counts as worse than any tried, a missing one (the grid's edge) as better."""
+                if not 0 <= j < len(l2s):
+                    return math.inf
+                return max(curve.get((l2s[j], p, b), -math.inf) for b in self.betas)
+
+            down, up = worth(i - 1), worth(i + 1)
             full.append((l2 / REFINE_STEP if down >= up else l2 * REFINE_STEP, p))
         return full
 
