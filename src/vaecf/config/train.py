@@ -29,8 +29,8 @@ PATIENCE = 30
 # Unchanged up to 50 updates an epoch (ml-latest-small, FilmTrust, ML-1M's Mult-VAE). RecVAE on
 # ML-1M (4 x 52 updates an epoch): 10 epochs kept the best epoch of 50 on 3 of 3 splits, at 62%
 # of the time; on a Pinterest-shaped set (45,000 training users: Mult-VAE 100 updates an epoch,
-# RecVAE 400) 15 and 10 epochs stop both at the best epoch 30 found (benchmarks/README.md,
-# "Early stopping" and "auto at Pinterest's shape").
+# RecVAE 400) 15 and 10 epochs stop both at the best epoch 30 found: auto 19.3 -> 12.0 min
+# (benchmarks/README.md, "Early stopping" and "auto at Pinterest's shape").
 PATIENCE_UPDATES = 1_500
 MIN_PATIENCE = 10
 
