@@ -3,6 +3,7 @@
     python benchmarks/ease_scale.py [--items 20108] [--users 136677] [--nnz 10000000]
                                     [--l2 500] [--dtype float32]
                                     [--model ease|edlae] [--device cuda]
+                                    [--solver auto|dense|sparse]
 
 The data is `vaecf.bench.speed.synthetic_csr` (power-law items); the solve's cost depends only
 on the item count. Prints the CPU, the thread count, the dtype and the phases' seconds.
@@ -28,11 +29,12 @@ def main() -> int:
     ap.add_argument("--dtype", default="float32", choices=["float32", "float64"])
     ap.add_argument("--model", default="ease", choices=["ease", "edlae"])
     ap.add_argument("--device", default="cpu", help="cpu (default), cuda, cuda:N")
+    ap.add_argument("--solver", default="auto", choices=["auto", "dense", "sparse"])
     a = ap.parse_args()
     t0 = time.perf_counter()
     x = synthetic_csr(a.users, a.items, a.nnz, seed=0)
     t_data = time.perf_counter() - t0
-    settings = {"solve_dtype": a.dtype, "l2": a.l2}
+    settings = {"solve_dtype": a.dtype, "l2": a.l2, "solver": a.solver}
     if a.model == "edlae":
         settings["dropout"] = a.dropout
     model = models.build(a.model, a.items, settings).to(a.device)
@@ -42,7 +44,8 @@ def main() -> int:
     print(
         f"{a.model} fit, {a.items:,} items, {x.shape[0]:,} users, {x.nnz:,} interactions, "
         f"lambda {a.l2:g}{f', p {a.dropout:g}' if a.model == 'edlae' else ''}, "
-        f"{record['solve_dtype']} on {device_name(a.device)} ({torch.get_num_threads()} CPU "
+        f"{record['solve_dtype']}, {record['solver']} solver on {device_name(a.device)} "
+        f"({torch.get_num_threads()} CPU "
         f"threads); data generated in {t_data:.1f} s (not counted); wall {wall:.1f} s"
     )
     print(f"{'gram s':>8s} {'solve s':>8s} {'total s':>8s}")
