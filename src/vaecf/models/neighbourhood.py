@@ -26,6 +26,7 @@ import torch
 
 from vaecf.data.matrix import SparseBatch
 from vaecf.errors import RunError
+from vaecf.models import gather
 from vaecf.models.linalg import NotPositiveDefinite, cholesky, cholesky_solve
 
 # a block's neighbourhoods' union at most this many items (dense G on it): building G[span,
@@ -70,30 +71,16 @@ def neighbours_of(
     co-occurring item, whatever the rank (itself where it co-occurs with none)."""
     n = gram.shape[0]
     items = np.arange(n) if items is None else items
-    out = np.full((len(items), k), n, dtype=np.int64)
-    strongest = items.copy()
-    for r, j in enumerate(items.tolist()):
-        lo, hi = gram.indptr[j], gram.indptr[j + 1]
-        cols, vals = gram.indices[lo:hi], gram.data[lo:hi]
-        keep = cols != j
-        cols, vals = cols[keep], vals[keep]
-        if len(cols):
-            strongest[r] = cols[np.argmax(vals)]  # the first of the largest: lowest index
-            order = np.lexsort((cols, -(vals if weight is None else vals * weight[cols])))[:k]
-            cols = cols[order]
-        out[r, : len(cols)] = np.sort(cols)
-    return out, strongest
+    return gather.top_neighbours(gram, items, k, np.ones(n) if weight is None else weight)
 
 
 def dense_block(gram: sp.csr_matrix, items: np.ndarray, out: np.ndarray | None = None):
-    """G[items, items] as a dense array (written into the top-left of `out` if given), from
-    the rows of `items` only; scipy's row and column selection, then a scatter of the block's
-    non-zeros (no dense temporary; a quarter of the time of filtering the rows' entries in
-    numpy, `benchmarks/sparse_solve_time.py`)."""
-    sub = gram[items][:, items].tocoo()
+    """G[items, items] as a dense array (written into the top-left of `out` if given, zero
+    there beforehand), from the rows of `items` only, in one compiled pass over them
+    (`gather.rows_among`)."""
     if out is None:
         out = np.zeros((len(items), len(items)))
-    out[sub.row, sub.col] = sub.data
+    gather.rows_among(gram, items, out)
     return out
 
 
@@ -187,16 +174,13 @@ def _solve_block(gram, span, items, nbrs, lam, l2, np_dtype, device, dtype) -> n
     """(J, kk) each item's weights over its kk neighbours (`nbrs`, padded with n): the
     systems (G[N_j, N_j] + diag(lambda)) b = G[N_j, j], from G's rows and columns `span` (the
     union of the block's neighbourhoods) gathered once."""
-    n, kk = gram.shape[0], nbrs.shape[1]
+    n = gram.shape[0]
     pos = np.full(n + 1, len(span), dtype=np.int64)  # padding -> a zero row/column
     pos[span] = np.arange(len(span))
     full = np.zeros((len(span) + 1, len(span) + 1), dtype=np_dtype)
     dense_block(gram, span, full)  # G[span, span], then the padding's zero row/column
     lam_span = np.append(lam[span], 1.0).astype(np_dtype)  # padding: 1 * b = 0
-    p = pos[nbrs]  # (J, kk) positions in `full`
-    a = full[p[:, :, None], p[:, None, :]]  # (J, kk, kk)
-    a[:, np.arange(kk), np.arange(kk)] += lam_span[p]
-    rhs = full[p, pos[items][:, None]]  # (J, kk): G[N_j, j]
+    a, rhs = gather.systems(full, pos[nbrs], lam_span, pos[items])  # (J, kk, kk), (J, kk)
     at = torch.from_numpy(a).to(device=device, dtype=dtype)
     try:
         chol = cholesky(at)

@@ -1,0 +1,98 @@
+"""The sparse solver's gathers, compiled by Numba: G's entries among a set of items made
+dense, and each item's neighbourhood system read out of that dense block.
+
+Both are single passes over what they read, in parallel over rows (Numba's threads, as many
+as PyTorch uses). Through scipy's row and column selection the first took ~75% of a sparse
+solve on a power-law catalogue (10,000 items: 39 of 53 s; benchmarks/README.md, "The sparse
+solver: time"), reading each selected row twice and copying it once. Compiled on first use
+and cached on disk (Numba's `cache=True`), so a process pays the compilation once per
+machine, not once per fit.
+"""
+
+from __future__ import annotations
+
+import numba
+import numpy as np
+import torch
+
+
+@numba.njit(parallel=True, nogil=True, cache=True)
+def _rows_among(indptr, indices, data, items, pos, out):  # pragma: no cover (compiled)
+    for r in numba.prange(len(items)):
+        i = items[r]
+        for e in range(indptr[i], indptr[i + 1]):
+            c = pos[indices[e]]
+            if c >= 0:
+                out[r, c] = data[e]
+
+
+@numba.njit(parallel=True, nogil=True, cache=True)
+def _systems(full, p, lam, at, a, rhs):  # pragma: no cover (compiled)
+    for j in numba.prange(p.shape[0]):
+        for u in range(p.shape[1]):
+            row = full[p[j, u]]
+            for v in range(p.shape[1]):
+                a[j, u, v] = row[p[j, v]]
+            a[j, u, u] += lam[p[j, u]]
+            rhs[j, u] = row[at[j]]
+
+
+@numba.njit(parallel=True, nogil=True, cache=True)
+def _top(indptr, indices, data, items, weight, out, strongest):  # pragma: no cover (compiled)
+    k = out.shape[1]
+    for r in numba.prange(len(items)):
+        j = items[r]
+        lo, hi = indptr[j], indptr[j + 1]
+        cols = indices[lo:hi]
+        by_col = np.argsort(cols, kind="mergesort")
+        m, best = 0, -1.0
+        keep = np.empty(hi - lo, dtype=np.int64)  # the row's entries but j, in column order
+        for e in by_col:
+            if cols[e] != j:
+                keep[m] = e
+                m += 1
+                if data[lo + e] > best:  # the first of the largest: lowest index
+                    best, strongest[r] = data[lo + e], cols[e]
+        score = np.empty(m)
+        for t in range(m):
+            score[t] = -(np.float64(data[lo + keep[t]]) * weight[cols[keep[t]]])
+        top = np.sort(cols[keep[np.argsort(score, kind="mergesort")[:k]]])
+        out[r, : len(top)] = top
+
+
+def threads() -> None:
+    """Numba's threads held to PyTorch's count (the process's CPU budget)."""
+    numba.set_num_threads(max(1, min(numba.config.NUMBA_NUM_THREADS, torch.get_num_threads())))
+
+
+def top_neighbours(gram, items: np.ndarray, k: int, weight: np.ndarray):
+    """(len(items), k) each item's k other items of highest G_ij weight_i (ties: lower index
+    first; in index order, padded with n_items where it co-occurs with fewer), and each one's
+    most co-occurring item (itself where it co-occurs with none)."""
+    items = items.astype(np.int64)
+    out = np.full((len(items), k), gram.shape[0], dtype=np.int64)
+    strongest = items.copy()
+    threads()
+    _top(gram.indptr, gram.indices, gram.data, items, weight.astype(np.float64), out, strongest)
+    return out, strongest
+
+
+def rows_among(gram, items: np.ndarray, out: np.ndarray) -> None:
+    """out[:len(items), :len(items)] = G[items, items] for a CSR G with no duplicate entries
+    (`items` distinct; `out` zero there beforehand)."""
+    pos = np.full(gram.shape[1], -1, dtype=np.int64)
+    pos[items] = np.arange(len(items))
+    threads()
+    _rows_among(gram.indptr, gram.indices, gram.data, items.astype(np.int64), pos, out)
+
+
+def systems(full: np.ndarray, p: np.ndarray, lam: np.ndarray, at: np.ndarray):
+    """Per row j of the positions `p` (J, k) into the dense symmetric `full`: the system
+    (full[p_j, p_j] + diag(lam[p_j])) and its right-hand side full[p_j, at_j], as (J, k, k)
+    and (J, k) arrays of `full`'s dtype."""
+    j, k = p.shape
+    a = np.empty((j, k, k), dtype=full.dtype)
+    rhs = np.empty((j, k), dtype=full.dtype)
+    threads()
+    _systems(full, p, lam.astype(full.dtype), at, a, rhs)
+    return a, rhs

@@ -1,0 +1,86 @@
+"""The sparse solver's compiled gathers (vaecf.models.gather) against plain NumPy/scipy."""
+
+import numpy as np
+import pytest
+import scipy.sparse as sp
+
+from vaecf.models import gather
+from vaecf.models.neighbourhood import dense_block, neighbours_of, rank_weights
+
+
+def gram(seed: int, n: int = 60, users: int = 200, dtype=np.float32) -> sp.csr_matrix:
+    """X^T X of a random binary X: integer counts, so many ties among a row's entries."""
+    rng = np.random.default_rng(seed)
+    x = sp.random(users, n, density=0.08, random_state=rng, format="csr", dtype=dtype)
+    x.data[:] = 1
+    return (x.T @ x).tocsr()
+
+
+def reference_neighbours(g: sp.csr_matrix, k: int, items, weight):
+    """Each item's k other items of highest G_ij weight_i, ties by lower index, sorted;
+    padded with n; and its most co-occurring item (lowest index among equals; itself if none)."""
+    n = g.shape[0]
+    out, strongest = np.full((len(items), k), n), np.array(items)
+    dense = g.toarray()
+    for r, j in enumerate(items):
+        cand = [i for i in range(n) if i != j and dense[j, i] != 0]
+        if cand:
+            strongest[r] = max(cand, key=lambda i: (dense[j, i], -i))
+        top = sorted(cand, key=lambda i: (-(np.float64(dense[j, i]) * weight[i]), i))[:k]
+        out[r, : len(top)] = sorted(top)
+    return out, strongest
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+@pytest.mark.parametrize("unsorted", [False, True])
+@pytest.mark.parametrize("rank", ["count", "cosine"])
+def test_neighbours_equal_a_brute_force_ranking(seed, unsorted, rank):
+    g = gram(seed)
+    if unsorted:  # the same matrix with each row's entries reversed
+        g = sp.csr_matrix(
+            (
+                np.concatenate([g.data[a:b][::-1] for a, b in zip(g.indptr, g.indptr[1:])]),
+                np.concatenate([g.indices[a:b][::-1] for a, b in zip(g.indptr, g.indptr[1:])]),
+                g.indptr,
+            ),
+            shape=g.shape,
+        )
+    items = np.random.default_rng(seed).permutation(g.shape[0])[:25]
+    weight = rank_weights(rank, g.diagonal())
+    for k in (1, 4, 59):
+        got = neighbours_of(g, k, items, weight)
+        want = reference_neighbours(g, k, items, weight)
+        np.testing.assert_array_equal(got[0], want[0])
+        np.testing.assert_array_equal(got[1], want[1])
+
+
+def test_an_item_without_co_occurrences_has_only_padding_and_itself():
+    g = sp.csr_matrix(np.array([[2.0, 1.0, 0.0], [1.0, 3.0, 0.0], [0.0, 0.0, 4.0]]))
+    nbrs, strongest = neighbours_of(g, 2, np.array([2, 0]))
+    np.testing.assert_array_equal(nbrs, [[3, 3], [1, 3]])
+    np.testing.assert_array_equal(strongest, [2, 1])
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_dense_block_equals_scipys_selection(dtype):
+    g = gram(3, n=80, dtype=dtype)
+    items = np.random.default_rng(3).permutation(80)[:37]  # unsorted, distinct
+    want = g[items][:, items].toarray()
+    np.testing.assert_array_equal(dense_block(g, items), want)
+    out = np.zeros((40, 40), dtype=np.float32)
+    dense_block(g, items, out)
+    np.testing.assert_array_equal(out[:37, :37], want)
+    assert not out[37:].any() and not out[:, 37:].any()
+
+
+def test_systems_equal_numpys_fancy_indexing():
+    rng = np.random.default_rng(4)
+    full = rng.standard_normal((30, 30)).astype(np.float32)
+    p = rng.integers(0, 30, size=(7, 5))
+    lam = rng.random(30).astype(np.float32)
+    at = rng.integers(0, 30, size=7)
+    a, rhs = gather.systems(full, p, lam, at)
+    want = full[p[:, :, None], p[:, None, :]]
+    want[:, np.arange(5), np.arange(5)] += lam[p]
+    np.testing.assert_array_equal(a, want)
+    np.testing.assert_array_equal(rhs, full[p, at[:, None]])
