@@ -84,3 +84,16 @@ def test_systems_equal_numpys_fancy_indexing():
     want[:, np.arange(5), np.arange(5)] += lam[p]
     np.testing.assert_array_equal(a, want)
     np.testing.assert_array_equal(rhs, full[p, at[:, None]])
+
+
+@pytest.mark.parametrize("hubs", [0, 10, 80])
+def test_blocks_with_hubs_equal_scipys_selection_span_after_span(hubs):
+    g = gram(5, n=80, users=300)  # some rows much longer than others: hubs and the rest
+    blocks = gather.Blocks(g, np.float32, hubs=hubs)
+    rng = np.random.default_rng(5)
+    for size in (50, 12, 79, 3):  # a smaller span reuses a larger one's memory
+        span = rng.permutation(80)[:size]
+        got = blocks.dense(span)
+        assert got.shape == (size + 1, size + 1)
+        np.testing.assert_array_equal(got[:size, :size], g[span][:, span].toarray())
+        assert not got[size].any() and not got[:, size].any()  # the padding's row and column

@@ -44,9 +44,12 @@ def gram_bytes(x: sp.csr_matrix) -> int:
 
 
 def block_bytes(n_items: int, k: int) -> int:
-    """Bytes of one block's work: its dense part of G, its systems, their factors and a copy."""
+    """Bytes of one block's work: its dense part of G, its systems, their factors and a copy,
+    and the hubs' dense block every span reads."""
     return (
-        3 * min(BLOCK_SYSTEM_BYTES, n_items * k * k * 8) + (min(BLOCK_UNION, n_items) + 1) ** 2 * 8
+        3 * min(BLOCK_SYSTEM_BYTES, n_items * k * k * 8)
+        + (min(BLOCK_UNION, n_items) + 1) ** 2 * 8
+        + min(gather.HUBS, n_items) ** 2 * 8  # the hubs' dense block (gather.Blocks)
     )
 
 
@@ -142,6 +145,7 @@ def neighbour_weights(
     rest = np.setdiff1d(np.arange(n), wide)
     np_dtype = np.float64 if dtype == torch.float64 else np.float32
     rows_out, cols_out, vals_out = [], [], []
+    blocks = gather.Blocks(gram, np_dtype)
     for group, kk in ((rest, k), (wide, popular_k)):
         kk = max(1, min(kk, n - 1))
         if not len(group):
@@ -155,7 +159,7 @@ def neighbour_weights(
         max_items = max(1, BLOCK_SYSTEM_BYTES // (8 * kk * kk))
         for rows, span in _blocks(group, nbrs, order, BLOCK_UNION, max_items, n):
             items, block_nbrs = group[rows], nbrs[rows]
-            b = _solve_block(gram, span, items, block_nbrs, lam, l2, np_dtype, device, dtype)
+            b = _solve_block(blocks, span, items, block_nbrs, lam, l2, np_dtype, device, dtype)
             real = block_nbrs < n
             rows_out.append(block_nbrs[real])
             cols_out.append(np.broadcast_to(items[:, None], real.shape)[real])
@@ -170,15 +174,14 @@ def neighbour_weights(
     )
 
 
-def _solve_block(gram, span, items, nbrs, lam, l2, np_dtype, device, dtype) -> np.ndarray:
+def _solve_block(blocks, span, items, nbrs, lam, l2, np_dtype, device, dtype) -> np.ndarray:
     """(J, kk) each item's weights over its kk neighbours (`nbrs`, padded with n): the
     systems (G[N_j, N_j] + diag(lambda)) b = G[N_j, j], from G's rows and columns `span` (the
     union of the block's neighbourhoods) gathered once."""
-    n = gram.shape[0]
+    n = blocks.gram.shape[0]
     pos = np.full(n + 1, len(span), dtype=np.int64)  # padding -> a zero row/column
     pos[span] = np.arange(len(span))
-    full = np.zeros((len(span) + 1, len(span) + 1), dtype=np_dtype)
-    dense_block(gram, span, full)  # G[span, span], then the padding's zero row/column
+    full = blocks.dense(span)  # G[span, span], then the padding's zero row/column
     lam_span = np.append(lam[span], 1.0).astype(np_dtype)  # padding: 1 * b = 0
     a, rhs = gather.systems(full, pos[nbrs], lam_span, pos[items])  # (J, kk, kk), (J, kk)
     at = torch.from_numpy(a).to(device=device, dtype=dtype)
