@@ -1,5 +1,8 @@
 """The sparse solver's compiled gathers (vaecf.models.gather) against plain NumPy/scipy."""
 
+import subprocess
+import sys
+
 import numpy as np
 import pytest
 import scipy.sparse as sp
@@ -89,7 +92,7 @@ def test_systems_equal_numpys_fancy_indexing():
 @pytest.mark.parametrize("hubs", [0, 10, 80])
 def test_blocks_with_hubs_equal_scipys_selection_span_after_span(hubs):
     g = gram(5, n=80, users=300)  # some rows much longer than others: hubs and the rest
-    blocks = gather.Blocks(g, np.float32, hubs=hubs)
+    blocks = gather.Blocks(g, np.float32, hubs)
     rng = np.random.default_rng(5)
     for size in (50, 12, 79, 3):  # a smaller span reuses a larger one's memory
         span = rng.permutation(80)[:size]
@@ -97,3 +100,10 @@ def test_blocks_with_hubs_equal_scipys_selection_span_after_span(hubs):
         assert got.shape == (size + 1, size + 1)
         np.testing.assert_array_equal(got[:size, :size], g[span][:, span].toarray())
         assert not got[size].any() and not got[:, size].any()  # the padding's row and column
+
+
+def test_loading_a_linear_model_does_not_import_numba():
+    """Serving an EASE run (dense or sparse B) never compiles: Numba is the solve's alone."""
+    code = "import sys, vaecf.models.ease; print('numba' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"

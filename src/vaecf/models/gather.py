@@ -16,10 +16,18 @@ import numba
 import numpy as np
 import torch
 
-HUBS = 4096  # `Blocks`' hubs: a dense (4,096 x 4,096) block, 64 MiB in float32
+
+def compiled(fn):
+    """`fn` compiled by Numba as a parallel loop, cached on disk; where no cache directory can
+    be written (a read-only install without a writable home; NUMBA_CACHE_DIR names one),
+    compiled afresh by each process instead."""
+    try:
+        return numba.njit(parallel=True, nogil=True, cache=True)(fn)
+    except RuntimeError:  # Numba's "cannot cache function ...: no locator available"
+        return numba.njit(parallel=True, nogil=True)(fn)
 
 
-@numba.njit(parallel=True, nogil=True, cache=True)
+@compiled
 def _rows_among(indptr, indices, data, items, pos, out):  # pragma: no cover (compiled)
     for r in numba.prange(len(items)):
         i = items[r]
@@ -29,7 +37,7 @@ def _rows_among(indptr, indices, data, items, pos, out):  # pragma: no cover (co
                 out[r, c] = data[e]
 
 
-@numba.njit(parallel=True, nogil=True, cache=True)
+@compiled
 def _span_block(
     indptr, indices, data, span, pos, hub_pos, hub, hubs_at, hubs_idx, out
 ):  # pragma: no cover (compiled)
@@ -50,7 +58,7 @@ def _span_block(
                     out[c, r] = data[e]
 
 
-@numba.njit(parallel=True, nogil=True, cache=True)
+@compiled
 def _systems(full, p, lam, at, a, rhs):  # pragma: no cover (compiled)
     for j in numba.prange(p.shape[0]):
         for u in range(p.shape[1]):
@@ -61,7 +69,7 @@ def _systems(full, p, lam, at, a, rhs):  # pragma: no cover (compiled)
             rhs[j, u] = row[at[j]]
 
 
-@numba.njit(parallel=True, nogil=True, cache=True)
+@compiled
 def _top(indptr, indices, data, items, weight, out, strongest):  # pragma: no cover (compiled)
     k = out.shape[1]
     for r in numba.prange(len(items)):
@@ -117,7 +125,7 @@ class Blocks:
     row of a span, read once, also fills the hubs' rows (G's symmetry). On a 10,000-item
     power-law catalogue 4,096 hubs cut the entries read 3.4-fold."""
 
-    def __init__(self, gram, dtype, hubs: int = HUBS):
+    def __init__(self, gram, dtype, hubs: int):
         n = gram.shape[0]
         h = min(hubs, n)
         top = np.sort(np.lexsort((np.arange(n), -np.diff(gram.indptr)))[:h])

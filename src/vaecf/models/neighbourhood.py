@@ -26,7 +26,6 @@ import torch
 
 from vaecf.data.matrix import SparseBatch
 from vaecf.errors import RunError
-from vaecf.models import gather
 from vaecf.models.linalg import NotPositiveDefinite, cholesky, cholesky_solve
 
 # a block's neighbourhoods' union at most this many items (dense G on it): building G[span,
@@ -34,6 +33,9 @@ from vaecf.models.linalg import NotPositiveDefinite, cholesky, cholesky_solve
 # costs more than it saves (benchmarks/README.md, "A 60,000-item catalogue")
 BLOCK_UNION = 2048
 BLOCK_SYSTEM_BYTES = 2**28  # a block's (items x k x k) systems: at most this many bytes
+HUBS = 4096  # items whose block among themselves is kept dense (gather.Blocks): 64 MiB float32
+# vaecf.models.gather (Numba) is imported where a solve needs it: loading or serving a model
+# that scores through `sparse_b_rows` does not pay Numba's import (~0.3 s)
 
 
 def gram_bytes(x: sp.csr_matrix) -> int:
@@ -49,7 +51,7 @@ def block_bytes(n_items: int, k: int) -> int:
     return (
         3 * min(BLOCK_SYSTEM_BYTES, n_items * k * k * 8)
         + (min(BLOCK_UNION, n_items) + 1) ** 2 * 8
-        + min(gather.HUBS, n_items) ** 2 * 8  # the hubs' dense block (gather.Blocks)
+        + min(HUBS, n_items) ** 2 * 8  # the hubs' dense block (gather.Blocks)
     )
 
 
@@ -74,6 +76,8 @@ def neighbours_of(
     co-occurring item, whatever the rank (itself where it co-occurs with none)."""
     n = gram.shape[0]
     items = np.arange(n) if items is None else items
+    from vaecf.models import gather
+
     return gather.top_neighbours(gram, items, k, np.ones(n) if weight is None else weight)
 
 
@@ -81,6 +85,8 @@ def dense_block(gram: sp.csr_matrix, items: np.ndarray, out: np.ndarray | None =
     """G[items, items] as a dense array (written into the top-left of `out` if given, zero
     there beforehand), from the rows of `items` only, in one compiled pass over them
     (`gather.rows_among`)."""
+    from vaecf.models import gather
+
     if out is None:
         out = np.zeros((len(items), len(items)))
     gather.rows_among(gram, items, out)
@@ -145,7 +151,9 @@ def neighbour_weights(
     rest = np.setdiff1d(np.arange(n), wide)
     np_dtype = np.float64 if dtype == torch.float64 else np.float32
     rows_out, cols_out, vals_out = [], [], []
-    blocks = gather.Blocks(gram, np_dtype)
+    from vaecf.models import gather
+
+    blocks = gather.Blocks(gram, np_dtype, HUBS)
     for group, kk in ((rest, k), (wide, popular_k)):
         kk = max(1, min(kk, n - 1))
         if not len(group):
@@ -178,6 +186,8 @@ def _solve_block(blocks, span, items, nbrs, lam, l2, np_dtype, device, dtype) ->
     """(J, kk) each item's weights over its kk neighbours (`nbrs`, padded with n): the
     systems (G[N_j, N_j] + diag(lambda)) b = G[N_j, j], from G's rows and columns `span` (the
     union of the block's neighbourhoods) gathered once."""
+    from vaecf.models import gather
+
     n = blocks.gram.shape[0]
     pos = np.full(n + 1, len(span), dtype=np.int64)  # padding -> a zero row/column
     pos[span] = np.arange(len(span))
