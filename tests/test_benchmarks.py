@@ -120,7 +120,6 @@ SMOKE: dict[str, list[tuple[str, str]]] = {
             "--head-timeout 0.2",
         )
     ],
-    "probe_sparse_lu.py": [("COLAMD", "--items 300 --keep 5")],
     "probe_b500_parts.py": [
         (
             "eager kernels beside a replay",
