@@ -213,7 +213,10 @@ def test_an_address_space_limit_is_counted_and_refusals_leave_nothing(tmp_path):
     said = json.loads(got.stdout.strip().splitlines()[-1])
     free, limit = said["free"]
     threads = torch.get_num_threads() * memory.THREAD_ADDRESS_SPACE  # not yet started
-    assert limit == "ulimit -v" and 0.8 * (head - threads) < free <= head - threads
+    # a thread of the preparation ending between the limit and the figure unmaps its arena:
+    # the address space can shrink by one thread's reserve (seen once under a loaded suite)
+    ended = memory.THREAD_ADDRESS_SPACE
+    assert limit == "ulimit -v" and 0.8 * (head - threads) < free <= head - threads + ended
     assert "(ulimit -v); give --max-users" in said["infae"]
     assert said["followed"]["users"] < 4000
     for name in ("edlae", "recvae-edlae"):
