@@ -77,7 +77,7 @@ def _top(indptr, indices, data, items, weight, out, strongest):  # pragma: no co
         lo, hi = indptr[j], indptr[j + 1]
         cols = indices[lo:hi]
         by_col = np.argsort(cols, kind="mergesort")
-        m, best = 0, -1.0
+        m, best = 0, -np.inf
         keep = np.empty(hi - lo, dtype=np.int64)  # the row's entries but j, in column order
         for e in by_col:
             if cols[e] != j:

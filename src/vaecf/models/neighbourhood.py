@@ -30,7 +30,8 @@ from vaecf.models.linalg import NotPositiveDefinite, cholesky, cholesky_solve
 
 # a block's neighbourhoods' union at most this many items (dense G on it): building G[span,
 # span] scans the span's rows of G, so a span much wider than its items' own neighbourhoods
-# costs more than it saves (benchmarks/README.md, "A 60,000-item catalogue")
+# costs more than it saves (spans up to 8,192 took 1.6x as long: benchmarks/README.md, "The
+# sparse solver: time")
 BLOCK_UNION = 2048
 BLOCK_SYSTEM_BYTES = 2**28  # a block's (items x k x k) systems: at most this many bytes
 HUBS = 4096  # items whose block among themselves is kept dense (gather.Blocks): 64 MiB float32
