@@ -107,3 +107,18 @@ def test_loading_a_linear_model_does_not_import_numba():
     code = "import sys, vaecf.models.ease; print('numba' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_gram_is_scipys_product_to_the_bit(dtype):
+    rng = np.random.default_rng(6)
+    x = sp.random(500, 90, density=0.1, random_state=rng, format="csr", dtype=dtype)
+    x.data = rng.random(x.nnz).astype(dtype) * 3  # weighted: sums that rounding can tell apart
+    x = sp.diags((np.arange(500) != 3).astype(dtype)) @ x  # user 3 without items
+    x.eliminate_zeros()
+    got, want = gather.gram(x), (x.T @ x).tocsr()
+    want.sort_indices()
+    assert got.has_sorted_indices and got.dtype == want.dtype and got.indices.dtype == np.int32
+    np.testing.assert_array_equal(got.indptr, want.indptr)
+    np.testing.assert_array_equal(got.indices, want.indices)
+    np.testing.assert_array_equal(got.data, want.data)

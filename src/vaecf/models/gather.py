@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import numba
 import numpy as np
+import scipy.sparse as sp
 import torch
 
 
@@ -92,6 +93,46 @@ def _top(indptr, indices, data, items, weight, out, strongest):  # pragma: no co
         out[r, : len(top)] = top
 
 
+@compiled
+def _gram_counts(tp, ti, p, i, chunks, counts):  # pragma: no cover (compiled)
+    n = len(counts)
+    for c in numba.prange(chunks):
+        seen = np.full(n, -1, dtype=np.int64)
+        for a in range(c, n, chunks):
+            m = 0
+            for e in range(tp[a], tp[a + 1]):
+                u = ti[e]
+                for f in range(p[u], p[u + 1]):
+                    if seen[i[f]] != a:
+                        seen[i[f]] = a
+                        m += 1
+            counts[a] = m
+
+
+@compiled
+def _gram_fill(tp, ti, td, p, i, d, chunks, zero, op, oi, od):  # pragma: no cover (compiled)
+    n = len(op) - 1
+    for c in numba.prange(chunks):
+        seen = np.full(n, -1, dtype=np.int64)
+        acc = zero.copy()
+        for a in range(c, n, chunks):
+            start, m = op[a], 0
+            for e in range(tp[a], tp[a + 1]):  # users of item a, in order: scipy's sum order
+                u, v = ti[e], td[e]
+                for f in range(p[u], p[u + 1]):
+                    b = i[f]
+                    if seen[b] != a:
+                        seen[b] = a
+                        acc[b] = 0
+                        oi[start + m] = b
+                        m += 1
+                    acc[b] += v * d[f]
+            cols = np.sort(oi[start : start + m])
+            for t in range(m):
+                oi[start + t] = cols[t]
+                od[start + t] = acc[cols[t]]
+
+
 def threads() -> None:
     """Numba's threads held to PyTorch's count (the process's CPU budget)."""
     numba.set_num_threads(max(1, min(numba.config.NUMBA_NUM_THREADS, torch.get_num_threads())))
@@ -107,6 +148,33 @@ def top_neighbours(gram, items: np.ndarray, k: int, weight: np.ndarray):
     threads()
     _top(gram.indptr, gram.indices, gram.data, items, weight.astype(np.float64), out, strongest)
     return out, strongest
+
+
+def gram(x: sp.csr_matrix) -> sp.csr_matrix:
+    """X^T X as a CSR matrix with sorted indices, as scipy's product gives it (the same sums in
+    the same order; explicit zeros dropped), its rows computed in parallel: two passes over
+    each item's users' histories (the row's length, then its sums)."""
+    x = x.tocsr()
+    x.sort_indices()
+    t = x.tocsc()  # X^T's rows: each item's users, in order
+    t.sort_indices()
+    n = x.shape[1]
+    chunks = 64 * max(1, torch.get_num_threads())  # interleaved items: popular ones spread out
+    counts = np.zeros(n, dtype=np.int64)
+    threads()
+    _gram_counts(t.indptr, t.indices, x.indptr, x.indices, chunks, counts)
+    total = int(counts.sum())
+    index = np.int32 if total < 2**31 else np.int64  # scipy's choice, so it copies nothing
+    indptr = np.zeros(n + 1, dtype=index)
+    np.cumsum(counts, out=indptr[1:])
+    indices = np.empty(total, dtype=index)
+    data = np.empty(total, dtype=x.dtype)
+    zero = np.zeros(n, dtype=x.dtype)
+    _gram_fill(t.indptr, t.indices, t.data, x.indptr, x.indices, x.data, chunks, zero,
+               indptr, indices, data)  # fmt: skip
+    out = sp.csr_matrix((data, indices, indptr), shape=(n, n))
+    out.eliminate_zeros()
+    return out
 
 
 def rows_among(gram, items: np.ndarray, out: np.ndarray) -> None:

@@ -141,8 +141,9 @@ def neighbour_weights(
     k: they are the most often recommended, and co-occur with the most items. `rank`: which
     items are neighbours (`rank_weights`; "count" here, as the benchmarks' earlier figures
     were solved, while the models' `neighbour_rank` setting defaults to "cosine")."""
-    if gram is None:
-        gram = (x.T @ x).tocsr()
+    from vaecf.models import gather
+
+    gram = gather.gram(x) if gram is None else gram
     gram.sort_indices()
     n = gram.shape[0]
     diag = gram.diagonal().astype(np.float64)
@@ -152,8 +153,6 @@ def neighbour_weights(
     rest = np.setdiff1d(np.arange(n), wide)
     np_dtype = np.float64 if dtype == torch.float64 else np.float32
     rows_out, cols_out, vals_out = [], [], []
-    from vaecf.models import gather
-
     blocks = gather.Blocks(gram, np_dtype, HUBS)
     for group, kk in ((rest, k), (wide, popular_k)):
         kk = max(1, min(kk, n - 1))
