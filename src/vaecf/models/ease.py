@@ -210,7 +210,7 @@ class EASE(Model):
         cfg, device = self.config, self.weight.device
         dtype = getattr(torch, cfg.solve_dtype)
         x = x.astype(np.float64 if dtype == torch.float64 else np.float32)
-        if solver == "sparse":  # catalogues where scipy's one-thread product takes minutes
+        if solver == "sparse":  # large catalogues: scipy's one-thread product takes 30 s at 100,000
             from vaecf.models import gather
 
             gram_sp = gather.gram(x)  # the same matrix, in parallel
