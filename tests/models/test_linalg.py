@@ -83,6 +83,27 @@ def test_a_linear_fit_that_is_not_positive_definite_says_what_to_do():
         linear_weights(g, 0.0)
 
 
+@pytest.mark.parametrize("k", [1, 7, 32, 33, 100, 256])
+def test_batched_solves_match_a_direct_solve(k, monkeypatch):
+    monkeypatch.setattr(linalg, "SYSTEMS_BYTES", 3 * k * k * 8)  # groups of 4: 10 = 4 + 4 + 2
+    g = torch.Generator().manual_seed(k)
+    m = torch.randn(10, k, k + 3, generator=g, dtype=torch.float64)
+    a = m @ m.mT + 0.1 * torch.eye(k, dtype=torch.float64)
+    rhs = torch.randn(10, k, generator=g, dtype=torch.float64)
+    want = torch.linalg.solve(a, rhs)
+    factors = a.clone()
+    got = linalg.spd_solve_batch(factors, rhs)
+    torch.testing.assert_close(got, want, rtol=1e-9, atol=1e-9)
+    torch.testing.assert_close(factors, torch.linalg.cholesky(a), rtol=1e-9, atol=1e-9)
+
+
+def test_a_batch_with_one_system_not_positive_definite_is_refused():
+    a = torch.eye(100).repeat(3, 1, 1)
+    a[1, 70, 70] = -1.0  # found in the trailing half's factorisation
+    with pytest.raises(linalg.NotPositiveDefinite):
+        linalg.spd_solve_batch(a, torch.ones(3, 100))
+
+
 def test_openblas_takes_only_the_sizes_its_threaded_syrk_holds():
     cpu = torch.device("cpu")
     assert linalg.solver(22_000, torch.float32, cpu) == ("scipy" if linalg.X86 else "torch")

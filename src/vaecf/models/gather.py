@@ -77,7 +77,11 @@ def _top(indptr, indices, data, items, weight, out, strongest):  # pragma: no co
         j = items[r]
         lo, hi = indptr[j], indptr[j + 1]
         cols = indices[lo:hi]
-        by_col = np.argsort(cols, kind="mergesort")
+        by_col = np.arange(hi - lo)
+        for e in range(1, hi - lo):
+            if cols[e] < cols[e - 1]:  # unsorted row: read it in column order
+                by_col = np.argsort(cols, kind="mergesort")
+                break
         m, best = 0, -np.inf
         keep = np.empty(hi - lo, dtype=np.int64)  # the row's entries but j, in column order
         for e in by_col:
@@ -89,8 +93,18 @@ def _top(indptr, indices, data, items, weight, out, strongest):  # pragma: no co
         score = np.empty(m)
         for t in range(m):
             score[t] = -(np.float64(data[lo + keep[t]]) * weight[cols[keep[t]]])
-        top = np.sort(cols[keep[np.argsort(score, kind="mergesort")[:k]]])
-        out[r, : len(top)] = top
+        # the k lowest scores, ties to the lower column: all below the k-th lowest, then
+        # those equal to it in column order
+        cut = np.partition(score, k - 1)[k - 1] if m > k else np.inf
+        below = 0
+        for t in range(m):
+            below += score[t] < cut
+        ties, n_out = k - below, 0
+        for t in range(m):
+            if score[t] < cut or (score[t] == cut and ties > 0):
+                ties -= score[t] == cut
+                out[r, n_out] = cols[keep[t]]
+                n_out += 1
 
 
 @compiled

@@ -106,6 +106,47 @@ def cholesky_solve(b: torch.Tensor, chol: torch.Tensor) -> torch.Tensor:
     return torch.cholesky_solve(b, chol)
 
 
+# systems factored together: a few MiB of them, so that a group's factorisation stays in cache
+SYSTEMS_BYTES = 2**23
+FACTOR_BASE = 32  # blocks of at most this size go to LAPACK's unblocked factorisation
+
+
+def spd_solve_batch(a: torch.Tensor, rhs: torch.Tensor) -> torch.Tensor:
+    """(J, k) x with a_j x_j = rhs_j for a batch of symmetric positive definite (J, k, k)
+    systems, `a` overwritten by its lower Cholesky factors; NotPositiveDefinite if one is not.
+    Factored by halves (`_factor_`), so that nearly all the flops are batched products: on 2
+    cores of an Intel Xeon with AMX, 2x LAPACK's batched potrf + potrs at k = 256 and 4x at
+    k = 1,024 (benchmarks/README.md, "The sparse solver: time")."""
+    group = max(4, SYSTEMS_BYTES // (a.shape[1] * a.shape[2] * a.element_size()))
+    out = torch.empty_like(rhs)
+    for s in range(0, a.shape[0], group):
+        chol = a[s : s + group]
+        _factor_(chol)
+        y = torch.linalg.solve_triangular(chol, rhs[s : s + group, :, None], upper=False)
+        out[s : s + group] = torch.linalg.solve_triangular(chol.mT, y, upper=True)[:, :, 0]
+    return out
+
+
+def _factor_(a: torch.Tensor) -> None:
+    """a (J, n, n) := its lower Cholesky factors, zero above the diagonal: the leading half
+    factored (recursively), the trailing rows solved against it and the trailing block updated
+    by one batched product, then factored (recursively)."""
+    n = a.shape[-1]
+    if n <= FACTOR_BASE:
+        chol, info = torch.linalg.cholesky_ex(a)
+        if int(info.max()):
+            raise NotPositiveDefinite
+        a.copy_(chol)
+        return
+    h = (n // 2 + 15) // 16 * 16
+    a11, a21, a22 = a[:, :h, :h], a[:, h:, :h], a[:, h:, h:]
+    _factor_(a11)
+    a[:, :h, h:].zero_()
+    a21.copy_(torch.linalg.solve_triangular(a11.mT, a21, upper=True, left=False))
+    a22.baddbmm_(a21, a21.mT, alpha=-1)
+    _factor_(a22)
+
+
 def add_gram_(gram: torch.Tensor, k: torch.Tensor) -> None:
     """gram += k^T k for a block of rows k (B, L): on the CPU through BLAS syrk where
     `openblas_safe`, which forms the lower triangle alone at half a product's flops (the

@@ -26,7 +26,7 @@ import torch
 
 from vaecf.data.matrix import SparseBatch
 from vaecf.errors import RunError
-from vaecf.models.linalg import NotPositiveDefinite, cholesky, cholesky_solve
+from vaecf.models.linalg import NotPositiveDefinite, spd_solve_batch
 
 # a block's neighbourhoods' union at most this many items (dense G on it): building G[span,
 # span] scans the span's rows of G, so a span much wider than its items' own neighbourhoods
@@ -196,12 +196,11 @@ def _solve_block(blocks, span, items, nbrs, lam, l2, np_dtype, device, dtype) ->
     a, rhs = gather.systems(full, pos[nbrs], lam_span, pos[items])  # (J, kk, kk), (J, kk)
     at = torch.from_numpy(a).to(device=device, dtype=dtype)
     try:
-        chol = cholesky(at)
+        b = spd_solve_batch(at, torch.from_numpy(rhs).to(at))
     except NotPositiveDefinite:
         raise RunError(
             f"a neighbourhood system with lambda {l2} is not positive definite"
         ) from None
-    b = cholesky_solve(torch.from_numpy(rhs).to(at)[:, :, None], chol)[:, :, 0]
     return b.cpu().numpy()
 
 
