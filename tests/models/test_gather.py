@@ -89,6 +89,31 @@ def test_systems_equal_numpys_fancy_indexing():
     np.testing.assert_array_equal(rhs, full[p, at[:, None]])
 
 
+@pytest.mark.parametrize("k", [1, 3, 4, 7, 8, 41])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_solved_systems_equal_numpys_solve(k, dtype):
+    rng = np.random.default_rng(k)
+    x = rng.standard_normal((120, 60))
+    full = (x.T @ x).astype(dtype)  # positive definite on every subset
+    p = np.stack([rng.choice(60, size=k, replace=False) for _ in range(9)])
+    lam = rng.random(60).astype(dtype)
+    at = rng.integers(0, 60, size=9)
+    a, rhs = gather.systems(full, p, lam, at)
+    want = np.linalg.solve(a.astype(np.float64), rhs.astype(np.float64)[:, :, None])[:, :, 0]
+    got = gather.solve_systems(full, p, lam, at)
+    assert got.dtype == dtype
+    np.testing.assert_allclose(got, want, rtol=2e-3 if dtype == np.float32 else 1e-9, atol=1e-6)
+
+
+def test_a_system_not_positive_definite_is_reported():
+    full = np.eye(10, dtype=np.float32)
+    full[6, 6] = -2.0
+    p = np.array([[0, 1, 2, 3, 4], [5, 6, 7, 8, 9]])
+    lam = np.ones(10, dtype=np.float32)  # item 6: -2 + 1 < 0
+    assert gather.solve_systems(full, p, lam, np.zeros(2, dtype=np.int64)) is None
+    assert gather.solve_systems(full, p[:1], lam, np.zeros(1, dtype=np.int64)) is not None
+
+
 @pytest.mark.parametrize("hubs", [0, 10, 80])
 def test_blocks_with_hubs_equal_scipys_selection_span_after_span(hubs):
     g = gram(5, n=80, users=300)  # some rows much longer than others: hubs and the rest

@@ -1,6 +1,7 @@
 """The sparse solver's gathers, compiled by Numba: each item's neighbours, G's entries among
 a set of items made dense (`Blocks`), and each item's neighbourhood system read out of that
-dense block.
+dense block, or read and solved there (`solve_systems`: a Cholesky factorisation of its own,
+no LAPACK call, so vaecf.models.linalg's guard against OpenBLAS is not needed).
 
 Each is one pass over what it reads, in parallel over rows (Numba's threads, as many as
 PyTorch uses). Through scipy's row and column selection the dense blocks took ~75% of a sparse
@@ -68,6 +69,72 @@ def _systems(full, p, lam, at, a, rhs):  # pragma: no cover (compiled)
                 a[j, u, v] = row[p[j, v]]
             a[j, u, u] += lam[p[j, u]]
             rhs[j, u] = row[at[j]]
+
+
+@numba.njit(nogil=True, cache=True, fastmath=True)
+def _row_entries(m, c, lo, hi):  # pragma: no cover (compiled)
+    for t in range(lo, hi):  # L[c, t] = (A[c, t] - L[c, :t] . L[t, :t]) / L[t, t]
+        s = m[c, t]
+        for q in range(t):
+            s -= m[c, q] * m[t, q]
+        m[c, t] = s / m[t, t]
+
+
+@numba.njit(nogil=True, cache=True, fastmath=True)
+def _factor_lower(m):  # pragma: no cover (compiled)
+    """m's lower triangle := its Cholesky factor (Crout, four rows at a time: each row t read
+    once for four dot products); False if m is not positive definite."""
+    k = m.shape[0]
+    for c0 in range(0, k, 4):
+        if c0 + 4 <= k:
+            for t in range(c0):
+                s0, s1, s2, s3 = m[c0, t], m[c0 + 1, t], m[c0 + 2, t], m[c0 + 3, t]
+                for q in range(t):
+                    w = m[t, q]
+                    s0 -= m[c0, q] * w
+                    s1 -= m[c0 + 1, q] * w
+                    s2 -= m[c0 + 2, q] * w
+                    s3 -= m[c0 + 3, q] * w
+                d = m[t, t]
+                m[c0, t], m[c0 + 1, t], m[c0 + 2, t], m[c0 + 3, t] = s0 / d, s1 / d, s2 / d, s3 / d
+        else:
+            for c in range(c0, k):
+                _row_entries(m, c, 0, c0)
+        for c in range(c0, min(c0 + 4, k)):  # the diagonal block
+            _row_entries(m, c, c0, c)
+            d = m[c, c]
+            for q in range(c):
+                d -= m[c, q] * m[c, q]
+            if not d > 0:
+                return False
+            m[c, c] = np.sqrt(d)
+    return True
+
+
+@numba.njit(parallel=True, nogil=True, cache=True, fastmath=True)
+def _solve_systems(full, p, lam, at, out, failed):  # pragma: no cover (compiled)
+    k = p.shape[1]
+    for j in numba.prange(p.shape[0]):
+        m = np.empty((k, k), dtype=full.dtype)  # the lower triangle: gathered, then factored
+        for u in range(k):
+            row = full[p[j, u]]
+            for v in range(u + 1):
+                m[u, v] = row[p[j, v]]
+            m[u, u] += lam[p[j, u]]
+        if not _factor_lower(m):
+            failed[j] = True
+            continue
+        y = np.empty(k, dtype=full.dtype)
+        for c in range(k):  # L y = rhs
+            s = full[p[j, c], at[j]]
+            for q in range(c):
+                s -= m[c, q] * y[q]
+            y[c] = s / m[c, c]
+        for c in range(k - 1, -1, -1):  # L^T b = y, by L's rows
+            b = y[c] / m[c, c]
+            out[j, c] = b
+            for q in range(c):
+                y[q] -= b * m[c, q]
 
 
 @compiled
@@ -246,3 +313,14 @@ def systems(full: np.ndarray, p: np.ndarray, lam: np.ndarray, at: np.ndarray):
     threads()
     _systems(full, p, lam.astype(full.dtype), at, a, rhs)
     return a, rhs
+
+
+def solve_systems(full: np.ndarray, p: np.ndarray, lam: np.ndarray, at: np.ndarray):
+    """(J, k) the solutions b_j of the systems `systems` would build, each gathered into a
+    thread's own k x k buffer, Cholesky-factored and solved there (no (J, k, k) array; for k
+    whose buffer stays in a core's cache); None if one of them is not positive definite."""
+    out = np.empty(p.shape, dtype=full.dtype)
+    failed = np.zeros(p.shape[0], dtype=np.bool_)
+    threads()
+    _solve_systems(full, p, lam.astype(full.dtype), at, out, failed)
+    return None if failed.any() else out

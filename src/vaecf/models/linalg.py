@@ -1,6 +1,7 @@
-"""The models' dense linear algebra on one guarded path: every factorisation, inverse and BLAS
-call of the linear family (EASE, EDLAE, the hybrid), the neighbourhood solver and inf-AE goes
-through this module (tests/models/test_linalg.py checks that no other module makes one).
+"""The models' dense linear algebra on one guarded path: every LAPACK and BLAS call of the
+linear family (EASE, EDLAE, the hybrid), the neighbourhood solver and inf-AE goes through this
+module; tests/models/test_linalg.py checks that no other module makes one (the sparse solver's
+small systems are factored by compiled loops of its own, in vaecf.models.gather).
 
 Why guarded: OpenBLAS's multithreaded SYRK (run by its own syrk, by potrf's trailing updates and
 by potri's lauum) packs each thread's share of the columns, GEMM_Q x share x itemsize bytes,

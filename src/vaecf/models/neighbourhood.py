@@ -34,6 +34,10 @@ from vaecf.models.linalg import NotPositiveDefinite, spd_solve_batch
 # sparse solver: time")
 BLOCK_UNION = 2048
 BLOCK_SYSTEM_BYTES = 2**28  # a block's (items x k x k) systems: at most this many bytes
+# systems of at most this many neighbours are solved on the CPU by one compiled pass each
+# (gather.solve_systems, 1.6x the batched products at 256 and never written out), larger ones
+# (a 1,024 system's 4 MiB outgrows a core's cache: 2.8x slower there) by batched products
+IN_CACHE = 512
 HUBS = 4096  # items whose block among themselves is kept dense (gather.Blocks): 64 MiB float32
 # vaecf.models.gather (Numba) is imported where a solve needs it: loading or serving a model
 # that scores through `sparse_b_rows` does not pay Numba's import (~0.3 s)
@@ -193,14 +197,18 @@ def _solve_block(blocks, span, items, nbrs, lam, l2, np_dtype, device, dtype) ->
     pos[span] = np.arange(len(span))
     full = blocks.dense(span)  # G[span, span], then the padding's zero row/column
     lam_span = np.append(lam[span], 1.0).astype(np_dtype)  # padding: 1 * b = 0
+    refused = RunError(f"a neighbourhood system with lambda {l2} is not positive definite")
+    if device.type == "cpu" and nbrs.shape[1] <= IN_CACHE:
+        b = gather.solve_systems(full, pos[nbrs], lam_span, pos[items])
+        if b is None:
+            raise refused
+        return b
     a, rhs = gather.systems(full, pos[nbrs], lam_span, pos[items])  # (J, kk, kk), (J, kk)
     at = torch.from_numpy(a).to(device=device, dtype=dtype)
     try:
         b = spd_solve_batch(at, torch.from_numpy(rhs).to(at))
     except NotPositiveDefinite:
-        raise RunError(
-            f"a neighbourhood system with lambda {l2} is not positive definite"
-        ) from None
+        raise refused from None
     return b.cpu().numpy()
 
 
