@@ -116,8 +116,8 @@ def spd_solve_batch(a: torch.Tensor, rhs: torch.Tensor) -> torch.Tensor:
     """(J, k) x with a_j x_j = rhs_j for a batch of symmetric positive definite (J, k, k)
     systems, `a` overwritten by its lower Cholesky factors; NotPositiveDefinite if one is not.
     Factored by halves (`_factor_`), so that nearly all the flops are batched products: on 2
-    cores of an Intel Xeon with AMX, 2x LAPACK's batched potrf + potrs at k = 256 and 4x at
-    k = 1,024 (benchmarks/README.md, "The sparse solver: time")."""
+    cores of an Intel Xeon with AMX, 1.6x LAPACK's batched potrf + potrs at k = 256 and 3.7x
+    at k = 1,024 (benchmarks/README.md, "The sparse solver: time")."""
     group = max(4, SYSTEMS_BYTES // (a.shape[1] * a.shape[2] * a.element_size()))
     out = torch.empty_like(rhs)
     for s in range(0, a.shape[0], group):

@@ -35,8 +35,9 @@ from vaecf.models.linalg import NotPositiveDefinite, spd_solve_batch
 BLOCK_UNION = 2048
 BLOCK_SYSTEM_BYTES = 2**28  # a block's (items x k x k) systems: at most this many bytes
 # systems of at most this many neighbours are solved on the CPU by one compiled pass each
-# (gather.solve_systems, 1.6x the batched products at 256 and never written out), larger ones
-# (a 1,024 system's 4 MiB outgrows a core's cache: 2.8x slower there) by batched products
+# (gather.solve_systems: 3.2x the batched products at 256, gather included, and never written
+# out), larger ones by batched products (a 1,024 system's 4 MiB outgrows a core's cache: the
+# compiled pass 1.25x slower there; benchmarks/README.md, "The sparse solver: time")
 IN_CACHE = 512
 HUBS = 4096  # items whose block among themselves is kept dense (gather.Blocks): 64 MiB float32
 # vaecf.models.gather (Numba) is imported where a solve needs it: loading or serving a model
