@@ -173,7 +173,6 @@ SMOKE: dict[str, list[tuple[str, str]]] = {
 # files not run here, each with the reason
 EXEMPT = {
     "README.md": "the results document, not a script",
-    "probe_batched_cholesky.py": "a probe, run once for benchmarks/README and then removed",
     "gpu_kit.sh": "downloads wheels from the package registry for a GPU lend; its bash syntax "
     "is checked instead",
     "gpu.sh": "drives the scripts above on a CUDA GPU (nvidia-smi, CUDA tests); its bash syntax is "
