@@ -114,10 +114,14 @@ FACTOR_BASE = 32  # blocks of at most this size go to LAPACK's unblocked factori
 
 def spd_solve_batch(a: torch.Tensor, rhs: torch.Tensor) -> torch.Tensor:
     """(J, k) x with a_j x_j = rhs_j for a batch of symmetric positive definite (J, k, k)
-    systems, `a` overwritten by its lower Cholesky factors; NotPositiveDefinite if one is not.
+    systems (on the CPU `a` overwritten by its lower Cholesky factors); NotPositiveDefinite if
+    one is not.
     Factored by halves (`_factor_`), so that nearly all the flops are batched products: on 2
     cores of an Intel Xeon with AMX, 1.6x LAPACK's batched potrf + potrs at k = 256 and 3.7x
-    at k = 1,024 (benchmarks/README.md, "The sparse solver: time")."""
+    at k = 1,024 (benchmarks/README.md, "The sparse solver: time"). On a GPU, one batched
+    potrf and potrs for the whole batch (cuSOLVER's), as before the halves."""
+    if a.device.type != "cpu":
+        return cholesky_solve(rhs[:, :, None], cholesky(a))[:, :, 0]
     group = max(4, SYSTEMS_BYTES // (a.shape[1] * a.shape[2] * a.element_size()))
     out = torch.empty_like(rhs)
     for s in range(0, a.shape[0], group):
