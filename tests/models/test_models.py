@@ -22,6 +22,7 @@ from vaecf import memory, models
 from vaecf.data.matrix import CSR
 from vaecf.errors import ConfigError
 from vaecf.evaluate import evaluate_model
+from vaecf.models import neighbourhood
 from vaecf.models.linear import cv_folds, metrics_of
 from vaecf.models.multvae import auto_batch_size, scaled_anneal_steps
 from vaecf.models.neighbourhood import (
@@ -408,9 +409,11 @@ def test_trained_linear_path_moves_and_never_uses_its_diagonal(ds, tmp_path):
 
 
 @pytest.mark.parametrize("p", [0.0, 0.3])
-def test_sparse_solver_with_every_item_as_neighbour_is_the_dense_solution(p):
+@pytest.mark.parametrize("in_cache", [512, 4])  # the systems solved compiled, or by halves
+def test_sparse_solver_with_every_item_as_neighbour_is_the_dense_solution(p, in_cache, monkeypatch):
     """Where every pair of items co-occurs, the neighbourhood regression over all other items
     is EASE's (EDLAE's) column exactly."""
+    monkeypatch.setattr(neighbourhood, "IN_CACHE", in_cache)
     rng = np.random.default_rng(5)
     x = (rng.random((120, 25)) < 0.5).astype(np.float64)
     assert ((x.T @ x) > 0).all()
