@@ -415,10 +415,10 @@ def test_sparse_solver_with_every_item_as_neighbour_is_the_dense_solution(p, in_
     is EASE's (EDLAE's) column exactly."""
     monkeypatch.setattr(neighbourhood, "IN_CACHE", in_cache)
     rng = np.random.default_rng(5)
-    x = (rng.random((120, 25)) < 0.5).astype(np.float64)
+    x = (rng.random((120, 70)) < 0.5).astype(np.float64)  # systems of 69: past FACTOR_BASE
     assert ((x.T @ x) > 0).all()
-    cfg = {"l2": 7.0, "dropout": p, "solver": "sparse", "neighbours": 24}
-    model = models.build("edlae", 25, {**cfg, "solve_dtype": "float64"})
+    cfg = {"l2": 7.0, "dropout": p, "solver": "sparse", "neighbours": 69}
+    model = models.build("edlae", 70, {**cfg, "solve_dtype": "float64"})
     record = model.fit(sp.csr_matrix(x))
     assert record["solver"] == "sparse" and model.sparse and model.weight.numel() == 0
     b = model.item_vectors().to_dense().double().numpy()
