@@ -114,6 +114,43 @@ def test_a_system_not_positive_definite_is_reported():
     assert gather.solve_systems(full, p[:1], lam, np.zeros(1, dtype=np.int64)) is not None
 
 
+def reference_spans(items, nbrs, order, limit, max_items, n):
+    """Runs of `order` grown greedily while the union of their items and neighbourhoods (the
+    padding n counted, then dropped) stays within `limit`: the solver's rule, with sets."""
+    start = 0
+    while start < len(order):
+        span, stop = set(nbrs[order[start]].tolist()) | {int(items[order[start]])}, start + 1
+        while stop < len(order) and stop - start < max_items:
+            r = order[stop]
+            more = (set(nbrs[r].tolist()) | {int(items[r])}) - span
+            if len(span) + len(more) > limit:
+                break
+            span, stop = span | more, stop + 1
+        yield order[start:stop], np.array(sorted(span - {n}), dtype=np.int64)
+        start = stop
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_spans_equal_a_set_based_greedy_grouping(seed):
+    rng = np.random.default_rng(seed)
+    n = int(rng.integers(5, 80))
+    k = int(rng.integers(1, min(n, 12)))
+    items = np.sort(rng.choice(n, size=int(rng.integers(1, n + 1)), replace=False))
+    nbrs = np.full((len(items), k), n)  # padded with n where an item has fewer neighbours
+    for r, j in enumerate(items):
+        others = np.setdiff1d(np.arange(n), [j])
+        c = min(int(rng.integers(0, k + 1)), len(others))
+        nbrs[r, :c] = np.sort(rng.choice(others, size=c, replace=False))
+    order = rng.permutation(len(items))
+    limit, max_items = int(rng.integers(1, 3 * k + 3)), int(rng.integers(1, 10))
+    got = list(gather.spans(items, nbrs, order, limit, max_items, n))
+    want = list(reference_spans(items, nbrs, order, limit, max_items, n))
+    assert len(got) == len(want)
+    for (rows, span), (rows_want, span_want) in zip(got, want):
+        np.testing.assert_array_equal(rows, rows_want)
+        np.testing.assert_array_equal(span, span_want)
+
+
 @pytest.mark.parametrize("hubs", [0, 10, 80])
 def test_blocks_with_hubs_equal_scipys_selection_span_after_span(hubs):
     g = gram(5, n=80, users=300)  # some rows much longer than others: hubs and the rest

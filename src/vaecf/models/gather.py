@@ -1,5 +1,6 @@
-"""The sparse solver's gathers, compiled by Numba: each item's neighbours, G's entries among
-a set of items made dense (`Blocks`), and each item's neighbourhood system read out of that
+"""The sparse solver's gathers, compiled by Numba: each item's neighbours, the runs of items
+solved together (`spans`), G's entries among a set of items made dense (`Blocks`), and each
+item's neighbourhood system read out of that
 dense block, or read and solved there (`solve_systems`: a Cholesky factorisation of its own,
 no LAPACK call, so vaecf.models.linalg's guard against OpenBLAS is not needed).
 
@@ -135,6 +136,34 @@ def _solve_systems(full, p, lam, at, out, failed):  # pragma: no cover (compiled
             out[j, c] = b
             for q in range(c):
                 y[q] -= b * m[c, q]
+
+
+@numba.njit(nogil=True, cache=True)
+def _next_span(
+    items, nbrs, order, start, limit, max_items, span_mark, row_mark, tag, counter
+):  # pragma: no cover (compiled)
+    m, k = len(order), nbrs.shape[1]
+    members = np.empty(max(limit, k + 1), dtype=np.int64)  # the first row, or within limit
+    size, stop = 0, start
+    while stop < m and stop - start < max_items:
+        r = order[stop]
+        counter += 1  # this row's own mark: the padding repeats within a row
+        more = 0
+        for t in range(k + 1):
+            i = items[r] if t == k else nbrs[r, t]
+            if span_mark[i] != tag and row_mark[i] != counter:
+                row_mark[i] = counter
+                more += 1
+        if stop > start and size + more > limit:
+            break
+        for t in range(k + 1):
+            i = items[r] if t == k else nbrs[r, t]
+            if span_mark[i] != tag:
+                span_mark[i] = tag
+                members[size] = i
+                size += 1
+        stop += 1
+    return stop, np.sort(members[:size]), counter
 
 
 @compiled
@@ -324,3 +353,19 @@ def solve_systems(full: np.ndarray, p: np.ndarray, lam: np.ndarray, at: np.ndarr
     threads()
     _solve_systems(full, p, lam.astype(full.dtype), at, out, failed)
     return None if failed.any() else out
+
+
+def spans(items, nbrs, order, limit: int, max_items: int, n: int):
+    """Runs of `order` (rows of `items` and their `nbrs`, padded with n), at most `max_items`
+    long, whose items' neighbourhoods (and the items) span at most `limit` items, the padding
+    counted as one (a single item always forms a run): each run's rows of `order` and its
+    span's items, sorted, without the padding."""
+    span_mark = np.full(n + 1, -1, dtype=np.int64)
+    row_mark = np.full(n + 1, -1, dtype=np.int64)
+    items, nbrs, order = (a.astype(np.int64) for a in (items, nbrs, order))
+    start, tag, counter = 0, 0, 0
+    while start < len(order):
+        stop, span, counter = _next_span(items, nbrs, order, start, limit, max_items,
+                                         span_mark, row_mark, tag, counter)  # fmt: skip
+        yield order[start:stop], span[span != n]
+        start, tag = stop, tag + 1

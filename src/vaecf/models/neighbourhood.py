@@ -99,28 +99,6 @@ def dense_block(gram: sp.csr_matrix, items: np.ndarray, out: np.ndarray | None =
     return out
 
 
-def _blocks(
-    items: np.ndarray, nbrs: np.ndarray, order: np.ndarray, limit: int, max_items: int, n: int
-):
-    """Runs of `order` (rows of `items` and their `nbrs`, padded with n), at most `max_items`
-    long, whose items' neighbourhoods (and the items) span at most `limit` items (a single
-    item always forms a block); with the span's items, sorted."""
-    m, start = len(order), 0
-    while start < m:
-        r = order[start]
-        stop, span = start + 1, set(nbrs[r].tolist()) | {int(items[r])}
-        while stop < m and stop - start < max_items:
-            r = order[stop]
-            more = (set(nbrs[r].tolist()) | {int(items[r])}) - span
-            if len(span) + len(more) > limit:
-                break
-            span |= more
-            stop += 1
-        span.discard(n)  # the padding index
-        yield order[start:stop], np.array(sorted(span), dtype=np.int64)
-        start = stop
-
-
 def popular_tier(diag: np.ndarray, share: float) -> np.ndarray:
     """The `share` most popular items (largest G_ii; ties: lower index), sorted."""
     m = int(share * len(diag))
@@ -170,7 +148,7 @@ def neighbour_weights(
         # G's rows are gathered
         order = np.lexsort((group, strongest))
         max_items = max(1, BLOCK_SYSTEM_BYTES // (8 * kk * kk))
-        for rows, span in _blocks(group, nbrs, order, BLOCK_UNION, max_items, n):
+        for rows, span in gather.spans(group, nbrs, order, BLOCK_UNION, max_items, n):
             items, block_nbrs = group[rows], nbrs[rows]
             b = _solve_block(blocks, span, items, block_nbrs, lam, l2, np_dtype, device, dtype)
             real = block_nbrs < n
