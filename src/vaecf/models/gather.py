@@ -1,8 +1,8 @@
 """The sparse solver's gathers, compiled by Numba: each item's neighbours, the runs of items
 solved together (`spans`), G's entries among a set of items made dense (`Blocks`), and each
-item's neighbourhood system read out of that
-dense block, or read and solved there (`solve_systems`: a Cholesky factorisation of its own,
-no LAPACK call, so vaecf.models.linalg's guard against OpenBLAS is not needed).
+item's neighbourhood system read out of that dense block, or read and solved there
+(`solve_systems`: a Cholesky factorisation of its own, no LAPACK call, so
+vaecf.models.linalg's guard against OpenBLAS is not needed).
 
 Each is one pass over what it reads, in parallel over rows (Numba's threads, as many as
 PyTorch uses). Through scipy's row and column selection the dense blocks took ~75% of a sparse
