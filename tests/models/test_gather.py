@@ -171,6 +171,25 @@ def test_loading_a_linear_model_does_not_import_numba():
     assert out.stdout.strip() == "False"
 
 
+def test_where_numba_cannot_cache_the_loops_are_compiled_uncached():
+    """A read-only install without a writable cache directory: Numba refuses `cache=True` at
+    decoration; the module still loads and its loops run."""
+    code = (
+        "import numba, numpy as np\n"
+        "real = numba.njit\n"
+        "def njit(*a, **k):\n"
+        "    if k.get('cache'):\n"
+        "        raise RuntimeError('cannot cache function: no locator available')\n"
+        "    return real(*a, **k)\n"
+        "numba.njit = njit\n"
+        "from vaecf.models import gather\n"
+        "nbrs = np.array([[1, 3], [0, 3], [3, 3]])\n"
+        "print([s.tolist() for _, s in gather.spans(np.arange(3), nbrs, np.arange(3), 3, 9, 3)])\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[[0, 1], [2]]"
+
+
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 def test_gram_is_scipys_product_to_the_bit(dtype):
     rng = np.random.default_rng(6)

@@ -20,14 +20,20 @@ import scipy.sparse as sp
 import torch
 
 
-def compiled(fn):
-    """`fn` compiled by Numba as a parallel loop, cached on disk; where no cache directory can
-    be written (a read-only install without a writable home; NUMBA_CACHE_DIR names one),
-    compiled afresh by each process instead."""
-    try:
-        return numba.njit(parallel=True, nogil=True, cache=True)(fn)
-    except RuntimeError:  # Numba's "cannot cache function ...: no locator available"
-        return numba.njit(parallel=True, nogil=True)(fn)
+def compiled(fn=None, *, parallel: bool = True, fastmath: bool = False):
+    """`fn` compiled by Numba (a parallel loop unless `parallel` is False), cached on disk;
+    where no cache directory can be written (a read-only install without a writable home;
+    NUMBA_CACHE_DIR names one), compiled afresh by each process instead. Bare, or with the
+    options: `@compiled(parallel=False)`."""
+
+    def wrap(f):
+        options = {"parallel": parallel, "nogil": True, "fastmath": fastmath}
+        try:
+            return numba.njit(cache=True, **options)(f)
+        except RuntimeError:  # Numba's "cannot cache function ...: no locator available"
+            return numba.njit(**options)(f)
+
+    return wrap if fn is None else wrap(fn)
 
 
 @compiled
@@ -72,7 +78,7 @@ def _systems(full, p, lam, at, a, rhs):  # pragma: no cover (compiled)
             rhs[j, u] = row[at[j]]
 
 
-@numba.njit(nogil=True, cache=True, fastmath=True)
+@compiled(parallel=False, fastmath=True)
 def _row_entries(m, c, lo, hi):  # pragma: no cover (compiled)
     for t in range(lo, hi):  # L[c, t] = (A[c, t] - L[c, :t] . L[t, :t]) / L[t, t]
         s = m[c, t]
@@ -81,7 +87,7 @@ def _row_entries(m, c, lo, hi):  # pragma: no cover (compiled)
         m[c, t] = s / m[t, t]
 
 
-@numba.njit(nogil=True, cache=True, fastmath=True)
+@compiled(parallel=False, fastmath=True)
 def _factor_lower(m):  # pragma: no cover (compiled)
     """m's lower triangle := its Cholesky factor (Crout, four rows at a time: each row t read
     once for four dot products); False if m is not positive definite."""
@@ -112,7 +118,7 @@ def _factor_lower(m):  # pragma: no cover (compiled)
     return True
 
 
-@numba.njit(parallel=True, nogil=True, cache=True, fastmath=True)
+@compiled(fastmath=True)
 def _solve_systems(full, p, lam, at, out, failed):  # pragma: no cover (compiled)
     k = p.shape[1]
     for j in numba.prange(p.shape[0]):
@@ -138,7 +144,7 @@ def _solve_systems(full, p, lam, at, out, failed):  # pragma: no cover (compiled
                 y[q] -= b * m[c, q]
 
 
-@numba.njit(nogil=True, cache=True)
+@compiled(parallel=False)
 def _next_span(
     items, nbrs, order, start, limit, max_items, span_mark, row_mark, tag, counter
 ):  # pragma: no cover (compiled)
