@@ -52,10 +52,11 @@ def gram_bytes(x: sp.csr_matrix) -> int:
 
 
 def block_bytes(n_items: int, k: int) -> int:
-    """Bytes of one block's work: its dense part of G, its systems, their factors and a copy,
-    and the hubs' dense block every span reads."""
+    """Bytes of one block's work: its dense part of G, its systems (factored in place; none
+    where k <= IN_CACHE, each solved in its thread's own k x k buffer, but on a GPU), and the
+    hubs' dense block every span reads."""
     return (
-        3 * min(BLOCK_SYSTEM_BYTES, n_items * k * k * 8)
+        min(BLOCK_SYSTEM_BYTES, n_items * k * k * 8)
         + (min(BLOCK_UNION, n_items) + 1) ** 2 * 8
         + min(HUBS, n_items) ** 2 * 8  # the hubs' dense block (gather.Blocks)
     )
