@@ -612,7 +612,7 @@ def test_auto_solver_goes_sparse_where_dense_does_not_fit(ds, monkeypatch):
     # not fit, choosing on validation is advised; where nothing fits, it is not
     val = (ds.split("validation_tr"), ds.split("validation_te"))
     cv = {"l2_grid": [3.0, 30.0], "selection": "cv"}
-    monkeypatch.setattr(ease, "gram_bytes", lambda x: 10**9)
+    monkeypatch.setattr(ease, "gram_bytes", lambda x, exact=False: 10**9)
     for free, advised in ((12 * 10**8, True), (10**6, False)):
         monkeypatch.setattr(memory, "free_memory", free_bytes(free))
         with pytest.raises(vaecf.RunError, match=r"sparse solver on .* needs about") as e:
@@ -621,6 +621,26 @@ def test_auto_solver_goes_sparse_where_dense_does_not_fit(ds, monkeypatch):
     with pytest.raises(ConfigError, match="not --emphasis none"):
         cfg = {"l2": 3.0, "dropout": 0.2, "emphasis": "none", "solver": "sparse"}
         models.build("edlae", n, cfg).fit(x)
+
+
+def test_a_sparse_fit_the_pair_bound_would_refuse_is_counted_and_runs(monkeypatch):
+    """The sum of squared history lengths counts a pair of items once per history holding it;
+    where that bound does not fit, G's entries are counted before refusing."""
+    from vaecf.models import ease
+
+    rng = np.random.default_rng(8)
+    x = np.zeros((200, 60), dtype=np.float32)
+    x[:, :40] = 1  # every history holds the same 40 items: 200 times each pair
+    x[rng.random((200, 60)) < 0.02] = 1
+    x = sp.csr_matrix(x)
+    bound, exact = ease.gram_bytes(x), ease.gram_bytes(x, exact=True)
+    assert exact == 16 * (x.T @ x).nnz and bound > 20 * exact
+    monkeypatch.setattr(ease, "linear_bytes", lambda *a: 10**12)  # the dense arrays never fit
+    monkeypatch.setattr(memory, "free_memory", free_bytes(3 * 10**6))  # the bound: ~7 MB
+    assert models.build("ease", 60, {"l2": 30.0}).fit(x)["solver"] == "sparse"
+    monkeypatch.setattr(memory, "free_memory", free_bytes(10**6))  # a block's work: ~1.8 MB
+    with pytest.raises(vaecf.RunError, match=r"sparse solver on 60 items needs about"):
+        models.build("ease", 60, {"l2": 30.0}).fit(x)
 
 
 def test_ease_refuses_what_does_not_fit_before_allocating_with_advice_that_helps(monkeypatch):

@@ -328,15 +328,21 @@ class EASE(Model):
             raise ConfigError("the sparse solver fits EASE and EDLAE, not --emphasis none")
         k = min(cfg.neighbours, n)
         # the sparse Gram (and its copy while built), B twice (the best kept while searching),
-        # and a block's work: its dense part of G, its systems, their factors and copies; cv
+        # and a block's work (its dense part of G, its systems: `block_bytes`); cv
         # adds a fold's Gram (the Gram with the fold's rows swapped) and that fold's B
         wide, big = int(cfg.popular_share * n), min(cfg.popular_neighbours, n)
         extra = wide * max(0, big - k)  # the popular items' longer columns
-        b_bytes, g_bytes = (n * k + extra) * 16, gram_bytes(x)  # gram_bytes: two copies
-        plain = g_bytes + 2 * b_bytes + block_bytes(n, max(k, big if wide else k))
-        need = plain + (g_bytes // 2 + b_bytes if cv else 0)
+        b_bytes, block = (n * k + extra) * 16, block_bytes(n, max(k, big if wide else k))
+
+        def needs(g_bytes: int) -> tuple[int, int]:  # gram_bytes: two copies
+            plain = g_bytes + 2 * b_bytes + block
+            return plain, plain + (g_bytes // 2 + b_bytes if cv else 0)
+
         cpu = torch.device("cpu")
         host = memory.free_memory(cpu)
+        plain, need = needs(gram_bytes(x))
+        if need > host.bytes:  # the bound counts a pair once per history: count G's entries
+            plain, need = needs(gram_bytes(x, exact=True))
         if need > host.bytes:
             advice = ["drop rare items when preparing (--min-item-users)", "lower --neighbours"]
             if cv and plain <= host.bytes:

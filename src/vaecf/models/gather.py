@@ -266,19 +266,32 @@ def top_neighbours(gram, items: np.ndarray, k: int, weight: np.ndarray):
     return out, strongest
 
 
+def _gram_lengths(x: sp.csr_matrix):
+    """(X as CSR with sorted indices, X^T's rows (each item's users, in order), the chunks of
+    items the threads share, each row's length in X^T X): the first of `gram`'s passes."""
+    x = x.tocsr()
+    x.sort_indices()
+    t = x.tocsc()
+    t.sort_indices()
+    chunks = 64 * max(1, torch.get_num_threads())  # interleaved items: popular ones spread out
+    counts = np.zeros(x.shape[1], dtype=np.int64)
+    threads()
+    _gram_counts(t.indptr, t.indices, x.indptr, x.indices, chunks, counts)
+    return x, t, chunks, counts
+
+
+def gram_entries(x: sp.csr_matrix) -> int:
+    """The number of entries of X^T X (pairs of items in some history, each once), counted
+    without making it."""
+    return int(_gram_lengths(x)[3].sum())
+
+
 def gram(x: sp.csr_matrix) -> sp.csr_matrix:
     """X^T X as a CSR matrix with sorted indices, as scipy's product gives it (the same sums in
     the same order; explicit zeros dropped), its rows computed in parallel: two passes over
     each item's users' histories (the row's length, then its sums)."""
-    x = x.tocsr()
-    x.sort_indices()
-    t = x.tocsc()  # X^T's rows: each item's users, in order
-    t.sort_indices()
+    x, t, chunks, counts = _gram_lengths(x)
     n = x.shape[1]
-    chunks = 64 * max(1, torch.get_num_threads())  # interleaved items: popular ones spread out
-    counts = np.zeros(n, dtype=np.int64)
-    threads()
-    _gram_counts(t.indptr, t.indices, x.indptr, x.indices, chunks, counts)
     total = int(counts.sum())
     index = np.int32 if total < 2**31 else np.int64  # scipy's choice, so it copies nothing
     indptr = np.zeros(n + 1, dtype=index)

@@ -44,9 +44,15 @@ HUBS = 4096  # items whose block among themselves is kept dense (gather.Blocks):
 # that scores through `sparse_b_rows` does not pay Numba's import (~0.3 s)
 
 
-def gram_bytes(x: sp.csr_matrix) -> int:
-    """Upper bound on the bytes of the sparse Gram X^T X (and its copy while built): the sum
-    of squared row lengths, 16 bytes each."""
+def gram_bytes(x: sp.csr_matrix, exact: bool = False) -> int:
+    """Bytes of the sparse Gram X^T X (and its copy while built), 16 an entry: an upper bound
+    from the sum of squared row lengths (a pair of items counted once per history that holds
+    it, so several times the entries where histories overlap), or with `exact` its entries
+    counted by a compiled pass over the histories (gather.gram_entries, X^T X's first pass)."""
+    if exact:
+        from vaecf.models import gather
+
+        return gather.gram_entries(x) * 16
     lengths = np.diff(x.indptr).astype(np.int64)
     return int((lengths * lengths).sum()) * 16
 
