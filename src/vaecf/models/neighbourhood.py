@@ -48,13 +48,18 @@ def gram_bytes(x: sp.csr_matrix, exact: bool = False) -> int:
     """Bytes of the sparse Gram X^T X (and its copy while built), 16 an entry: an upper bound
     from the sum of squared row lengths (a pair of items counted once per history that holds
     it, so several times the entries where histories overlap), or with `exact` its entries
-    counted by a compiled pass over the histories (gather.gram_entries, X^T X's first pass)."""
-    if exact:
+    counted by a compiled pass over the histories (gather.gram_entries, X^T X's first pass;
+    the bound where Numba cannot load, as under an address-space limit too tight for LLVM)."""
+    lengths = np.diff(x.indptr).astype(np.int64)
+    bound = int((lengths * lengths).sum()) * 16
+    if not exact:
+        return bound
+    try:
         from vaecf.models import gather
 
         return gather.gram_entries(x) * 16
-    lengths = np.diff(x.indptr).astype(np.int64)
-    return int((lengths * lengths).sum()) * 16
+    except (ImportError, OSError, MemoryError):
+        return bound
 
 
 def block_bytes(n_items: int, k: int) -> int:
