@@ -21,6 +21,7 @@ import pytest
 from tests.serve.helpers import client, free_port, running
 from vaecf.cli import main
 from vaecf.config.serve import ServeSettings
+from vaecf.errors import ConfigError
 from vaecf.recommender import Recommender
 from vaecf.serve.batcher import MicroBatcher
 from vaecf.serve.fixtures import fresh_run
@@ -445,6 +446,36 @@ def test_requests_that_arrive_together_are_batched_not_scored_inline(rec_a, runs
         assert same_answer(rec.to_dict(), expected(rec_a, [1000 + i], 5))
 
 
+def niceness() -> int:
+    return os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="a niceness per thread: Linux")
+def test_the_scoring_thread_and_the_threads_it_starts_yield_to_the_event_loop():
+    def here_and_in_a_thread_it_starts():
+        out = []
+        t = threading.Thread(target=lambda: out.append(niceness()))
+        t.start()
+        t.join()
+        return niceness(), out[0]
+
+    async def go(nice):
+        b = MicroBatcher(nice=nice)
+        await b.start()
+        try:
+            return await b.run(here_and_in_a_thread_it_starts)
+        finally:
+            await b.stop()
+
+    base = niceness()
+    assert asyncio.run(go(3)) == (min(19, base + 3),) * 2
+    assert asyncio.run(go(0)) == (base, base)
+    assert niceness() == base  # the event loop's thread keeps its own
+    assert ServeSettings().scoring_nice > 0
+    with pytest.raises(ConfigError, match="scoring_nice must be 0-19"):
+        ServeSettings(scoring_nice=20)
+
+
 @pytest.mark.parametrize("wait_ms", [0.0, 20.0])
 def test_concurrent_http_requests_batched_or_not_get_the_unbatched_answer(runs, rec_a, wait_ms):
     bodies = requests_mix(32)
@@ -681,7 +712,6 @@ def test_serve_cli_sighup_reloads_and_sigterm_lets_requests_finish(runs):
 
 def test_auth_rule_for_addresses():
     from vaecf.config.serve import check_auth
-    from vaecf.errors import ConfigError
 
     for host in ("127.0.0.1", "127.0.0.5", "::1", "localhost"):
         check_auth(ServeSettings(host=host))

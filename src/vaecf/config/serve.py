@@ -38,6 +38,11 @@ class ServeSettings(Scoring):
         "micro-batching: requests arriving this long after the first are scored together (0: off)",
     )
     max_batch_size: int = setting(256, "histories per scoring call")
+    scoring_nice: int = setting(
+        5,
+        "niceness added to the scoring thread and its OpenMP helpers, so that the event loop "
+        "(answers, probes, new requests) outranks them for a core (0-19; 0: none)",
+    )
     # limits (413 / 422 with a JSON error naming the limit)
     max_body_bytes: int = setting(1 << 20, "bytes of a request body")
     max_history: int = setting(5000, "items per history")
@@ -133,6 +138,10 @@ class ServeSettings(Scoring):
         ):
             if getattr(self, name) < 1:
                 raise ConfigError(f"{name} must be at least 1")
+        if not 0 <= self.scoring_nice <= 19:
+            raise ConfigError(
+                f"scoring_nice must be 0-19 (a niceness added), not {self.scoring_nice}"
+            )
         if self.max_batch > self.max_batch_size:
             raise ConfigError(
                 f"max_batch ({self.max_batch} histories per request) exceeds max_batch_size "

@@ -40,6 +40,7 @@ def create_app(holder: ModelHolder, settings: ServeSettings) -> FastAPI:
         timeout_s=settings.request_timeout_s,
         stuck_after_s=settings.stuck_after_s,
         max_calls=settings.max_call_queue,
+        nice=settings.scoring_nice,
     )
     metrics.watch(lambda: batcher.queued, lambda: active["n"], lambda: batcher.calls_queued)
     svc = Service(holder, settings, metrics, batcher)
