@@ -39,9 +39,10 @@ class ServeSettings(Scoring):
     )
     max_batch_size: int = setting(256, "histories per scoring call")
     scoring_nice: int = setting(
-        5,
+        0,
         "niceness added to the scoring thread and its OpenMP helpers, so that the event loop "
-        "(answers, probes, new requests) outranks them for a core (0-19; 0: none)",
+        "outranks them for a core: a lower tail at concurrency 1 on a machine of the server's "
+        "own, but beside busy processes they get the cores (at most 19)",
     )
     # limits (413 / 422 with a JSON error naming the limit)
     max_body_bytes: int = setting(1 << 20, "bytes of a request body")
