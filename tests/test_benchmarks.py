@@ -180,7 +180,6 @@ EXEMPT = {
     "drillkit/": "the kit of drills.py (and tests/test_drills.py), a package run through drills.py",
     "fuzzkit.py": "the kit of drills.py's fuzzing (and tests/data/test_fuzz_parsers.py), run "
     "through drills.py",
-    "probe_scoring_nice.py": "a probe, removed in the commit after its own",
     "serve_client.py": "the server and client that serve_load.py and serve_hostile.py import, "
     "run through their smoke runs",
 }
