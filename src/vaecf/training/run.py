@@ -253,4 +253,4 @@ class ClosedFormFit(Run):
                 f.write(json.dumps(row) + "\n")
         if self.on_epoch is not None:
             self.on_epoch(row)
-        return self.finish()
+        return self.finish(weights=self.model.state_dict())  # not best.pt read back
