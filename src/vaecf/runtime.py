@@ -18,6 +18,10 @@ cores (EASE/EDLAE's scoring of each solved B) ran beside them. `calm_openblas`, 
 imported, lets them spin 2^20 cycles (~0.3 ms) before they sleep: EDLAE's search as `auto` runs
 it on ML-1M took 91.6 and 93.8 s -> 70.8 and 70.5 s (Zen 5; benchmarks/README.md, "EASE/EDLAE:
 what a search point costs").
+
+`lower_thread_priority` raises the calling thread's niceness (Linux sets it per thread, and the
+threads it starts, OpenMP's helpers among them, inherit it): `vaecf serve --scoring-nice` runs
+its scoring thread so, for the event loop to outrank the helpers that spin after each call.
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ import ctypes.util
 import functools
 import os
 import sys
+import threading
 from collections.abc import Iterator
 
 M_TRIM_THRESHOLD, M_MMAP_MAX = -1, -4
@@ -100,3 +105,15 @@ def one_blas_thread() -> Iterator[None]:
     with PyTorch's for the cores)."""
     with _numpy_blas().limit(limits=1):
         yield
+
+
+def lower_thread_priority(nice: int) -> None:
+    """The calling thread's niceness raised by `nice` (capped at 19; nothing off Linux, or for
+    0). At equal priority the scheduler let a scoring thread's spinning OpenMP helper keep a
+    core for milliseconds while the event loop, woken to send the answer, waited for it
+    (benchmarks/README.md, "What serving adds at concurrency 1")."""
+    if nice <= 0 or not sys.platform.startswith("linux"):
+        return
+    tid = threading.get_native_id()
+    with contextlib.suppress(OSError):  # a niceness can always be raised; a sandbox may refuse
+        os.setpriority(os.PRIO_PROCESS, tid, min(19, os.getpriority(os.PRIO_PROCESS, tid) + nice))

@@ -28,9 +28,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
-import sys
-import threading
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
@@ -41,6 +38,7 @@ from typing import Any
 
 from vaecf.config.serve import IDLE_BEAT_S
 from vaecf.recommender import Recommendation
+from vaecf.runtime import lower_thread_priority
 from vaecf.serve.reload import LoadedModel
 
 
@@ -96,19 +94,6 @@ async def _answer_or_gone(future: asyncio.Future, timeout: float | None) -> Any:
             handle.cancel()
 
 
-def lower_priority(nice: int) -> None:
-    """On a new thread, before it computes: its niceness raised by `nice` (Linux sets it per
-    thread, and the OpenMP helpers the thread starts inherit it). The scoring thread's helpers
-    spin for a while after each call, waiting for the next; at normal priority the scheduler
-    let a spinning helper keep a core for milliseconds while the event loop, woken to send the
-    answer, waited for it (benchmarks/README.md, "What serving adds at concurrency 1")."""
-    if nice <= 0 or not sys.platform.startswith("linux"):
-        return
-    tid = threading.get_native_id()
-    with contextlib.suppress(OSError):  # a niceness can always be raised; a sandbox may refuse
-        os.setpriority(os.PRIO_PROCESS, tid, min(19, os.getpriority(os.PRIO_PROCESS, tid) + nice))
-
-
 @dataclass(eq=False)  # a job is itself: found in the queue by identity
 class _Job:
     model: LoadedModel
@@ -146,18 +131,14 @@ class MicroBatcher:
         max_calls: int = 64,
         nice: int = 0,
     ):
-        self.wait_s = wait_s
-        self.max_batch_size = max_batch_size
-        self.max_queue = max_queue
-        self.max_calls = max_calls
-        self.timeout_s = timeout_s
-        self.stuck_after_s = stuck_after_s
+        self.wait_s, self.max_batch_size, self.max_queue = wait_s, max_batch_size, max_queue
+        self.max_calls, self.timeout_s, self.stuck_after_s = max_calls, timeout_s, stuck_after_s
         self.on_batch = on_batch  # (histories, requests, seconds) of every scoring call
         # requests the server is handling (queued or not yet): with none but those in hand and
         # queued, no one can join the batch and waiting would only add latency
         self.in_flight = in_flight
         self.executor = ThreadPoolExecutor(
-            1, thread_name_prefix="vaecf-score", initializer=lower_priority, initargs=(nice,)
+            1, thread_name_prefix="vaecf-score", initializer=lower_thread_priority, initargs=(nice,)
         )
         self._jobs: deque[_Job] = deque()
         self._queued = 0  # histories waiting in the queue
