@@ -66,6 +66,9 @@ class PrepareDrill(ReplaceDrill):
         t0 = time.perf_counter()
         run_ok(runner, self._argv(self.ref_b, 80, 2))
         self.duration = time.perf_counter() - t0
+        # a second timing: one taken while the machine was busy put 8 of 10 kills past the end
+        again = self.root / "timing"
+        self.duration = min(self.duration, timed(runner, self._argv(again, 80, 2), again))
         self.state_old, self.state_new = prepared_state(self.ref_a), prepared_state(self.ref_b)
 
     def _argv(self, out: Path, heldout: int, seed: int) -> list:
