@@ -60,7 +60,7 @@ if len(sys.argv) > 3:  # the floor: the same scoring call on one worker thread, 
     rec = worker.submit(Recommender.load, sys.argv[3], precision=sys.argv[4]).result()
 
     def score(items, k):
-        return rec.recommend_batch([items], k, exclude_history=True, allow=None, deny=None)
+        return rec.recommend_batch([items], k)
 
     @app.post("/v1/recommend")
     async def recommend(body: Body) -> Response:

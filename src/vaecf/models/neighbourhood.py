@@ -188,18 +188,18 @@ def _solve_block(blocks, span, items, nbrs, lam, l2, np_dtype, device, dtype) ->
     pos[span] = np.arange(len(span))
     full = blocks.dense(span)  # G[span, span], then the padding's zero row/column
     lam_span = np.append(lam[span], 1.0).astype(np_dtype)  # padding: 1 * b = 0
-    refused = RunError(f"a neighbourhood system with lambda {l2} is not positive definite")
+    refused = f"a neighbourhood system with lambda {l2} is not positive definite"
     if device.type == "cpu" and nbrs.shape[1] <= IN_CACHE:
         b = gather.solve_systems(full, pos[nbrs], lam_span, pos[items])
         if b is None:
-            raise refused
+            raise RunError(refused)
         return b
     a, rhs = gather.systems(full, pos[nbrs], lam_span, pos[items])  # (J, kk, kk), (J, kk)
     at = torch.from_numpy(a).to(device=device, dtype=dtype)
     try:
         b = spd_solve_batch(at, torch.from_numpy(rhs).to(at))
     except NotPositiveDefinite:
-        raise refused from None
+        raise RunError(refused) from None
     return b.cpu().numpy()
 
 
