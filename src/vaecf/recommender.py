@@ -26,7 +26,8 @@ from vaecf.data.vocab import Vocabulary
 from vaecf.errors import ConfigError, DataError, RunError
 from vaecf.models.base import Model, cosine_neighbours, vector_norms
 from vaecf.models.explain import EXPLAIN_TOP, check_work, strongest, weights
-from vaecf.models.serving_choice import DEFAULT_BATCH_SIZES, PrecisionChoice, copy_to_serve
+from vaecf.models.serving_choice import DEFAULT_BATCH_SIZES, copy_to_serve
+from vaecf.models.serving_pick import PrecisionChoice
 
 
 @dataclass
@@ -132,8 +133,9 @@ class Recommender:
 
     def __repr__(self) -> str:
         name = (self.info.get("model") or {}).get("name") or type(self.model).__name__
-        auto = " (chosen by auto)" if self.precision_choice is not None else ""
-        served = f", served in {self.precision}{auto}" if self.precision != "fp32" or auto else ""
+        choice = self.precision_choice
+        auto = f"{choice.label()} (chosen by auto)" if choice is not None else self.precision
+        served = f", served in {auto}" if auto != "fp32" else ""
         where = (  # a run directory that is gone (vaecf.fit's temporary one) is no source
             f"from run {self.source}" if self.source and rundir.is_run(self.source) else "in memory"
         )

@@ -15,6 +15,8 @@ import vaecf
 from vaecf import models
 from vaecf.data.matrix import SparseBatch
 from vaecf.models import serving_choice as sc
+from vaecf.models import serving_pick as sp
+from vaecf.models.serving import serving_copy
 from vaecf.serve.fixtures import fresh_run
 
 ALL = ["fp32", "bf16", "fp16", "int8"]
@@ -38,9 +40,9 @@ def usable(choice) -> dict:
 
 def check_sound(choice, sizes) -> None:
     """Every copy it could have chosen was timed at every size and agrees with fp32; the
-    chosen one is among them (whichever this machine found fastest)."""
+    chosen ones are among them (whichever this machine found fastest)."""
     ok = usable(choice)
-    assert "fp32" in ok and choice.chosen in ok
+    assert "fp32" in ok and choice.chosen in ok and choice.small in (None, *ok)
     for c in ok.values():
         assert len(c.batch_ms) == len(sizes) and all(ms > 0 for ms in c.batch_ms)
         assert c.agreement >= choice.min_agreement
@@ -55,11 +57,11 @@ def test_a_copy_whose_scores_overflow_is_never_chosen():
     check_sound(choice, [1, 8])
     fp16 = next(c for c in choice.candidates if c.precision == "fp16")
     assert fp16.refused and "non-finite" in fp16.refused
-    assert choice.chosen != "fp16" and choice.source == "measured"
+    assert "fp16" not in (choice.chosen, choice.small) and choice.source == "measured"
     batch = SparseBatch.of_rows([[1, 2, 3]], served.device)
     assert torch.isfinite(fn(batch).float()).all()
     lines = choice.lines()
-    assert lines[0].startswith(f"precision auto: {choice.chosen} (measured in ")
+    assert lines[0].startswith(f"precision auto: {choice.label()} (measured in ")
     assert len(lines) == 1 + len(ALL) + len(choice.notes)  # a line per candidate, per note
     assert any(line.strip().startswith("fp16") and "refused: non-finite" in line for line in lines)
 
@@ -96,7 +98,7 @@ def test_the_choice_is_cached_read_back_without_timing_and_rewritten_when_damage
     _, _, again = sc.auto_copy(copy.deepcopy(m), (1, 16))
     assert again.source == "cache" and again.cache == first.cache
     assert again.chosen == first.chosen and again.candidates == first.candidates
-    assert again.lines()[0].startswith(f"precision auto: {first.chosen} (timings read from ")
+    assert again.lines()[0].startswith(f"precision auto: {first.label()} (timings read from ")
     # other weights, or other batch sizes: another key, measured
     _, _, other = sc.auto_copy(model(seed=2), (1, 16))
     assert other.source == "measured" and other.cache != first.cache
@@ -142,3 +144,91 @@ def test_recommender_load_auto_serves_the_chosen_copy(run):
         given = vaecf.Recommender.load(run, precision=p)
         assert given.precision == p and given.precision_choice is None
         assert "chosen by auto" not in repr(given)
+
+
+def brute_force_rows(small, large, sizes) -> int:
+    """How many histories a batch may hold with `small` faster than `large` at every size up to
+    it, from each copy's time at every size (piecewise linear through the timed ones)."""
+
+    def at(c, b: int, i: int) -> float:  # between the i-th and the next timed size
+        lo, hi = sizes[i], sizes[i + 1]
+        return c.batch_ms[i] + (c.batch_ms[i + 1] - c.batch_ms[i]) * (b - lo) / (hi - lo)
+
+    rows = 0
+    for b in range(1, sizes[-1]):
+        i = max(j for j, s in enumerate(sizes) if s <= b)
+        if at(small, b, i) >= at(large, b, i):
+            break
+        rows = b
+    return rows
+
+
+@pytest.mark.parametrize(
+    "times, sizes, want",
+    [
+        # the Intel AMX machine (6,946 items): bf16 for a micro-batch, fp32 for a few histories
+        (
+            {"fp32": [0.381, 9.067], "bf16": [0.581, 2.864], "int8": [0.404, 4.132]},
+            [1, 256],
+            ("bf16", "fp32"),
+        ),
+        (
+            {"fp32": [0.381, 0.909, 9.067], "bf16": [0.581, 0.692, 2.864]},
+            [1, 16, 256],
+            ("bf16", "fp32"),
+        ),
+        # one copy fastest at both sizes: no second copy
+        ({"fp32": [1.0, 9.0], "int8": [0.6, 4.0]}, [1, 256], ("int8", None)),
+        # the other copy only 5% faster for one history: not worth a second copy
+        ({"fp32": [0.95, 9.0], "bf16": [1.0, 3.0]}, [1, 256], ("bf16", None)),
+        # a reduced copy 5% faster than fp32 does not displace it
+        ({"fp32": [1.0, 3.0], "bf16": [1.2, 2.85]}, [1, 256], ("fp32", None)),
+        # one size timed (`vaecf score`): one copy
+        ({"fp32": [9.0], "bf16": [3.0]}, [256], ("bf16", None)),
+    ],
+)
+def test_pick_keeps_a_second_copy_for_the_small_batches_it_answers_faster(times, sizes, want):
+    cands = [sp.Candidate(p, ms, 1.0) for p, ms in times.items()]
+    cands.append(sp.Candidate("fp16", refused="not timed"))  # refused: never picked
+    chosen, small, rows = sp.pick(cands, sizes)
+    assert (chosen, small) == want
+    if small is None:
+        assert rows == 0
+        return
+    by = {c.precision: c for c in cands}
+    assert rows == brute_force_rows(by[small], by[chosen], sizes) >= 1
+
+
+def test_a_choice_of_two_copies_scores_small_batches_with_the_small_one(tmp_path, monkeypatch):
+    """Whatever the timings, a choice of int8 with fp32 for batches of up to 3 histories scores a
+    batch of 1-3 as the fp32 copy does and a batch of 4 or more as the int8 copy does; it is
+    cached, read back as it was, shown in its lines, and a damaged one is not believed."""
+    monkeypatch.setenv("VAECF_HOME", str(tmp_path))
+    monkeypatch.setattr(sc, "pick", lambda cands, sizes: ("int8", "fp32", 3))
+    m = model(seed=3)
+    fp32_fn = serving_copy(copy.deepcopy(m), "fp32")[1]
+    int8_fn = serving_copy(copy.deepcopy(m), "int8")[1]
+    _, fn, choice = sc.auto_copy(copy.deepcopy(m), (1, 8), precisions=["fp32", "int8"])
+    assert (choice.chosen, choice.small, choice.small_rows) == ("int8", "fp32", 3)
+    hist = sc.sample_histories(m.n_items, 8, seed=4)
+    with torch.no_grad():
+        for n in range(1, 9):
+            batch = SparseBatch.of_rows(hist[:n], "cpu")
+            want = (fp32_fn if n <= 3 else int8_fn)(batch)
+            assert torch.equal(fn(batch), want), n
+    assert choice.label() == "int8, fp32 for batches of up to 3"
+    lines = choice.lines()
+    assert lines[0].startswith("precision auto: int8, fp32 for batches of up to 3 (measured in")
+    assert any(x.strip().startswith("fp32") and x.endswith("chosen for batches of up to 3")
+               for x in lines)  # fmt: skip
+    assert any(x.strip().startswith("int8") and x.endswith("<- chosen") for x in lines)
+    _, again_fn, again = sc.auto_copy(copy.deepcopy(m), (1, 8), precisions=["fp32", "int8"])
+    assert again.source == "cache" and (again.small, again.small_rows) == ("fp32", 3)
+    batch = SparseBatch.of_rows(hist[:2], "cpu")
+    with torch.no_grad():
+        assert torch.equal(again_fn(batch), fp32_fn(batch))
+    cached = json.loads(open(choice.cache).read())
+    for small, rows in (("fp16", 3), ("fp32", 8), ("fp32", 0)):  # refused; as many as timed; none
+        d = {**cached["choice"], "small": small, "small_rows": rows}
+        with pytest.raises(ValueError):
+            sp.PrecisionChoice.from_dict(d)

@@ -20,10 +20,10 @@ while on the Intel AMX machine int8 and fp32 take about the same, and bf16 is fa
 3. refuses a copy whose top 10 (the history excluded) holds on average less than MIN_AGREEMENT
    of fp32's top 10 (the tolerance the serving tests hold every copy to), or whose scores are
    not finite where fp32's are, and one the model cannot have (int8 without an item layer);
-4. keeps the fastest by the geometric mean of its times over the batch sizes (every size
-   counts alike); a reduced copy replaces fp32 only when that is at most FP32_MARGIN of fp32's
-   (10% faster at least): a short timing is noisy, and fp32 gives the scores the run was
-   evaluated with.
+4. keeps the copies `serving_pick.pick` picks from the timings: the fastest at the largest
+   batch, and beside it the fastest at batch 1 where that one is at least 10% faster there
+   (for the small batches it wins); a reduced copy displaces fp32 only when at least 10%
+   faster.
 
 The outcome is cached in $VAECF_HOME/serving (~/.cache/vaecf/serving), one JSON file per key:
 the weights' SHA-256, the model and its size, the device (the CPU's model and flags, or the
@@ -31,7 +31,7 @@ GPU's name), torch's threads, torch's and vaecf's versions, the batch sizes, the
 the tolerance. A later load with the same key builds the cached choice without timing
 anything; a file that does not read back as a choice for its key is ignored and written again.
 Measuring holds a second copy of the model; where that does not fit in free memory, fp32 is
-served untimed (and not cached).
+served untimed (and not cached). Two copies kept take less than that second copy did.
 """
 
 from __future__ import annotations
@@ -39,10 +39,8 @@ from __future__ import annotations
 import copy
 import hashlib
 import json
-import math
 import os
 import time
-from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -56,83 +54,23 @@ from vaecf.errors import ConfigError, WriteError
 from vaecf.memory import available_bytes, gib
 from vaecf.models.base import Model, ScoreFn
 from vaecf.models.serving import serving_copy
+from vaecf.models.serving_pick import (
+    AGREEMENT_K,
+    MIN_AGREEMENT,
+    Candidate,
+    PrecisionChoice,
+    pick,
+)
 from vaecf.storage.safewrite import write_json
 from vaecf.version import __version__
 
-AGREEMENT_K = 10  # rankings are compared on their top 10, the history excluded
-MIN_AGREEMENT = 0.9  # the mean share of fp32's top 10 a serving copy must keep
-FP32_MARGIN = 0.9  # a reduced copy must take at most this share of fp32's time
 DEFAULT_BATCH_SIZES = (1, 256)  # a server's: one request, and a full micro-batch
 TIMED_SCORES = 1 << 21  # a timed batch holds at most this many scores (rows x items)
 SINGLES = 16  # histories scored (and timed) one at a time, for batch 1
 MIN_REPS = 3  # calls timed per copy and size, at least ...
 CELL_S = 0.03  # ... and until this many seconds have passed,
 MAX_REPS = 200  # ... but no more calls than this
-CACHE_FORMAT = 1
-
-
-@dataclass
-class Candidate:
-    """One copy tried: its ms per call at each timed batch size (the fastest call) and its top-10
-    agreement with fp32, or why it was not used (`refused`)."""
-
-    precision: str
-    batch_ms: list[float] | None = None
-    agreement: float | None = None
-    refused: str | None = None
-
-    @property
-    def cost(self) -> float:
-        """The geometric mean of `batch_ms` (infinite for a copy not timed)."""
-        ms = self.batch_ms or [math.inf]
-        return math.exp(sum(math.log(max(t, 1e-6)) for t in ms) / len(ms))
-
-
-@dataclass
-class PrecisionChoice:
-    """What `auto_copy` chose, from what: `source` "measured" (timed by this load, taking
-    `seconds`) or "cache" (read from `cache`, the file; `seconds` is the reading's)."""
-
-    chosen: str
-    batch_sizes: list[int]
-    candidates: list[Candidate]
-    source: str = "measured"
-    seconds: float = 0.0
-    cache: str | None = None
-    min_agreement: float = MIN_AGREEMENT
-    notes: list[str] = field(default_factory=list)
-
-    def to_dict(self) -> dict:  # what /v1/model and `vaecf score --json` give
-        return asdict(self)
-
-    @classmethod
-    def from_dict(cls, d: dict) -> PrecisionChoice:
-        """A choice read back (ValueError, KeyError or TypeError for one that is not one)."""
-        cands = [Candidate(**c) for c in d["candidates"]]
-        got = cls(**{**d, "candidates": cands})
-        ok = {c.precision: c for c in cands if c.refused is None and c.batch_ms}
-        if got.chosen not in ok or len(ok[got.chosen].batch_ms) != len(got.batch_sizes):
-            raise ValueError(f"{got.chosen!r} is not a timed candidate")
-        return got
-
-    def lines(self) -> list[str]:
-        """What a person reads: the choice, then one line per candidate."""
-        how = f"timings read from {self.cache}"
-        if self.source == "measured":
-            cached = f", cached in {self.cache}" if self.cache else ""
-            how = f"measured in {self.seconds:.2f} s{cached}"
-        sizes = ", ".join(map(str, self.batch_sizes))
-        out = [f"precision auto: {self.chosen} ({how}; ms per call at batch {sizes})"]
-        for c in self.candidates:
-            what = ""
-            if c.batch_ms is not None:
-                pairs = zip(self.batch_sizes, c.batch_ms)
-                what = "  ".join(f"batch {b}: {ms:.3f} ms" for b, ms in pairs)
-                what += f"  top-{AGREEMENT_K} agreement {c.agreement:.3f}"
-            mark = "  <- chosen" if c.precision == self.chosen else ""
-            why = f"  refused: {c.refused}" if c.refused else ""
-            out.append(f"  {c.precision:<5} {what}{why}{mark}".rstrip())
-        return out + [f"  ({n})" for n in self.notes]
+CACHE_FORMAT = 2  # 2: a choice may keep a second copy for small batches
 
 
 def candidates(model: Model) -> dict[str, str | None]:
@@ -294,18 +232,6 @@ def try_candidate(model, precision, sizes, histories, ref, min_agreement) -> tup
     return c, tops
 
 
-def pick(cands: list[Candidate]) -> str:
-    """The fastest usable candidate; a reduced copy only when FP32_MARGIN faster than fp32."""
-    usable = [c for c in cands if c.refused is None and c.batch_ms]
-    if not usable:
-        return "fp32"
-    best = min(usable, key=lambda c: c.cost)
-    fp32 = next((c for c in usable if c.precision == "fp32"), None)
-    if fp32 is not None and best.cost > FP32_MARGIN * fp32.cost:
-        return "fp32"
-    return best.precision
-
-
 def room_for_copies(model: Model) -> str | None:
     """Why a second copy of the model (what measuring holds) does not fit, or None if it does."""
     need = sum(t.numel() * t.element_size() for t in model.state_dict().values())
@@ -343,8 +269,9 @@ def choose(model, sizes, popularity, tried: dict, min_agreement: float) -> Preci
         cands.append(c)
     seconds = time.perf_counter() - start
     notes = busy_note()
+    chosen, small, rows = pick(cands, sizes)
     return PrecisionChoice(
-        pick(cands), sizes, cands, "measured", seconds, None, min_agreement, notes
+        chosen, sizes, cands, "measured", seconds, None, min_agreement, notes, small, rows
     )
 
 
@@ -384,8 +311,18 @@ def auto_copy(
             except (OSError, WriteError) as e:  # a read-only home: choose again next time
                 why = getattr(e, "strerror", None) or type(e).__name__
                 choice.notes.append(f"the choice was not cached: {why}")
+    small = None if choice.small is None else serving_copy(copy.deepcopy(model), choice.small)[1]
     served, fn = serving_copy(model, choice.chosen)
-    return served, fn, choice
+    return served, by_rows(small, fn, choice.small_rows) if small else fn, choice
+
+
+def by_rows(small: ScoreFn, large: ScoreFn, rows: int) -> ScoreFn:
+    """A score function calling `small` for batches of at most `rows` histories, else `large`."""
+
+    def score(batch: SparseBatch) -> torch.Tensor:
+        return (small if batch.batch_size <= rows else large)(batch)
+
+    return score
 
 
 def copy_to_serve(

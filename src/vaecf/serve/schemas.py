@@ -185,7 +185,7 @@ class ItemsResponse(BaseModel):
 class PrecisionCandidate(BaseModel):
     precision: str
     batch_ms: list[float] | None = Field(
-        description="median ms of a scoring call at each of `batch_sizes` (null: not timed)"
+        description="ms of the fastest scoring call at each of `batch_sizes` (null: not timed)"
     )
     agreement: float | None = Field(
         description="the mean share of fp32's top 10 (history excluded) in this copy's"
@@ -194,7 +194,8 @@ class PrecisionCandidate(BaseModel):
 
 
 class PrecisionChoice(BaseModel):
-    """What --precision auto chose: the fastest copy whose top 10 agrees with fp32's."""
+    """What --precision auto chose: the fastest copy whose top 10 agrees with fp32's (and the
+    fastest at small batches beside it, where it is at least 10% faster there)."""
 
     chosen: str = Field(description="the precision served")
     batch_sizes: list[int] = Field(description="the batch sizes timed")
@@ -206,10 +207,16 @@ class PrecisionChoice(BaseModel):
     cache: str | None = Field(description="the cache file (null: not cached)")
     min_agreement: float = Field(description="the top-10 agreement a copy needs")
     notes: list[str]
+    small: str | None = Field(
+        None,
+        description="the precision that scores batches of up to `small_rows` histories "
+        "(null: `chosen` scores every batch)",
+    )
+    small_rows: int = Field(0, description="the most histories a batch `small` scores holds")
 
 
 PRECISION_EXAMPLE = {
-    "chosen": "int8",
+    "chosen": "bf16",
     "batch_sizes": [1, 104],
     "candidates": [
         {"precision": "fp32", "batch_ms": [1.03, 9.43], "agreement": 1.0, "refused": None},
@@ -221,6 +228,8 @@ PRECISION_EXAMPLE = {
     "cache": "/home/me/.cache/vaecf/serving/precision-3f1c0d9e8b7a6c5d4e3f2a1b.json",
     "min_agreement": 0.9,
     "notes": [],
+    "small": "fp32",
+    "small_rows": 4,
 }
 
 
@@ -235,7 +244,7 @@ class ModelCard(BaseModel):
             "data": {"n_items": 5770, "n_train_users": 519, "fingerprint": "d76a35704f1e6d72"},
             "validation": {"ndcg@100": 0.2983, "n_users": 42},
             "test": {"ndcg@100": 0.3243, "n_users": 41},
-            "precision": "int8",
+            "precision": "bf16",
             "precision_choice": PRECISION_EXAMPLE,
             "titles": True,
             "similar": True,

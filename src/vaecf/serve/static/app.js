@@ -160,8 +160,11 @@ function fmt(value) {
 async function loadCard() {
   const c = await api("/v1/model");
   const m = c.model;
-  // --precision auto: the copy chosen as the fastest here of those that rank as fp32 does
-  const served = c.precision_choice ? `${c.precision} (chosen by auto)` : c.precision;
+  // --precision auto: the copy chosen as the fastest here of those that rank as fp32 does,
+  // and the one beside it for small batches where that one answers them faster
+  const pc = c.precision_choice;
+  const small = pc && pc.small ? `, ${pc.small} for batches of up to ${pc.small_rows}` : "";
+  const served = pc ? `${c.precision}${small} (chosen by auto)` : c.precision;
   $("model-line").textContent =
     `${m.name} · ${m.n_items.toLocaleString()} items · loaded ${m.loaded_at} · ${served}`;
   // a closed form (EASE, EDLAE, ...) is fitted once: it has no best epoch to show
