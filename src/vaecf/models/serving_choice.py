@@ -21,8 +21,8 @@ while on the Intel AMX machine int8 and fp32 take about the same, and bf16 is fa
    of fp32's top 10 (the tolerance the serving tests hold every copy to), or whose scores are
    not finite where fp32's are, and one the model cannot have (int8 without an item layer);
 4. keeps the copies `serving_pick.pick` picks from the timings: the fastest at the largest
-   batch, and beside it the fastest at batch 1 where that one is at least 10% faster there
-   (for the small batches it wins); a reduced copy displaces fp32 only when at least 10%
+   batch, and beside it the fastest at batch 1 where that one is at least 10% (and 0.05 ms)
+   faster there, for the small batches it wins; a reduced copy displaces fp32 only when at least 10%
    faster.
 
 The outcome is cached in $VAECF_HOME/serving (~/.cache/vaecf/serving), one JSON file per key:

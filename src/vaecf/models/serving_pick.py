@@ -2,12 +2,13 @@
 picks the copies to serve (`pick`) and the outcome (`PrecisionChoice`).
 
 The rule: the fastest usable copy at the largest timed batch serves; where another copy answers
-one history in at most MARGIN of its time, that copy is kept beside it and scores every batch of
-up to `small_rows` histories, the sizes at which it stays the faster of the two (times
-interpolated linearly between the timed sizes). On the Intel AMX machine, for one: bf16 scores a
-micro-batch of 256 in a third of fp32's time, fp32 one history in two thirds of bf16's. A reduced
-copy displaces fp32 only when it takes at most MARGIN of fp32's time: a short timing is noisy,
-and fp32 gives the scores the run was evaluated with.
+one history in at most MARGIN of its time (and MIN_GAIN_MS less: an EASE answers one in ~0.01 ms
+in any copy, not worth a second copy of its n x n weights), that copy is kept beside it and
+scores every batch of up to `small_rows` histories, the sizes at which it stays the faster of
+the two (times interpolated linearly between the timed sizes). On the Intel AMX machine, for
+one: bf16 scores a micro-batch of 256 in a third of fp32's time, fp32 one history in two thirds
+of bf16's. A reduced copy displaces fp32 only when it takes at most MARGIN of fp32's time: a
+short timing is noisy, and fp32 gives the scores the run was evaluated with.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import numpy as np
 AGREEMENT_K = 10  # rankings are compared on their top 10, the history excluded
 MIN_AGREEMENT = 0.9  # the mean share of fp32's top 10 a serving copy must keep
 MARGIN = 0.9  # a copy displaces another (or joins it) only at most this share of its time
+MIN_GAIN_MS = 0.05  # ... and a second copy only when it saves this much on one history
 
 
 @dataclass
@@ -121,6 +123,7 @@ def pick(cands: list[Candidate], sizes: list[int]) -> tuple[str, str | None, int
     if not usable:
         return "fp32", None, 0
     large, small = fastest(usable, -1), fastest(usable, 0)
-    if small is large or small.batch_ms[0] > MARGIN * large.batch_ms[0]:
+    gain = large.batch_ms[0] - small.batch_ms[0]
+    if small is large or small.batch_ms[0] > MARGIN * large.batch_ms[0] or gain < MIN_GAIN_MS:
         return large.precision, None, 0
     return large.precision, small.precision, faster_up_to(small, large, sizes)
