@@ -229,6 +229,19 @@ def test_a_choice_of_two_copies_scores_small_batches_with_the_small_one(tmp_path
     batch = SparseBatch.of_rows(hist[:2], "cpu")
     with torch.no_grad():
         assert torch.equal(again_fn(batch), fp32_fn(batch))
+    # memory too short for a second copy: the cached choice serves int8 alone, and says so;
+    # without a cached choice nothing is measured, fp32 serves
+    monkeypatch.setattr(sc, "available_bytes", lambda device: 1)
+    _, short_fn, short = sc.auto_copy(copy.deepcopy(m), (1, 8), precisions=["fp32", "int8"])
+    assert (short.source, short.chosen, short.small, short.small_rows) == ("cache", "int8", None, 0)
+    assert short.notes[-1].startswith("fp32 not kept for small batches: a second copy of the")
+    with torch.no_grad():
+        assert torch.equal(short_fn(batch), int8_fn(batch))
+    _, _, none = sc.auto_copy(model(seed=4), (1, 8), precisions=["fp32", "int8"])
+    assert none.chosen == "fp32" and none.candidates == [] and none.small is None
+    assert (
+        none.notes[0].startswith("not measured: a second copy") and "serving fp32" in none.notes[0]
+    )
     cached = json.loads(open(choice.cache).read())
     for small, rows in (("fp16", 3), ("fp32", 8), ("fp32", 0)):  # refused; as many as timed; none
         d = {**cached["choice"], "small": small, "small_rows": rows}

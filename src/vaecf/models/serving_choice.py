@@ -233,13 +233,14 @@ def try_candidate(model, precision, sizes, histories, ref, min_agreement) -> tup
 
 
 def room_for_copies(model: Model) -> str | None:
-    """Why a second copy of the model (what measuring holds) does not fit, or None if it does."""
+    """Why a second copy of the model (what measuring holds, and building a second serving
+    copy) does not fit, or None if it does."""
     need = sum(t.numel() * t.element_size() for t in model.state_dict().values())
     free = available_bytes(model.device)
     if 2 * need > free:
         return (
-            f"not measured: a second copy of the model ({gib(need)}) does not fit with room to "
-            f"spare in the free memory ({gib(free)}); serving fp32"
+            f"a second copy of the model ({gib(need)}) does not fit with room to spare in the "
+            f"free memory ({gib(free)})"
         )
     return None
 
@@ -300,7 +301,7 @@ def auto_copy(
         choice.source, choice.cache = "cache", str(path)
         choice.seconds = time.perf_counter() - start
     elif (why := room_for_copies(model)) is not None:
-        choice = PrecisionChoice("fp32", sizes, [], notes=[why])
+        choice = PrecisionChoice("fp32", sizes, [], notes=[f"not measured: {why}; serving fp32"])
     else:
         choice = choose(model, sizes, popularity, tried, min_agreement)
         choice.seconds = time.perf_counter() - start
@@ -311,9 +312,21 @@ def auto_copy(
             except (OSError, WriteError) as e:  # a read-only home: choose again next time
                 why = getattr(e, "strerror", None) or type(e).__name__
                 choice.notes.append(f"the choice was not cached: {why}")
-    small = None if choice.small is None else serving_copy(copy.deepcopy(model), choice.small)[1]
+    return (*served_copies(model, choice), choice)
+
+
+def served_copies(model: Model, choice: PrecisionChoice) -> tuple[Model, ScoreFn]:
+    """`model` in `choice.chosen` and the score function of the copies chosen (with
+    `choice.small` for small batches only where a second copy fits now: a choice read from the
+    cache was measured with other free memory; else a note says so, and the choice drops it)."""
+    small = None
+    if choice.small is not None and (why := room_for_copies(model)) is not None:
+        choice.notes.append(f"{choice.small} not kept for small batches: {why}")
+        choice.small, choice.small_rows = None, 0
+    elif choice.small is not None:
+        small = serving_copy(copy.deepcopy(model), choice.small)[1]
     served, fn = serving_copy(model, choice.chosen)
-    return served, by_rows(small, fn, choice.small_rows) if small else fn, choice
+    return served, by_rows(small, fn, choice.small_rows) if small else fn
 
 
 def by_rows(small: ScoreFn, large: ScoreFn, rows: int) -> ScoreFn:
