@@ -610,6 +610,30 @@ def test_the_model_card_shows_what_precision_auto_chose_and_reloads_choose_again
     assert card["precision"] == "fp32" and card["precision_choice"] is None
 
 
+def test_a_choice_of_two_copies_serves_and_shows_both(runs, tmp_path, monkeypatch):
+    """Where auto keeps int8 with fp32 for batches of up to 2 (forced: which copies this machine
+    finds fastest is not for a test to assume), the server answers one history and a batch as
+    the fp32 and int8 copies do, and /v1/model names both."""
+    from vaecf.models import serving_choice
+    from vaecf.serve.schemas import ModelCard
+
+    monkeypatch.setenv("VAECF_HOME", str(tmp_path))
+    monkeypatch.setattr(serving_choice, "pick", lambda cands, sizes: ("int8", "fp32", 2))
+    holder = ModelHolder.load(runs["a"], precision="auto", batch_sizes=(1, 4))
+    settings = ServeSettings(run=str(runs["a"]))
+    hist = [[1001, 1002], [1003], [1004, 1005, 1006]]
+    with running(settings, holder) as (base, _), client(base) as c:
+        card = c.get("/v1/model").json()
+        one = c.post("/v1/recommend", json={"items": hist[0], "k": 5}).json()
+        batch = c.post("/v1/recommend/batch", json={"histories": hist, "k": 5}).json()
+    ModelCard.model_validate(card)
+    choice = card["precision_choice"]
+    assert (card["precision"], choice["small"], choice["small_rows"]) == ("int8", "fp32", 2)
+    for precision, got, asked in (("fp32", [one], hist[:1]), ("int8", batch["results"], hist)):
+        want = Recommender.load(runs["a"], precision=precision).recommend_batch(asked, 5)
+        assert [g["items"] for g in got] == [w.to_dict()["items"] for w in want], precision
+
+
 # -- the CLI: start-up rules, SIGHUP, SIGTERM ---------------------------------------------------
 def vaecf_cmd(*args: str) -> list[str]:
     return [sys.executable, "-m", "vaecf", *args]
