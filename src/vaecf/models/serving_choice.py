@@ -22,8 +22,8 @@ while on the Intel AMX machine int8 and fp32 take about the same, and bf16 is fa
    not finite where fp32's are, and one the model cannot have (int8 without an item layer);
 4. keeps the copies `serving_pick.pick` picks from the timings: the fastest at the largest
    batch, and beside it the fastest at batch 1 where that one is at least 10% (and 0.05 ms)
-   faster there, for the small batches it wins; a reduced copy displaces fp32 only when at least 10%
-   faster.
+   faster there, for the small batches it wins; a reduced copy displaces fp32 only when at
+   least 10% faster.
 
 The outcome is cached in $VAECF_HOME/serving (~/.cache/vaecf/serving), one JSON file per key:
 the weights' SHA-256, the model and its size, the device (the CPU's model and flags, or the
@@ -31,7 +31,7 @@ GPU's name), torch's threads, torch's and vaecf's versions, the batch sizes, the
 the tolerance. A later load with the same key builds the cached choice without timing
 anything; a file that does not read back as a choice for its key is ignored and written again.
 Measuring holds a second copy of the model; where that does not fit in free memory, fp32 is
-served untimed (and not cached). Two copies kept take less than that second copy did.
+served untimed (and not cached). Two serving copies hold no more than measuring did.
 """
 
 from __future__ import annotations

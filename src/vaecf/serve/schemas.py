@@ -197,7 +197,9 @@ class PrecisionChoice(BaseModel):
     """What --precision auto chose: the fastest copy whose top 10 agrees with fp32's (and the
     fastest at small batches beside it, where it is at least 10% faster there)."""
 
-    chosen: str = Field(description="the precision served")
+    chosen: str = Field(
+        description="the precision served (for the batches over `small_rows` where `small` is set)"
+    )
     batch_sizes: list[int] = Field(description="the batch sizes timed")
     candidates: list[PrecisionCandidate]
     source: Literal["measured", "cache"] = Field(
