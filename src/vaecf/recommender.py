@@ -26,7 +26,7 @@ from vaecf.data.vocab import Vocabulary
 from vaecf.errors import ConfigError, DataError, RunError
 from vaecf.models.base import Model, cosine_neighbours, vector_norms
 from vaecf.models.explain import EXPLAIN_TOP, check_work, strongest, weights
-from vaecf.models.serving_choice import DEFAULT_BATCH_SIZES, copy_to_serve
+from vaecf.models.serving_choice import DEFAULT_BATCH_SIZES, copy_to_serve, one_copy
 from vaecf.models.serving_pick import PrecisionChoice
 
 
@@ -301,7 +301,9 @@ class Recommender:
         hist = [torch.tensor(known[r], dtype=torch.long) for r in rows]
         items = [torch.from_numpy(idx[r, : n[r]].copy()) for r in rows]
         out = {}
-        for r, h, w in zip(rows, hist, weights(self.model, self.score_fn, hist, items)):
+        # one copy for every leave-one-out chunk: a history's rows compared must be scored alike
+        explained = weights(self.model, one_copy(self.score_fn), hist, items)
+        for r, h, w in zip(rows, hist, explained):
             raw = self.items.id_of(h.tolist())
             names = self.titles(raw)
             titled = [{} if names is None else {"title": name} for name in names or raw]

@@ -203,8 +203,9 @@ def test_pick_keeps_a_second_copy_for_the_small_batches_it_answers_faster(times,
 
 def test_a_choice_of_two_copies_scores_small_batches_with_the_small_one(tmp_path, monkeypatch):
     """Whatever the timings, a choice of int8 with fp32 for batches of up to 3 histories scores a
-    batch of 1-3 as the fp32 copy does and a batch of 4 or more as the int8 copy does; it is
-    cached, read back as it was, shown in its lines, and a damaged one is not believed."""
+    batch of 1-3 as the fp32 copy does and a batch of 4 or more as the int8 copy does (and
+    what needs one copy, int8 at any size); it is cached, read back as it was, shown in its
+    lines, and a damaged one is not believed."""
     monkeypatch.setenv("VAECF_HOME", str(tmp_path))
     monkeypatch.setattr(sc, "pick", lambda cands, sizes: ("int8", "fp32", 3))
     m = model(seed=3)
@@ -218,6 +219,10 @@ def test_a_choice_of_two_copies_scores_small_batches_with_the_small_one(tmp_path
             batch = SparseBatch.of_rows(hist[:n], "cpu")
             want = (fp32_fn if n <= 3 else int8_fn)(batch)
             assert torch.equal(fn(batch), want), n
+        # what must come from one copy (an explanation's chunks) takes the int8 one at any size
+        one = SparseBatch.of_rows(hist[:1], "cpu")
+        assert torch.equal(sc.one_copy(fn)(one), int8_fn(one))
+        assert sc.one_copy(int8_fn) is int8_fn
     assert choice.label() == "int8, fp32 for batches of up to 3"
     lines = choice.lines()
     assert lines[0].startswith("precision auto: int8, fp32 for batches of up to 3 (measured in")

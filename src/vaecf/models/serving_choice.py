@@ -326,16 +326,24 @@ def served_copies(model: Model, choice: PrecisionChoice) -> tuple[Model, ScoreFn
     elif choice.small is not None:
         small = serving_copy(copy.deepcopy(model), choice.small)[1]
     served, fn = serving_copy(model, choice.chosen)
-    return served, by_rows(small, fn, choice.small_rows) if small else fn
+    return served, ByRows(small, fn, choice.small_rows) if small else fn
 
 
-def by_rows(small: ScoreFn, large: ScoreFn, rows: int) -> ScoreFn:
-    """A score function calling `small` for batches of at most `rows` histories, else `large`."""
+class ByRows:
+    """A score function calling `small` for batches of at most `rows` histories, else `large`.
+    What must come from one copy throughout (an explanation's leave-one-out rows, compared with
+    their history's own row, in chunks of any size) takes `large` alone."""
 
-    def score(batch: SparseBatch) -> torch.Tensor:
-        return (small if batch.batch_size <= rows else large)(batch)
+    def __init__(self, small: ScoreFn, large: ScoreFn, rows: int):
+        self.small, self.large, self.rows = small, large, rows
 
-    return score
+    def __call__(self, batch: SparseBatch) -> torch.Tensor:
+        return (self.small if batch.batch_size <= self.rows else self.large)(batch)
+
+
+def one_copy(fn: ScoreFn) -> ScoreFn:
+    """`fn`, or the one copy that scores a ByRows' large batches."""
+    return fn.large if isinstance(fn, ByRows) else fn
 
 
 def copy_to_serve(
