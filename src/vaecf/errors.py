@@ -27,3 +27,7 @@ class BusyError(VaecfError):
 
 class UnknownUserError(VaecfError):
     """A user id that the run's prepared dataset does not hold (HTTP 404)."""
+
+
+class TrainingDiverged(RuntimeError):
+    """The loss stopped being finite: the run cannot go on as configured."""

@@ -18,10 +18,12 @@ import torch
 
 import vaecf
 from tests.helpers import cli_in_process, cpu_config
-from vaecf import models
+from vaecf import models, rundir
 from vaecf.data import synthetic
+from vaecf.data.vocab import Vocabulary
 from vaecf.errors import DataError, RunError
-from vaecf.training.update import update, warm_start
+from vaecf.training.single import train
+from vaecf.training.update import item_map, update, warm_start
 
 
 def digest(run) -> dict:
@@ -104,6 +106,26 @@ def test_an_autoencoder_update_starts_from_the_run(older_newer):
     assert rec.model.n_items == new.n_items and res.test_metrics["n_users"] > 0
     saved = json.loads((res.run_dir / "config.json").read_text())
     assert saved["train"]["patience"] == 3  # early stopping unless the run set its own
+
+
+def test_an_update_keeps_its_warm_start_where_no_epoch_beats_it(older_newer):
+    """Early stopping counts the warm start as epoch 0 (an update is never forced onto a worse
+    epoch of its own): at a learning rate too small to move a weight no epoch beats it, so the
+    update stops after its patience and keeps the warm start, bit for bit."""
+    old, new, root = older_newer
+    vaecf.train(old, cpu_config(seed=4, epochs=3, batch_size=100), root / "w0-old", model="multvae")
+    net, _ = rundir.load_model(root / "w0-old", "cpu")
+    pos = item_map(Vocabulary.load(root / "w0-old" / rundir.ITEMS), new.items, root, new.path)
+    init = warm_start(net.state_dict(), net.n_items, pos)
+    cfg = cpu_config(seed=4, epochs=6, batch_size=100, lr=1e-30, patience=2)
+    res = train(new, cfg, root / "w0-upd", net.config, model="multvae", init=init)
+    assert res.best_epoch == 0 and len(res.history) == 2  # stopped after its patience
+    assert json.loads((res.run_dir / "results.json").read_text())["best_epoch"] == 0
+    want = models.build("multvae", new.n_items, net.config)
+    init(want)
+    got, _ = rundir.load_model(res.run_dir, "cpu")
+    for name, t in want.state_dict().items():
+        assert torch.equal(got.state_dict()[name], t), name
 
 
 def test_refusals_are_one_line(older_newer, tmp_path):

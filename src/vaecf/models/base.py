@@ -198,6 +198,14 @@ class Model(nn.Module):
         )
 
 
+def make_optimizer(params, lr: float, device: torch.device):
+    """Adam (the paper's) over `params` (a module's, or a model's group of them); the fused
+    single-kernel implementation on CPU and CUDA."""
+    if isinstance(params, torch.nn.Module):
+        params = params.parameters()
+    return torch.optim.Adam(params, lr=lr, fused=device.type in ("cpu", "cuda"))
+
+
 class LossModule(nn.Module):
     """A model's loss as a forward(), so that DDP can wrap the training step."""
 

@@ -20,24 +20,13 @@ from vaecf import precision as prec
 from vaecf.config.settings import spelled
 from vaecf.config.specs import FORECAST_MARGIN
 from vaecf.data.matrix import CSR, prefetch_batches
-from vaecf.errors import RunError
+from vaecf.errors import RunError, TrainingDiverged
 from vaecf.models import Phase, first_layer
-from vaecf.models.base import LossModule
+from vaecf.models.base import LossModule, make_optimizer
 from vaecf.storage import checkpoint
 from vaecf.training import footprint, graphs, resume
 from vaecf.training.background import CheckpointWriter, snapshot
 from vaecf.training.run import Run, RunResult
-
-
-class TrainingDiverged(RuntimeError):
-    """The loss stopped being finite: the run cannot go on as configured."""
-
-
-def make_optimizer(params, lr: float, device: torch.device):
-    """Adam (the paper's); the fused single-kernel implementation on CPU and CUDA."""
-    if isinstance(params, torch.nn.Module):
-        params = params.parameters()
-    return torch.optim.Adam(params, lr=lr, fused=device.type in ("cpu", "cuda"))
 
 
 class GradientFit(Run):
@@ -62,6 +51,7 @@ class GradientFit(Run):
         self._graph: graphs.StepGraphs | bool | None = None
         self.graph_steps = 0  # steps of this process replayed as a CUDA graph
         self._val_seconds = 0.0  # the last validation's time, for the budget's forecast
+        self.warm = False  # an update's warm start: validated first, kept if no epoch beats it
 
     def _train_rows(self) -> sp.csr_matrix:
         """What the model trains on: the training users' rows, and with the model's
@@ -230,6 +220,8 @@ class GradientFit(Run):
             dynamic_ncols=True,
         )
         timing = {"setup_s": time.perf_counter() - t_setup, "train_s": 0.0, "validation_s": 0.0}
+        if self.warm and self.epoch == 0:  # the update's starting point: best until beaten
+            self._validate_start(timing)
         self._last_saved = time.perf_counter()
         deadline = self.deadline
         stop = resume.StopRequests(enabled=not self.ctx.enabled)
@@ -313,7 +305,8 @@ class GradientFit(Run):
         if self.epoch >= self.cfg.epochs:
             return "epochs"
         patience = self.cfg.patience
-        if patience and self.best["epoch"] and self.epoch - self.best["epoch"] >= patience:
+        validated = self.best["value"] > -math.inf
+        if patience and validated and self.epoch - self.best["epoch"] >= patience:
             return "patience"
         return None
 
@@ -371,7 +364,14 @@ class GradientFit(Run):
             why = f"no better validation {metric} in {self.cfg.patience} epochs"
         else:
             why = f"another epoch would end past the {self.cfg.budget:.0f} s budget"
-        return f"stopped after epoch {self.epoch}: {why}; the best, epoch {best}, is kept"
+        best = "the warm start (epoch 0)" if best == 0 else f"epoch {best}"
+        return f"stopped after epoch {self.epoch}: {why}; the best, {best}, is kept"
+
+    def _validate_start(self, timing: dict) -> None:
+        """An update's warm start validated as epoch 0: kept where no epoch of its own beats it."""
+        t0 = time.perf_counter()
+        self._validate_epoch({"epoch": 0}, False)
+        timing["validation_s"] = self._val_seconds = time.perf_counter() - t0
 
     def _validate_epoch(self, row: dict, show: bool) -> None:
         cfg = self.cfg

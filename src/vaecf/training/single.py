@@ -24,10 +24,11 @@ from vaecf.config.train import (
     from_dict,
 )
 from vaecf.data.prepare import PreparedDataset
-from vaecf.errors import ConfigError, RunError
+from vaecf.errors import ConfigError, RunError, TrainingDiverged
 from vaecf.models import Model
+from vaecf.models.base import make_optimizer
 from vaecf.storage.writelock import writer_lock
-from vaecf.training.gradient import GradientFit, TrainingDiverged, make_optimizer
+from vaecf.training.gradient import GradientFit
 from vaecf.training.run import ClosedFormFit, RunResult
 
 __all__ = [
@@ -224,6 +225,7 @@ def _train(ds, config, out, model_config, resume, model, on_epoch, test, init) -
         run = trainer_cls(ds, config, name, model_config, out, ctx, device)
         if init is not None:
             init(run.model)
+            run.warm = True
         run.on_epoch = on_epoch
         run.score_test = test
         return run.fit()
