@@ -64,7 +64,8 @@ def one_model(name: str, old, new, tmp: Path, budget: float, patience=None) -> d
     }
 
 
-def drift(name: str, df: pl.DataFrame, tmp: Path, start: float, rounds: int, budget: float):
+def drift(name: str, df: pl.DataFrame, tmp: Path, start: float, rounds: int, budget: float,
+          patience=None):  # fmt: skip
     """(test NDCG@100 after `rounds` updates in a row, of one retrain on all the data)."""
     cfg = vaecf.TrainConfig(progress=False, budget=budget)
     shares = [start + (1.0 - start) * r / rounds for r in range(rounds + 1)]
@@ -72,7 +73,7 @@ def drift(name: str, df: pl.DataFrame, tmp: Path, start: float, rounds: int, bud
     vaecf.train(prepared(df, shares[0], tmp / "d0"), cfg, run, model=name)
     for r, share in enumerate(shares[1:], 1):
         ds = prepared(df, share, tmp / f"d{r}")
-        res = update(run, ds, tmp / f"drift-{name}-{r}", budget, progress=False)
+        res = update(run, ds, tmp / f"drift-{name}-{r}", budget, progress=False, patience=patience)
         run = res.run_dir
     full = vaecf.train(ds, cfg, tmp / f"drift-{name}-full", model=name)
     return res.test_metrics["ndcg@100"], full.test_metrics["ndcg@100"]
@@ -96,12 +97,12 @@ def main() -> int:
         tmp = Path(t)
         old, new = prepared(df, 0.8, tmp / "old"), prepared(df, 1.0, tmp / "new")
         rows = [one_model(m, old, new, tmp, a.budget, a.patience) for m in a.models.split(",")]
-        drifts = [(m, *drift(m, df, tmp, a.start, a.rounds, a.budget))
+        drifts = [(m, *drift(m, df, tmp, a.start, a.rounds, a.budget, a.patience))
                   for m in a.drift_models.split(",") if m]  # fmt: skip
     print(f"\n{hardware.machine()}")
     cmd = (f"python benchmarks/update.py --source {a.source.name} --models {a.models} "
            f"--drift-models '{a.drift_models}' --rounds {a.rounds} "
-           f"--budget {a.budget:g}")  # fmt: skip
+           f"--budget {a.budget:g}{f' --patience {a.patience}' if a.patience else ''}")  # fmt: skip
     print(f"command: {cmd}; older: the first 80% of the ratings by time, newer: all; temporal")
     print("| model | retrain NDCG@100 | update NDCG@100 | difference | retrain s | update s | "
           "update / retrain |")  # fmt: skip
