@@ -128,6 +128,17 @@ def test_an_update_keeps_its_warm_start_where_no_epoch_beats_it(older_newer):
         assert torch.equal(got.state_dict()[name], t), name
 
 
+def test_an_update_validates_an_epoch_of_its_own_whatever_the_runs_eval_every(older_newer):
+    """A run validated every 2 epochs: its update's patience (1 by default) is raised to 2, so
+    that an epoch of the update's own is validated before early stopping can end it."""
+    old, new, root = older_newer
+    cfg = cpu_config(seed=5, epochs=2, batch_size=100, eval_every=2)
+    vaecf.train(old, cfg, root / "e2-old", model="multvae")
+    res = update(root / "e2-old", new, root / "e2-upd", progress=False, device="cpu")
+    assert json.loads((res.run_dir / "config.json").read_text())["train"]["patience"] == 2
+    assert any("validation" in row for row in res.history)
+
+
 def test_refusals_are_one_line(older_newer, tmp_path):
     old, new, root = older_newer
     if not (root / "ease-old").exists():

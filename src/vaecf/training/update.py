@@ -176,7 +176,9 @@ def update(
         # the warm start is near its best: an epoch without gain ends it (unless `patience`)
         if patience is None:
             patience = min(tcfg.patience or UPDATE_PATIENCE, UPDATE_PATIENCE)
-        tcfg = replace(tcfg, patience=patience)
+        # at least one validation within it: a patience under the run's eval_every would end the
+        # update before any epoch of its own is validated
+        tcfg = replace(tcfg, patience=max(patience, tcfg.eval_every))
         old_model, _ = rundir.load_model(run, "cpu")
         init = warm_start(old_model.state_dict(), old_model.n_items, pos, WARM_SHRINK.get(name, 1))
         if seen := held_out_seen(cfg, ds):
