@@ -105,7 +105,7 @@ def test_an_autoencoder_update_starts_from_the_run(older_newer):
     rec = vaecf.Recommender.load(res.run_dir)
     assert rec.model.n_items == new.n_items and res.test_metrics["n_users"] > 0
     saved = json.loads((res.run_dir / "config.json").read_text())
-    assert saved["train"]["patience"] == 1  # early stopping unless the run set its own
+    assert saved["train"]["patience"] == 1  # an epoch without gain ends an update
 
 
 def test_an_update_keeps_its_warm_start_where_no_epoch_beats_it(older_newer):

@@ -200,7 +200,7 @@ def _register_update(sub) -> None:
     pu.add_argument("--out", required=True, help="the new run directory (must not exist)")
     pu.add_argument("--budget", type=float, help="seconds the update may take")
     pu.add_argument("--search", action="store_true", help="search a linear model's settings again")
-    add_settings(pu, TrainConfig, only=("patience",))  # unset: 1 (or the run's, where smaller)
+    add_settings(pu, TrainConfig, only=("patience",))  # unset: 1 (the run's eval_every, where more)
     add_settings(pu, Compute, only=("device",))
     pu.add_argument("--json", action="store_true", help="print the new run's metrics as JSON")
     pu.set_defaults(fn=cmd_update)

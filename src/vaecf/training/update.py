@@ -173,12 +173,10 @@ def update(
     tcfg = replace(tcfg, budget=budget, device=device or tcfg.device)
     init = None
     if not spec.closed_form:
-        # the warm start is near its best: an epoch without gain ends it (unless `patience`)
-        if patience is None:
-            patience = min(tcfg.patience or UPDATE_PATIENCE, UPDATE_PATIENCE)
-        # at least one validation within it: a patience under the run's eval_every would end the
-        # update before any epoch of its own is validated
-        tcfg = replace(tcfg, patience=max(patience, tcfg.eval_every))
+        # the warm start is near its best: an epoch without gain ends it (unless `patience`), but
+        # not before one of its own is validated (a run that validates every few epochs)
+        patience = max(UPDATE_PATIENCE if patience is None else patience, tcfg.eval_every)
+        tcfg = replace(tcfg, patience=patience)
         old_model, _ = rundir.load_model(run, "cpu")
         init = warm_start(old_model.state_dict(), old_model.n_items, pos, WARM_SHRINK.get(name, 1))
         if seen := held_out_seen(cfg, ds):
