@@ -19,6 +19,7 @@ a raw socket (an HTTP library would add its own cost to the served side).
 
     python benchmarks/serve_latency.py                    # 10 rounds x 500 requests per side
     python benchmarks/serve_latency.py --items 20108 --precision bf16 --rounds 5
+    VAECF_HOME=$(mktemp -d) python benchmarks/serve_latency.py --precision auto   # timed afresh
     python benchmarks/serve_latency.py --items 100 --requests 5 --rounds 1 --warmup 5   # smoke
 """
 
@@ -177,6 +178,8 @@ def main(argv: list[str] | None = None) -> int:
                 proc.terminate()
                 proc.wait(30)
     res = {"cpu": cpu_name(), "cores": os.cpu_count(), "items": a.items, "precision": a.precision}
+    choice = rec.precision_choice  # with auto: what it chose (each side loads the same choice)
+    res["precision_choice"] = choice.to_dict() if choice else None
     res.update({side: percentiles(times[side]) for side, _ in SIDES})
     for q in ("p50", "p99"):
         ms = {side: res[side][f"{q}_ms"] for side, _ in SIDES}
@@ -187,15 +190,17 @@ def main(argv: list[str] | None = None) -> int:
     if a.json:
         print(json.dumps(res))
     else:
-        table(a, res)
+        table(a, res, choice)
     return 0
 
 
-def table(a, res: dict) -> None:
+def table(a, res: dict, choice) -> None:
     print(
         f"{res['cpu']}, {res['cores']} CPUs; Mult-VAE over {a.items} items, {a.precision}, "
         f"history {a.history}, k={a.k}; {a.rounds} x {a.requests} requests per side\n"
     )
+    for line in [*choice.lines(), ""] if choice else ():  # --precision auto: its choice, from what
+        print(line)
     print("| | p50 ms | p99 ms |")
     print("|---|---:|---:|")
     for key, label in SIDES:
