@@ -1,6 +1,8 @@
 """The step's dense products and the machine's ceilings (vaecf/roofline.py), as `vaecf bench`
 reports them: the shapes are the step's, the best layout is the fastest measured."""
 
+from types import SimpleNamespace
+
 import torch
 
 from vaecf import models
@@ -23,18 +25,18 @@ def test_the_step_shapes_are_each_layers_three_products():
 
 def test_products_report_the_fastest_layout_and_the_ratio(monkeypatch):
     calls = []
+    clock = [0.0]
     real_mm = torch.mm
 
-    def slow_unless_nt(a, b):  # a CPU on which only one layout is fast
+    def slow_unless_nt(a, b):  # a CPU on which only one layout is fast, on a clock of its own
         calls.append(1)
-        if not (a.is_contiguous() and not b.is_contiguous()):
-            for _ in range(20):
-                real_mm(a, b)
+        clock[0] += 1.0 if a.is_contiguous() and not b.is_contiguous() else 20.0
         return real_mm(a, b)
 
     monkeypatch.setattr(torch, "mm", slow_unless_nt)
+    monkeypatch.setattr(roofline, "time", SimpleNamespace(perf_counter=lambda: clock[0]))
     ms, layout = roofline.best_product_ms(64, 128, 256, torch.float32)
-    assert layout == "NT" and ms > 0 and len(calls) == 4 * 4
+    assert (layout, ms, len(calls)) == ("NT", 1000.0, 4 * 4)
     rows = [roofline.Product("p", 64, 128, 256, 2.0, "NT")]
     text = roofline.format_step(3.0, "fp32", 64, rows)
     assert "step / products 1.50 (goal <= 1.3: not met)" in text
