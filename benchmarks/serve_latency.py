@@ -258,6 +258,8 @@ def _rounds(a, rec, clients: dict, histories: list, bodies: list) -> dict[str, l
     """Milliseconds of each answer by side: every side warmed, then `a.rounds` rounds of
     `a.requests` answers a side."""
     times = {side: [] for side, _ in SIDES}
+    for c in clients.values():  # fresh: the first ones waited while the later servers started
+        c.connect()
     for i in range(a.warmup):  # warm every side
         for c in clients.values():
             c.post("/v1/recommend", bodies[i % len(bodies)])
