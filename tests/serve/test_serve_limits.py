@@ -182,6 +182,8 @@ def test_dripping_heads_are_cut_so_health_answers_again(run):
                 if stop.wait(0.2):
                     return
                 for s in drips:
+                    if select.select([s], [], [], 0)[0]:
+                        continue  # its 408 is there: a line now would draw a reset that drops it
                     try:
                         s.sendall(b"X-Drip-%d: 1\r\n" % i)
                     except OSError:
