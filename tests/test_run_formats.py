@@ -53,8 +53,9 @@ def test_a_newer_run_names_the_version_that_wrote_it(tmp_path):
     cfg = json.loads((run / "config.json").read_text())
     cfg.update(format_version=rundir.RUN_FORMAT + 1, vaecf_version="9.9.9")
     (run / "config.json").write_text(json.dumps(cfg))
-    with pytest.raises(RunError, match=r"written by vaecf 9\.9\.9 in run format 3; this vaecf "
-                                       r"reads run formats 1 to 2: upgrade vaecf"):  # fmt: skip
+    n = rundir.RUN_FORMAT
+    said = rf"written by vaecf 9\.9\.9 in run format {n + 1}; this vaecf reads run formats 1 to {n}"
+    with pytest.raises(RunError, match=said + ": upgrade vaecf"):
         vaecf.Recommender.load(run)
     rc, err = cli_in_process(["recommend", run, "--items", "1,2"])
     assert rc == 2 and "upgrade vaecf" in err and len(err.strip().splitlines()) == 1

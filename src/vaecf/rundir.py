@@ -54,8 +54,9 @@ RESULTS = "results.json"
 # what loading a run for serving reads (Recommender.load)
 RUN_FILES = (CONFIG, ITEMS, ITEM_NAMES, POPULARITY, BEST, RESULTS)
 # the run format this code writes and the newest it reads: 1 = runs from before the field
-# (to 2026-11-28), 2 = "format_version" in config.json
-RUN_FORMAT = 2
+# (to 2026-11-28), 2 = "format_version" in config.json, 3 = a dense EASE B's best.pt holds
+# diag P ("p_diag", for `vaecf update`)
+RUN_FORMAT = 3
 
 
 def is_run(path: str | os.PathLike) -> bool:

@@ -33,6 +33,7 @@ from vaecf.models.linear import (
     sparse_rows,
 )
 from vaecf.models.linear_search import Search
+from vaecf.models.linear_update import Inverse, inverse_diag
 from vaecf.models.neighbourhood import block_bytes, gram_bytes, sparse_b_rows
 
 
@@ -53,13 +54,18 @@ class EASE(Model):
         self.register_buffer("b_indptr", torch.empty(0, dtype=torch.int64))
         self.register_buffer("b_indices", torch.empty(0, dtype=torch.int64))
         self.register_buffer("b_values", torch.empty(0))
+        # diag P beside a dense EASE B (p = 0, full emphasis), from which an update recovers P
+        # (vaecf.models.linear_update); empty otherwise, and in runs from before it
+        self.register_buffer("p_diag", torch.empty(0))
         self.register_buffer("l2", torch.tensor(float("nan"), dtype=torch.float64))
+        # an EASE update's start: the run's inverse, updated by the rows that changed
+        self.start: Inverse | None = None
 
-    _B = ("weight", "b_indptr", "b_indices", "b_values")
+    _B = ("weight", "b_indptr", "b_indices", "b_values", "p_diag")
 
     def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
         """B's tensors are taken as they come (their shapes depend on the solver), without a
-        copy; a checkpoint from before the sparse solver has no CSR parts."""
+        copy; a checkpoint from before the sparse solver has no CSR parts (nor diag P)."""
         if prefix + "weight" in state_dict:
             for name in self._B:
                 value = state_dict.setdefault(prefix + name, getattr(self, name)[:0])
@@ -184,6 +190,9 @@ class EASE(Model):
         own = cv or len(betas) > 1
         if own and validation is None:
             raise ConfigError(f"{self.name}'s search needs the validation split")
+        start, self.start = self.start, None  # an update's, used once where it pays
+        if start and single and solver == "dense" and (got := start.updated(x, l2s[0])):
+            return self._from_inverse(x, *got, l2s[0], betas[0], t0)
         search = self._search(x, train, solver, cv, betas, validation, select_metric, log, deadline)
         t_gram = time.perf_counter() - t0
         full = search.order(l2s, dropouts)
@@ -197,7 +206,7 @@ class EASE(Model):
             best = self._validated(search, full, validate, single, solver == "sparse")
         self._install(search, *best[1:])
         self._keep(best[1], best[2], best[3])
-        record = self._record(search, solver, single, best[1], best[2], best[3])
+        record = search.record(self, solver, single, best[1], best[2], best[3])
         record.update(gram_seconds=round(t_gram, 3), seconds=round(time.perf_counter() - t0, 3))
         if search.stopped:
             record["stopped"] = "budget"
@@ -279,32 +288,24 @@ class EASE(Model):
         else:
             for name, t in zip(self._B, b):
                 setattr(self, name, t)
+        if self.weight.numel() and not p and self._emphasis() == "full":
+            self.p_diag = inverse_diag(search.gram, self.weight, l2, scale)
         search.gram = search.gram_sp = None
 
-    def _record(self, search: Search, solver: str, single: bool, l2, p, beta) -> dict:
-        """What the fit records: the choice, the search's points, the solver and its inputs."""
-        cfg, folds = self.config, search.folds
-        out = {
-            "l2": l2,
-            **({"dropout": p} if isinstance(cfg, EDLAEConfig) else {}),
-            "grid": search.tried if not single else None,
-            "search": None if single else cfg.search,
-            "selection": None if single else ("cv" if folds else "validation"),
-            "solver": solver,
-            "lapack": None
-            if self.sparse
-            else linalg.solver(self.n_items, search.dtype, search.device),
-            "popularity_exponent": beta,
-            "gram_rows": search.x.shape[0],
-            "solve_dtype": str(search.dtype).removeprefix("torch."),
-            "device": str(search.device),
-        }
-        if folds:
-            out.update(cv_folds=len(folds), cv_users=sum(f[2].shape[0] for f in folds))
-        if self.sparse:
-            names = ("neighbours", "popular_share", "popular_neighbours", "neighbour_rank")
-            out.update({n: getattr(cfg, n) for n in names}, nnz=int(self.b_values.numel()))
-        return out
+    def _from_inverse(self, x, p, added: int, removed: int, l2: float, beta: float, t0) -> dict:
+        """B from the updated inverse P (`start`), at the run's lambda and beta: no search."""
+        d = p.diagonal().clone()
+        self.p_diag = d.float()
+        self.weight = p.div_(-d).float()
+        self.weight.diagonal().zero_()
+        counts = torch.from_numpy(np.asarray(x.multiply(x).sum(axis=0)).ravel())
+        self.weight.mul_(penalty(counts, beta).to(self.weight.device))
+        self._keep(l2, 0.0, beta)
+        return {"l2": l2, "grid": None, "search": None, "selection": None, "solver": "dense",
+                "lapack": None, "popularity_exponent": beta, "gram_rows": x.shape[0],
+                "solve_dtype": str(self.weight.dtype).removeprefix("torch."),
+                "device": str(self.weight.device), "rows_added": added, "rows_removed": removed,
+                "gram_seconds": 0.0, "seconds": round(time.perf_counter() - t0, 3)}  # fmt: skip
 
     def _solver(
         self, x: sp.csr_matrix, dtype: torch.dtype, device: torch.device, single: bool, cv: bool

@@ -168,3 +168,11 @@ def add_gram_(gram: torch.Tensor, k: torch.Tensor) -> None:
     out = syrk(1.0, k.contiguous().numpy().T, beta=1.0, c=c, trans=0, lower=0, overwrite_c=1)
     if not np.shares_memory(out, c):
         raise RuntimeError("BLAS syrk did not update the Gram matrix in place")
+
+
+def inverse_update_(p: torch.Tensor, w: torch.Tensor, s: torch.Tensor, sign: float) -> None:
+    """p <- (p^-1 + sign U^T U)^-1 in place (Woodbury), for the rows U of a symmetric p, given
+    w = U p and s = I + sign U p U^T (positive definite where the result is): p -= sign v^T v,
+    v = L^-1 w, L L^T = s. NotPositiveDefinite where s is not."""
+    v = torch.linalg.solve_triangular(cholesky(s), w, upper=False)
+    p.addmm_(v.T, v, alpha=-sign)

@@ -18,7 +18,9 @@ from dataclasses import dataclass, field
 import scipy.sparse as sp
 import torch
 
+from vaecf.config.modelconfigs import EDLAEConfig
 from vaecf.config.specs import FORECAST_MARGIN
+from vaecf.models import linalg
 from vaecf.models.linear import beta_metrics, csr_on, linear_weights, pooled, restrict
 from vaecf.models.neighbourhood import dense_block, neighbour_weights, sparse_b_rows
 
@@ -240,3 +242,28 @@ class Search:
                     best = (r["value"], l2, p, r["popularity_exponent"], self.kept[:1] or None)
         self.kept.clear()
         return best
+
+    def record(self, model, solver: str, single: bool, l2, p, beta) -> dict:
+        """What `model`'s fit records: the choice, the points tried, the solver and its inputs."""
+        cfg, folds = model.config, self.folds
+        out = {
+            "l2": l2,
+            **({"dropout": p} if isinstance(cfg, EDLAEConfig) else {}),
+            "grid": self.tried if not single else None,
+            "search": None if single else cfg.search,
+            "selection": None if single else ("cv" if folds else "validation"),
+            "solver": solver,
+            "lapack": None
+            if model.sparse
+            else linalg.solver(model.n_items, self.dtype, self.device),
+            "popularity_exponent": beta,
+            "gram_rows": self.x.shape[0],
+            "solve_dtype": str(self.dtype).removeprefix("torch."),
+            "device": str(self.device),
+        }
+        if folds:
+            out.update(cv_folds=len(folds), cv_users=sum(f[2].shape[0] for f in folds))
+        if model.sparse:
+            names = ("neighbours", "popular_share", "popular_neighbours", "neighbour_rank")
+            out.update({n: getattr(cfg, n) for n in names}, nnz=int(model.b_values.numel()))
+        return out

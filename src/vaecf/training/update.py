@@ -5,8 +5,9 @@ run beside the old one, never over it.
 What keeps each model current:
 - EASE, EDLAE, inf-AE: fitted again on the newer training matrix at the settings the run chose
   (lambda, p, beta; inf-AE's ridge): one solve, no search (`search=True`: the search again).
-  The Gram matrix of the newer data is a sparse product far cheaper than the solve, so it is
-  built from the newer rows rather than patched.
+  EASE, where its run keeps diag P beside a dense B and its dataset is at hand: the run's
+  inverse updated by the rows of X^T X that changed instead, where that costs less than the
+  solve (vaecf.models.linear_update; the same B to float rounding).
 - Mult-VAE, Mult-DAE, RecVAE: a warm start. Every weight indexed by item is carried over item
   by item (by raw id); a new item's rows start at the mean of the old items' (a typical item);
   then training on the newer training users with early stopping within the budget. The warm
@@ -32,6 +33,7 @@ from pathlib import Path
 
 import numpy as np
 import polars as pl
+import scipy.sparse as sp
 import torch
 
 from vaecf import models, rundir
@@ -41,6 +43,8 @@ from vaecf.data.prepare import PreparedDataset
 from vaecf.data.preprocess import TIME_PROTOCOLS
 from vaecf.data.vocab import Vocabulary
 from vaecf.errors import ConfigError, DataError, RunError
+from vaecf.models.linear import penalty
+from vaecf.models.linear_update import Inverse
 from vaecf.training.run import RunResult
 from vaecf.training.single import train
 
@@ -130,6 +134,31 @@ def held_out_seen(cfg: dict, ds: PreparedDataset) -> int:
     return int(held.is_in(trained.implode()).sum()) if held.dtype == trained.dtype else 0
 
 
+def ease_start(run: Path, cfg: dict, pos: np.ndarray):
+    """`init` for an EASE update: the run's inverse as the fit's start; None where the run
+    keeps no diag P (a sparse B, or a run from before it) or its dataset is gone or another."""
+    model, _ = rundir.load_model(run, "cpu")
+    path, saved = cfg["data"].get("path"), cfg["model"]["config"]
+    if model.sparse or not model.p_diag.numel() or not path:
+        return None
+    if not (Path(path) / "manifest.json").is_file():
+        return None
+    old = PreparedDataset(path)
+    if old.fingerprint != cfg["data"].get("fingerprint") or old.n_items != model.n_items:
+        return None
+    parts = ["train"] + (["validation_tr", "test_tr"] if saved.get("fold_in_rows", True) else [])
+    rows = sp.vstack([old.split(s) for s in parts]).tocsr()
+    counts = torch.from_numpy(np.asarray(rows.multiply(rows).sum(axis=0)).ravel())
+    b = model.weight.to(getattr(torch, saved.get("solve_dtype", "float32")))
+    b.div_(penalty(counts, saved.get("popularity_exponent", 0.0)).to(b.dtype))
+    start = Inverse(b, model.p_diag, float(model.l2), rows, pos)
+
+    def init(m) -> None:
+        m.start = start
+
+    return init
+
+
 def _pinned(name: str, saved: dict, search: bool):
     """The model settings an update fits with: the run's own, its searched settings held at
     what the search chose (no grid left to search) unless `search`."""
@@ -185,6 +214,8 @@ def update(
                   "run's validation and test figures are optimistic (a time protocol, "
                   "--protocol temporal, holds out what came after)", flush=True)  # fmt: skip
     saved = cfg["model"]["config"]
+    if name == "ease" and not search:
+        init = ease_start(run, cfg, pos)
     mcfg = (
         _pinned(name, saved, search) if spec.closed_form else models.config_from_dict(name, saved)
     )
