@@ -71,22 +71,30 @@ def test_the_updated_inverse_is_the_newer_rows_solve(lost):
     b = linear_weights(g, l2)
     d = linear_update.inverse_diag(g, b, l2, torch.ones(60))
     pos = np.where(kept < 60, kept, -1)  # each newer item's index among the run's
-    got = linear_update.Inverse(b, d, l2, old, pos).updated(newer, l2)
+    got = linear_update.Inverse(lambda: (b, d), l2, old, pos).updated(newer, l2)
     assert got is not None
     p, added, removed = got
     assert (added, removed) == ((8, 7) if lost else (6, 5))
     torch.testing.assert_close(p, inverse(newer, l2), rtol=1e-8, atol=1e-12)
 
 
-def test_a_change_too_large_or_another_lambda_is_left_to_the_solve():
+def test_a_change_too_large_another_lambda_or_no_diag_p_is_left_to_the_solve():
     rng = np.random.default_rng(3)
     old, other = binary(rng, 100, 20, 0.2), binary(rng, 100, 20, 0.2)
     g = torch.from_numpy((old.T @ old).toarray()).double()
     b = linear_weights(g, 2.0)
     d = linear_update.inverse_diag(g, b, 2.0, torch.ones(20))
     pos = np.arange(20)
-    assert linear_update.Inverse(b.clone(), d, 2.0, old, pos).updated(other, 2.0) is None
-    assert linear_update.Inverse(b.clone(), d, 2.0, old, pos).updated(old, 3.0) is None
+    assert linear_update.Inverse(lambda: (b.clone(), d), 2.0, old, pos).updated(other, 2.0) is None
+    assert linear_update.Inverse(lambda: (b.clone(), d), 2.0, old, pos).updated(old, 3.0) is None
     weighted = old.copy()
     weighted.data[:] = 2.0
-    assert linear_update.Inverse(b.clone(), d, 2.0, weighted, pos).updated(old, 2.0) is None
+    assert (
+        linear_update.Inverse(lambda: (b.clone(), d), 2.0, weighted, pos).updated(old, 2.0) is None
+    )
+    assert linear_update.Inverse(lambda: None, 2.0, old, pos).updated(old, 2.0) is None  # no diag P
+    p, added, removed = linear_update.Inverse(lambda: (b.clone(), d), 2.0, old, pos).updated(
+        old, 2.0
+    )
+    assert (added, removed) == (0, 0)
+    torch.testing.assert_close(p, inverse(old, 2.0), rtol=1e-9, atol=1e-13)

@@ -19,6 +19,7 @@ moves with every count.
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -45,12 +46,12 @@ def inverse_diag(gram: torch.Tensor, b: torch.Tensor, l2: float, scale: torch.Te
 
 @dataclass
 class Inverse:
-    """An EASE run's inverse as it keeps it: B (its popularity penalty taken out; overwritten
-    by P when used) and diag P at lambda `l2`, the rows its X^T X held (binary CSR over its
-    items), and each newer item's index among its items (-1: new)."""
+    """An EASE run's inverse as it keeps it: `weights()` reads B (its popularity penalty taken
+    out; overwritten by P) and diag P at lambda `l2` (None: the run keeps no diag P); the rows
+    its X^T X held (binary CSR over its items), and each newer item's index among its items
+    (-1: new)."""
 
-    b: torch.Tensor
-    d: torch.Tensor
+    weights: Callable[[], tuple[torch.Tensor, torch.Tensor] | None]
     l2: float
     rows: sp.csr_matrix
     pos: np.ndarray
@@ -58,8 +59,9 @@ class Inverse:
     def updated(self, x: sp.csr_matrix, l2: float) -> tuple[torch.Tensor, int, int] | None:
         """P = (x^T x + l2 I)^-1 for the newer rows `x` (over the newer items), from the run's
         by the rows that changed, with the numbers of rows added and removed; None where the
-        rows are not sets of items, lambda is another or a solve costs less."""
-        n_new, n_old = len(self.pos), self.b.shape[0]
+        rows are not sets of items, lambda is another, a solve costs less or the run keeps no
+        diag P. The run's weights are read only where the change is small enough."""
+        n_new, n_old = len(self.pos), self.rows.shape[1]
         if l2 != self.l2 or not (np.all(x.data == 1) and np.all(self.rows.data == 1)):
             return None
         # the union of both item sets: the newer items, then those only the run had
@@ -73,15 +75,15 @@ class Inverse:
         new = sp.csr_matrix((x.data, x.indices, x.indptr), shape=(x.shape[0], n))
         added, removed = changed(old, new)
         r = len(added) + len(removed)
-        if 2 * n * n * r + n * r * r > n**3:  # the update's flops against the solve's alone
-            return None
-        p = torch.zeros(n, n, dtype=self.b.dtype)
+        if 2 * n * n * r + n * r * r > n**3 or (got := self.weights()) is None:
+            return None  # the update's flops against the solve's alone, or no diag P
+        p_old, d = got
+        p = torch.zeros(n, n, dtype=p_old.dtype)
         p.diagonal().fill_(1.0 / l2)
         at = torch.from_numpy(to_union)
-        p_old = self.b.neg_()  # P = (I - B) diagMat(d), in B's memory
-        p_old.diagonal().add_(1.0)
-        p[at.unsqueeze(1), at] = p_old.mul_(self.d.to(p_old.dtype))
-        self.b = p_old = None
+        p_old.neg_().diagonal().add_(1.0)  # P = (I - B) diagMat(d), in B's memory
+        p[at.unsqueeze(1), at] = p_old.mul_(d.to(p_old.dtype))
+        got = p_old = None
         for u, sign in ((new[added], 1.0), (old[removed], -1.0)):
             if u.shape[0]:
                 update_by_rows_(p, u, sign)

@@ -136,22 +136,27 @@ def held_out_seen(cfg: dict, ds: PreparedDataset) -> int:
 
 def ease_start(run: Path, cfg: dict, pos: np.ndarray):
     """`init` for an EASE update: the run's inverse as the fit's start; None where the run
-    keeps no diag P (a sparse B, or a run from before it) or its dataset is gone or another."""
-    model, _ = rundir.load_model(run, "cpu")
+    keeps no diag P (from before run format 3) or its dataset is gone or another."""
     path, saved = cfg["data"].get("path"), cfg["model"]["config"]
-    if model.sparse or not model.p_diag.numel() or not path:
-        return None
-    if not (Path(path) / "manifest.json").is_file():
+    if cfg.get("format_version", 1) < 3 or not path or not (Path(path) / "manifest.json").is_file():
         return None
     old = PreparedDataset(path)
-    if old.fingerprint != cfg["data"].get("fingerprint") or old.n_items != model.n_items:
+    if old.fingerprint != cfg["data"].get("fingerprint") or old.n_items != cfg["data"]["n_items"]:
         return None
     parts = ["train"] + (["validation_tr", "test_tr"] if saved.get("fold_in_rows", True) else [])
     rows = sp.vstack([old.split(s) for s in parts]).tocsr()
-    counts = torch.from_numpy(np.asarray(rows.multiply(rows).sum(axis=0)).ravel())
-    b = model.weight.to(getattr(torch, saved.get("solve_dtype", "float32")))
-    b.div_(penalty(counts, saved.get("popularity_exponent", 0.0)).to(b.dtype))
-    start = Inverse(b, model.p_diag, float(model.l2), rows, pos)
+
+    def weights():  # read only where the change is small enough to use them
+        model, _ = rundir.load_model(run, "cpu")
+        if model.sparse or not model.p_diag.numel():  # a sparse B
+            return None
+        counts = torch.from_numpy(np.asarray(rows.multiply(rows).sum(axis=0)).ravel())
+        b = model.weight.to(getattr(torch, saved.get("solve_dtype", "float32")))
+        return b.div_(
+            penalty(counts, saved.get("popularity_exponent", 0.0)).to(b.dtype)
+        ), model.p_diag
+
+    start = Inverse(weights, float(saved["l2"]), rows, pos)
 
     def init(m) -> None:
         m.start = start
