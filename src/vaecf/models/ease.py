@@ -190,9 +190,10 @@ class EASE(Model):
         own = cv or len(betas) > 1
         if own and validation is None:
             raise ConfigError(f"{self.name}'s search needs the validation split")
-        start, self.start = self.start, None  # an update's, used once where it pays
-        if start and single and solver == "dense" and (got := start.updated(x, l2s[0])):
-            return self._from_inverse(x, *got, l2s[0], betas[0], t0)
+        start, self.start = self.start, None  # an update's, used once where it pays (CPU)
+        if start and single and solver == "dense" and device.type == "cpu":
+            if got := start.updated(x, l2s[0]):
+                return self._from_inverse(x, *got, l2s[0], betas[0], t0)
         search = self._search(x, train, solver, cv, betas, validation, select_metric, log, deadline)
         t_gram = time.perf_counter() - t0
         full = search.order(l2s, dropouts)

@@ -12,7 +12,8 @@ is positive definite because X^T X stays so without them). A new item enters P a
 dropped. Exact to float rounding: the B of a solve on the newer rows, found in ~2 n^2 r flops
 for r changed rows against X^T X and the solve's n^3, so it is taken where that is smaller
 (ML-1M by time, each twentieth of its interactions: 355-703 rows of ~5,000 change, for
-3,300-3,468 items). EASE only: EDLAE's dropout adds p/(1-p) diag(X^T X) to the ridge, which
+3,300-3,468 items; a random split's preparations draw their held-out users anew, moving most
+rows: there the solve runs). EASE only: EDLAE's dropout adds p/(1-p) diag(X^T X) to the ridge, which
 moves with every count.
 """
 
@@ -78,16 +79,19 @@ class Inverse:
         if 2 * n * n * r + n * r * r > n**3 or (got := self.weights()) is None:
             return None  # the update's flops against the solve's alone, or no diag P
         p_old, d = got
-        p = torch.zeros(n, n, dtype=p_old.dtype)
-        p.diagonal().fill_(1.0 / l2)
-        at = torch.from_numpy(to_union)
         p_old.neg_().diagonal().add_(1.0)  # P = (I - B) diagMat(d), in B's memory
-        p[at.unsqueeze(1), at] = p_old.mul_(d.to(p_old.dtype))
+        p_old.mul_(d.to(p_old.dtype))
+        p = torch.zeros(n, n, dtype=p_old.dtype)
+        p.diagonal().fill_(1.0 / l2)  # a new item's row and column
+        at, step = torch.from_numpy(to_union), max(1, 2**22 // n)
+        for s in range(0, n_old, step):  # the run's rows placed by blocks: no n^2 index arrays
+            block = torch.zeros(len(at[s : s + step]), n, dtype=p.dtype)
+            p.index_copy_(0, at[s : s + step], block.index_copy_(1, at, p_old[s : s + step]))
         got = p_old = None
         for u, sign in ((new[added], 1.0), (old[removed], -1.0)):
             if u.shape[0]:
                 update_by_rows_(p, u, sign)
-        return p[:n_new, :n_new].clone(), len(added), len(removed)
+        return (p if n == n_new else p[:n_new, :n_new].clone()), len(added), len(removed)
 
 
 def changed(old: sp.csr_matrix, new: sp.csr_matrix) -> tuple[np.ndarray, np.ndarray]:
