@@ -36,12 +36,12 @@ KEY_SEED = 20261129  # the random 64-bit item keys whose sums name a row's set o
 
 def inverse_diag(gram: torch.Tensor, b: torch.Tensor, l2: float, scale: torch.Tensor):
     """diag P, P = (gram + l2 I)^-1, from EASE's B (column j multiplied by `scale[j]`, the
-    popularity penalty): 1 / P_ii = gram_ii + l2 - sum_k gram_ik B_ki, the diagonal of
-    (gram + l2 I) (I - B) diagMat(diag P) = I. In row blocks: no third n^2 array."""
-    n, step = gram.shape[0], max(1, 2**24 // max(1, gram.shape[0]))
-    gb = torch.empty(n, dtype=torch.float64, device=gram.device)
+    popularity penalty): 1 / P_ii = gram_ii + l2 - sum_k gram_ki B_ki (gram is symmetric), the
+    diagonal of (gram + l2 I) (I - B) diagMat(diag P) = I. In row blocks: no third n^2 array."""
+    n, step = gram.shape[0], max(1, 2**22 // max(1, gram.shape[0]))
+    gb = torch.zeros(n, dtype=torch.float64, device=gram.device)
     for s in range(0, n, step):
-        gb[s : s + step] = (gram[s : s + step] * b[:, s : s + step].T).sum(1, dtype=torch.float64)
+        gb += (gram[s : s + step] * b[s : s + step]).sum(0)  # a block in its own dtype
     return (1.0 / (gram.diagonal().double() + l2 - gb / scale.double())).to(b.dtype)
 
 
