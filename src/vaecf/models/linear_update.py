@@ -13,8 +13,8 @@ dropped. Exact to float rounding: the B of a solve on the newer rows, found in ~
 for r changed rows against X^T X and the solve's n^3, so it is taken where that is smaller
 (ML-1M by time, each twentieth of its interactions: 355-703 rows of ~5,000 change, for
 3,300-3,468 items; a random split's preparations draw their held-out users anew, moving most
-rows: there the solve runs). EASE only: EDLAE's dropout adds p/(1-p) diag(X^T X) to the ridge, which
-moves with every count.
+rows: there the solve runs). EASE only: EDLAE's dropout adds p/(1-p) diag(X^T X) to the ridge,
+which moves with every count.
 """
 
 from __future__ import annotations
