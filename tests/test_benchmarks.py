@@ -182,7 +182,6 @@ EXEMPT = {
     "through drills.py",
     "serve_client.py": "the server and client that serve_load.py and serve_hostile.py import, "
     "run through their smoke runs",
-    "probe_ease_rows_route.py": "a one-off probe on ML-1M, removed once its finding is recorded",
 }
 PRELOAD = (
     "numpy",

@@ -10,11 +10,13 @@ rows U), then those only in the older ones removed (the same with the signs turn
 is positive definite because X^T X stays so without them). A new item enters P at 1 / lambda
 (no older row holds it); an item the newer data lost is decoupled once its rows are gone and
 dropped. Exact to float rounding: the B of a solve on the newer rows, found in ~2 n^2 r flops
-for r changed rows against X^T X and the solve's n^3, so it is taken where that is smaller
-(ML-1M by time, each twentieth of its interactions: 355-703 rows of ~5,000 change, for
-3,300-3,468 items; a random split's preparations draw their held-out users anew, moving most
-rows: there the solve runs). EASE only: EDLAE's dropout adds p/(1-p) diag(X^T X) to the ridge,
-which moves with every count.
+for r changed rows (products at the CPU's best rate) against X^T X and the solve's n^3 (a
+factorisation and an inverse, slower per flop): taken up to twice the solve's flops (r ~ 0.73
+n). On ML-1M by time, 80% -> all (1,277 rows added and 298 removed for 3,468 items: 0.45 n)
+it fitted in 0.74-1.03 s against X^T X and the solve's 1.32-2.82 (probe_ease_rows_route in
+benchmarks/README.md); each twentieth of the interactions changes 355-703 rows. A random
+split's preparations draw their held-out users anew, moving most rows: there the solve runs.
+EASE only: EDLAE's dropout adds p/(1-p) diag(X^T X) to the ridge, which moves with every count.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from vaecf.models import linalg
 from vaecf.models.linear import sparse_rows
 
 KEY_SEED = 20261129  # the random 64-bit item keys whose sums name a row's set of items
+SOLVE_FLOPS = 2.0  # the update's flops may be this many times the solve's n^3 (see above)
 
 
 def inverse_diag(gram: torch.Tensor, b: torch.Tensor, l2: float, scale: torch.Tensor):
@@ -76,8 +79,8 @@ class Inverse:
         new = sp.csr_matrix((x.data, x.indices, x.indptr), shape=(x.shape[0], n))
         added, removed = changed(old, new)
         r = len(added) + len(removed)
-        if 2 * n * n * r + n * r * r > n**3 or (got := self.weights()) is None:
-            return None  # the update's flops against the solve's alone, or no diag P
+        if 2 * n * n * r + n * r * r > SOLVE_FLOPS * n**3 or (got := self.weights()) is None:
+            return None  # the update's flops against the solve's, or no diag P
         p_old, d = got
         p_old.neg_().diagonal().add_(1.0)  # P = (I - B) diagMat(d), in B's memory
         p_old.mul_(d.to(p_old.dtype))
