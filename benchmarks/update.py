@@ -61,6 +61,7 @@ def one_model(name: str, old, new, tmp: Path, budget: float, patience=None) -> d
         "update": upd.test_metrics["ndcg@100"],
         "t_retrain": t_full,
         "t_update": t_upd,
+        "rows": changed_rows(upd),
     }
 
 
@@ -68,7 +69,7 @@ def drift(name: str, df: pl.DataFrame, tmp: Path, start: float, rounds: int, bud
           patience=None):  # fmt: skip
     """(test NDCG@100 after `rounds` updates in a row, of one retrain on all the data; the
     wall time of the last update, of the retrain on the same data; the X^T X rows an EASE
-    update changed, "solved" where it solved again)."""
+    update changed)."""
     cfg = vaecf.TrainConfig(progress=False, budget=budget)
     shares = [start + (1.0 - start) * r / rounds for r in range(rounds + 1)]
     run = tmp / f"drift-{name}-0"
@@ -80,9 +81,14 @@ def drift(name: str, df: pl.DataFrame, tmp: Path, start: float, rounds: int, bud
         last = time.perf_counter() - t0
         run = res.run_dir
     full, t_full = timed(lambda: vaecf.train(ds, cfg, tmp / f"drift-{name}-full", model=name))
-    fit = res.history[0]
-    rows = f"{fit['rows_added']} / {fit['rows_removed']}" if "rows_added" in fit else "solved"
+    rows = changed_rows(res)
     return res.test_metrics["ndcg@100"], full.test_metrics["ndcg@100"], last, t_full, rows
+
+
+def changed_rows(res) -> str:
+    """The X^T X rows an EASE update changed ("added / removed"), "-" where it solved again."""
+    fit = res.history[0]
+    return f"{fit['rows_added']} / {fit['rows_removed']}" if "rows_added" in fit else "-"
 
 
 def main() -> int:
@@ -111,12 +117,12 @@ def main() -> int:
            f"--budget {a.budget:g}{f' --patience {a.patience}' if a.patience else ''}")  # fmt: skip
     print(f"command: {cmd}; older: the first 80% of the ratings by time, newer: all; temporal")
     print("| model | retrain NDCG@100 | update NDCG@100 | difference | retrain s | update s | "
-          "update / retrain |")  # fmt: skip
-    print("|---|---:|---:|---:|---:|---:|---:|")
+          "update / retrain | X^T X rows added / removed |")  # fmt: skip
+    print("|---|---:|---:|---:|---:|---:|---:|---|")
     for r in rows:
         print(f"| {r['model']} | {r['retrain']:.4f} | {r['update']:.4f} | "
               f"{r['update'] - r['retrain']:+.4f} | {r['t_retrain']:.1f} | {r['t_update']:.1f} | "
-              f"{r['t_update'] / r['t_retrain']:.0%} |")  # fmt: skip
+              f"{r['t_update'] / r['t_retrain']:.0%} | {r['rows']} |")  # fmt: skip
     if drifts:
         print(f"\ndrift: {a.rounds} updates in a row from {a.start:.0%} of the data to all of it")
         print("| model | after the updates | one retrain | difference | the last update s | "
