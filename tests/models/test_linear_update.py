@@ -98,3 +98,15 @@ def test_a_change_too_large_another_lambda_or_no_diag_p_is_left_to_the_solve():
     )
     assert (added, removed) == (0, 0)
     torch.testing.assert_close(p, inverse(old, 2.0), rtol=1e-9, atol=1e-13)
+
+
+def test_a_removal_that_rounding_makes_indefinite_is_left_to_the_solve():
+    """d claims a far smaller inverse than B's: removing a row then leaves I - U P U^T
+    indefinite, and the update hands over to the solve instead of failing."""
+    rng = np.random.default_rng(4)
+    old = binary(rng, 50, 30, 0.3)
+    g = torch.from_numpy((old.T @ old).toarray()).double()
+    b = linear_weights(g, 0.01)
+    d = linear_update.inverse_diag(g, b, 0.01, torch.ones(30)) * 1e6
+    start = linear_update.Inverse(lambda: (b, d), 0.01, old, np.arange(30))
+    assert start.updated(old[1:], 0.01) is None

@@ -91,9 +91,12 @@ class Inverse:
             block = torch.zeros(len(at[s : s + step]), n, dtype=p.dtype)
             p.index_copy_(0, at[s : s + step], block.index_copy_(1, at, p_old[s : s + step]))
         got = p_old = None
-        for u, sign in ((new[added], 1.0), (old[removed], -1.0)):
-            if u.shape[0]:
-                update_by_rows_(p, u, sign)
+        try:
+            for u, sign in ((new[added], 1.0), (old[removed], -1.0)):
+                if u.shape[0]:
+                    update_by_rows_(p, u, sign)
+        except linalg.NotPositiveDefinite:  # rounding took a removal past the edge: solve
+            return None
         return (p if n == n_new else p[:n_new, :n_new].clone()), len(added), len(removed)
 
 
