@@ -81,13 +81,13 @@ class Client:
     """One keep-alive HTTP/1.1 connection; `post` returns the status and the body."""
 
     def __init__(self, port: int):
-        self.port = port
+        self.port, self.sock = port, None
         self.connect()
 
     def connect(self) -> None:
         """A fresh connection (the last closed): a server closes one left idle past its
         keep-alive timeout, as a side's connection is while the others take their turn."""
-        if hasattr(self, "sock"):
+        if self.sock is not None:
             self.sock.close()
         self.sock = socket.create_connection(("127.0.0.1", self.port))
         self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)

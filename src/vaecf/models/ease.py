@@ -299,7 +299,7 @@ class EASE(Model):
         self.p_diag = d.float()
         self.weight = p.div_(-d).float()
         self.weight.diagonal().zero_()
-        counts = torch.from_numpy(np.asarray(x.multiply(x).sum(axis=0)).ravel())
+        counts = torch.from_numpy(x.getnnz(axis=0))  # the Gram's diagonal: `start` took binary rows
         self.weight.mul_(penalty(counts, beta).to(self.weight.device))
         self._keep(l2, 0.0, beta)
         return {"l2": l2, "grid": None, "search": None, "selection": None, "solver": "dense",

@@ -150,7 +150,7 @@ def ease_start(run: Path, cfg: dict, pos: np.ndarray):
         model, _ = rundir.load_model(run, "cpu")
         if model.sparse or not model.p_diag.numel():  # a sparse B
             return None
-        counts = torch.from_numpy(np.asarray(rows.multiply(rows).sum(axis=0)).ravel())
+        counts = torch.from_numpy(rows.getnnz(axis=0))  # the Gram's diagonal: rows are binary here
         b = model.weight.to(getattr(torch, saved.get("solve_dtype", "float32")))
         return b.div_(
             penalty(counts, saved.get("popularity_exponent", 0.0)).to(b.dtype)
