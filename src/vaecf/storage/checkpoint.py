@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import torch
@@ -105,18 +106,24 @@ def footer_digest(path: str | os.PathLike) -> str | None:
 
 
 def load(path: str | os.PathLike, map_location="cpu") -> dict:
-    """Verify and load a checkpoint written by `save`; RunError names the file and what to do."""
+    """Verify and load a checkpoint written by `save`; RunError names the file and what to do.
+    The digest is checked in a thread while torch reads (hashing releases the GIL): a load
+    takes about the longer of the two, not their sum. Nothing is returned unless the digest
+    matched, and where both fail the digest's words are the ones raised."""
     path = Path(path)
     if not path.is_file():
         raise RunError(f"checkpoint {path} is missing; is this a finished vaecf run directory?")
-    verify(path)
-    try:
-        obj = torch.load(path, map_location=map_location, weights_only=True)
-    except Exception as e:
-        raise RunError(
-            f"checkpoint {path} is corrupted or not a vaecf checkpoint ({type(e).__name__}: "
-            f"{str(e).splitlines()[0][:200] if str(e) else ''}); restore it or retrain the run"
-        ) from None
+    with ThreadPoolExecutor(1) as pool:
+        verified = pool.submit(verify, path)
+        try:
+            obj = torch.load(path, map_location=map_location, weights_only=True)
+        except Exception as e:
+            verified.result()
+            raise RunError(
+                f"checkpoint {path} is corrupted or not a vaecf checkpoint ({type(e).__name__}: "
+                f"{str(e).splitlines()[0][:200] if str(e) else ''}); restore it or retrain the run"
+            ) from None
+        verified.result()
     if not isinstance(obj, dict) or obj.get("magic") != MAGIC:
         raise RunError(f"{path} is not a vaecf checkpoint; restore it or retrain the run")
     return obj
