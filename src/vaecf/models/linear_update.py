@@ -21,7 +21,6 @@ EASE only: EDLAE's dropout adds p/(1-p) diag(X^T X) to the ridge, which moves wi
 
 from __future__ import annotations
 
-from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -84,13 +83,8 @@ class Inverse:
         p_old, d = got
         p_old.neg_().diagonal().add_(1.0)  # P = (I - B) diagMat(d), in B's memory
         p_old.mul_(d.to(p_old.dtype))
-        p = torch.zeros(n, n, dtype=p_old.dtype)
-        p.diagonal().fill_(1.0 / l2)  # a new item's row and column
-        at, step = torch.from_numpy(to_union), max(1, 2**22 // n)
-        for s in range(0, n_old, step):  # the run's rows placed by blocks: no n^2 index arrays
-            block = torch.zeros(len(at[s : s + step]), n, dtype=p.dtype)
-            p.index_copy_(0, at[s : s + step], block.index_copy_(1, at, p_old[s : s + step]))
-        got = p_old = None
+        p, got, p_old = placed(p_old, to_union, n), None, None
+        p.diagonal()[np.setdiff1d(np.arange(n), to_union)] = 1.0 / l2  # a new item's
         try:
             for u, sign in ((new[added], 1.0), (old[removed], -1.0)):
                 if u.shape[0]:
@@ -100,28 +94,47 @@ class Inverse:
         return (p if n == n_new else p[:n_new, :n_new].clone()), len(added), len(removed)
 
 
+def placed(p_old: torch.Tensor, at: np.ndarray, n: int) -> torch.Tensor:
+    """An n x n matrix holding `p_old` at rows and columns `at`, zeros elsewhere: `p_old`
+    itself or padded where the newer data lists the run's items first and in order (items are
+    numbered as they first appear, so a later export of the same source does); else by blocks
+    of rows, with no n^2 index arrays."""
+    if np.array_equal(at, np.arange(len(at))):
+        return p_old if n == len(at) else torch.nn.functional.pad(p_old, (0, n - len(at)) * 2)
+    p, pos, step = torch.zeros(n, n, dtype=p_old.dtype), torch.from_numpy(at), max(1, 2**22 // n)
+    for s in range(0, len(at), step):
+        block = torch.zeros(len(pos[s : s + step]), n, dtype=p.dtype)
+        p.index_copy_(0, pos[s : s + step], block.index_copy_(1, pos, p_old[s : s + step]))
+    return p
+
+
 def changed(old: sp.csr_matrix, new: sp.csr_matrix) -> tuple[np.ndarray, np.ndarray]:
     """(rows of `new` not in `old`, rows of `old` not in `new`), rows compared as sets of
     columns, with their multiplicities: each row named by its length and the sum of random
     64-bit keys of its columns (two different sets share a name with probability ~2^-64)."""
     keys = np.random.default_rng(KEY_SEED).integers(0, 2**63, old.shape[1], dtype=np.uint64)
 
-    def names(m: sp.csr_matrix) -> list[tuple[int, int]]:
+    def names(m: sp.csr_matrix) -> np.ndarray:
         lens = np.diff(m.indptr)
         sums = np.zeros(m.shape[0], dtype=np.uint64)
         full = lens > 0
         sums[full] = np.add.reduceat(keys[m.indices], m.indptr[:-1][full])
-        return list(zip(lens.tolist(), sums.tolist()))
+        return np.stack([lens.astype(np.uint64), sums], axis=1)
 
-    a, b = names(old), names(new)
-    extra = [Counter(b) - Counter(a), Counter(a) - Counter(b)]
-    picked: list[list[int]] = [[], []]
-    for side, rows in enumerate((b, a)):
-        for i, name in enumerate(rows):
-            if extra[side][name] > 0:
-                extra[side][name] -= 1
-                picked[side].append(i)
-    return np.asarray(picked[0], dtype=np.int64), np.asarray(picked[1], dtype=np.int64)
+    both = np.concatenate([names(old), names(new)])
+    ids = np.unique(both, axis=0, return_inverse=True)[1].reshape(-1)  # one number per name
+    a, b = ids[: old.shape[0]], ids[old.shape[0] :]
+    count_a, count_b = np.bincount(a, minlength=len(both)), np.bincount(b, minlength=len(both))
+    return firsts(b, count_b - count_a), firsts(a, count_a - count_b)
+
+
+def firsts(ids: np.ndarray, quota: np.ndarray) -> np.ndarray:
+    """The positions of `ids` that are among the first `quota[i]` occurrences of their id i."""
+    order = np.argsort(ids, kind="stable")
+    ranked = ids[order]
+    rank = np.empty(len(ids), dtype=np.int64)
+    rank[order] = np.arange(len(ids)) - np.searchsorted(ranked, ranked)
+    return np.flatnonzero(rank < quota[ids])
 
 
 def update_by_rows_(p: torch.Tensor, u: sp.csr_matrix, sign: float) -> None:
