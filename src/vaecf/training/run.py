@@ -12,6 +12,7 @@ import math
 import shutil
 import time
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -247,10 +248,15 @@ class ClosedFormFit(Run):
         row = {"epoch": 1, "fit_seconds": round(time.perf_counter() - t0, 3), **record}
         row["validation"] = val
         self.history = [row]
-        if self.ctx.is_main:
-            rundir.save_model(self.out, self.model, epoch=1, metrics=val)
-            with atomic_file(self.out / rundir.METRICS, "w") as f:
-                f.write(json.dumps(row) + "\n")
-        if self.on_epoch is not None:
-            self.on_epoch(row)
-        return self.finish(weights=self.model.state_dict())  # not best.pt read back
+        # best.pt and metrics.jsonl written on a thread while the test runs (the weights do
+        # not change), on disk before results.json; leaving the block waits for them anyway
+        with ThreadPoolExecutor(1) as pool:
+            done = pool.submit(self._write_fit, val, row) if self.ctx.is_main else None
+            if self.on_epoch is not None:
+                self.on_epoch(row)
+            return self.finish(weights=self.model.state_dict(), written=done and done.result)
+
+    def _write_fit(self, val: dict, row: dict) -> None:
+        rundir.save_model(self.out, self.model, epoch=1, metrics=val)
+        with atomic_file(self.out / rundir.METRICS, "w") as f:
+            f.write(json.dumps(row) + "\n")
