@@ -132,6 +132,18 @@ def test_add_gram_past_the_bound_is_the_whole_product():
     assert torch.allclose(small.tril(), (k[:, :40].T @ k[:, :40]).tril())
 
 
+@pytest.mark.parametrize("rows", [3, 60])
+def test_add_outer_is_the_whole_product(rows):
+    """By blocks below the diagonal and their mirror (60 rows for 203 items), or one product."""
+    gen = torch.Generator().manual_seed(rows)
+    a = torch.rand(203, 203, dtype=torch.float64, generator=gen)
+    p = a + a.T
+    v = torch.rand(rows, 203, dtype=torch.float64, generator=gen)
+    want = p - 0.5 * v.T @ v
+    linalg.add_outer_(p, v, -0.5)
+    torch.testing.assert_close(p, want, rtol=1e-12, atol=1e-12)
+
+
 def test_a_dense_solve_past_openblas_bound():
     """float64 just past the bound (11,001 items; scipy's dpotrf on two threads died with
     SIGSEGV from 16,000, OpenBLAS 0.3.30, SkylakeX kernels): PyTorch's path, on two threads,
