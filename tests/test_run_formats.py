@@ -4,7 +4,8 @@ says which version wrote it.
 tests/fixtures/runs/COMMIT/MODEL/ are real run directories (every model family that commit
 had) written by that commit's code on a small planted dataset, with answers.json: the top 5 of
 four histories as that code answered them (`python tests/fixtures/runs/make_runs.py OUT`, run
-with the commit's src on PYTHONPATH, wrote them; only what loading reads is kept).
+with the commit's src on PYTHONPATH, wrote them; only what loading reads is kept). Each model's
+oldest and newest fixture is also updated (`vaecf update`) onto a newer export of that data.
 """
 
 import json
@@ -12,23 +13,30 @@ import shutil
 from pathlib import Path
 
 import numpy as np
+import polars as pl
 import pytest
 
 import vaecf
 from tests.helpers import cli_in_process
 from vaecf import models, rundir
+from vaecf.data import synthetic
 from vaecf.errors import RunError
+from vaecf.training.update import update
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures" / "runs"
 RUNS = sorted(p for p in FIXTURES.glob("*/*") if rundir.is_run(p))
 
 
+def fmt(run: Path) -> int:
+    return json.loads((run / "config.json").read_text()).get("format_version", 1)
+
+
 def test_there_are_old_runs_of_every_family():
     families = {models.get(p.name).family for p in RUNS}
     assert families >= {"autoencoder", "linear", "baseline"}
-    assert len({p.parent.name for p in RUNS}) >= 3  # three earlier commits
-    assert all(json.loads((p / "config.json").read_text()).get("format_version") is None
-               for p in RUNS)  # fmt: skip  # written before the field: format 1
+    assert len({p.parent.name for p in RUNS}) >= 4  # four earlier commits
+    # written before the field (format 1) and by the release that added diag P (format 3)
+    assert {fmt(p) for p in RUNS} >= {1, 3} and max(map(fmt, RUNS)) <= rundir.RUN_FORMAT
 
 
 @pytest.mark.parametrize("run", RUNS, ids=lambda p: f"{p.parent.name}-{p.name}")
@@ -67,3 +75,44 @@ def test_a_new_run_records_its_format_and_the_code_that_wrote_it(planted, tmp_pa
     cfg = json.loads((tmp_path / "r" / "config.json").read_text())
     assert cfg["format_version"] == rundir.RUN_FORMAT
     assert cfg["vaecf_version"] == vaecf.__version__
+
+
+def ends() -> list[Path]:
+    """Of each model, its fixture of the oldest run format and of the newest."""
+    runs: dict[str, list[Path]] = {}
+    for p in RUNS:
+        runs.setdefault(p.name, []).append(p)
+    return sorted({q for rs in runs.values() for q in (min(rs, key=fmt), max(rs, key=fmt))})
+
+
+@pytest.fixture(scope="module")
+def newer(tmp_path_factory):
+    """A newer export of the data the fixtures were trained on (make_runs.py's): the same
+    interactions and 30 more users."""
+    df = synthetic.generate(n_users=240, n_items=40, n_groups=4, mean_items=8, seed=0)
+    more = synthetic.generate(n_users=30, n_items=40, n_groups=4, mean_items=8, seed=1)
+    df = pl.concat([df, more.with_columns(pl.col("user_id") + 1000)])
+    out = tmp_path_factory.mktemp("formats") / "newer"
+    return vaecf.prepare_frame(df, out, vaecf.PrepareSettings(heldout_users=20, seed=0))
+
+
+@pytest.mark.parametrize("run", ends(), ids=lambda p: f"{p.parent.name}-{p.name}")
+def test_an_old_run_is_kept_current(run, newer, tmp_path):
+    """`vaecf update` of a run an earlier release wrote: a run of this format that answers the
+    newer data's users; a linear model's the same as a fit at the settings the run chose."""
+    if models.get(run.name).family == "selection":
+        pytest.skip("auto's choice is trained again, not updated")
+    got = update(run, newer, tmp_path / "upd", progress=False, device="cpu")
+    assert fmt(tmp_path / "upd") == rundir.RUN_FORMAT
+    assert 0 < got.test_metrics["ndcg@100"] <= 1
+    rec = vaecf.Recommender.load(tmp_path / "upd")
+    user = newer.users.filter(pl.col("user_id") >= 1000).get_column("user_id")[0]  # a new user
+    got_user = rec.recommend_user(user, k=5)
+    assert rec.model.n_items == newer.n_items and not got_user.fallback
+    assert len(got_user.item_ids) == 5 and not set(got_user.item_ids) & set(rec.user_history(user))
+    if models.get(run.name).closed_form:
+        saved = rundir.load_config(tmp_path / "upd")["model"]["config"]
+        cfg = vaecf.TrainConfig(seed=0, device="cpu", precision="fp32", progress=False)
+        mcfg = models.config_from_dict(run.name, saved)
+        fit = vaecf.train(newer, cfg, tmp_path / "fit", mcfg, model=run.name)
+        assert got.test_metrics == pytest.approx(fit.test_metrics, rel=1e-5, abs=1e-7)
