@@ -5,7 +5,8 @@ all of them the newer; both prepared with `--protocol temporal` (ratings >= 3.5)
 trained on the older data (not timed), then, on the newer data, trained from scratch and
 updated from the older run (`vaecf update`), each timed. Then the drift: `--rounds` updates in a
 row over slices of time (from `--start` of the data to all of it), each from the last, against
-one retrain on all of it.
+one retrain on all of it. Times are of the calls in this one process, after the older run's
+training: no interpreter start-up or first-call warm-up, which each command pays on its own.
 
     python benchmarks/update.py --source ~/.cache/vaecf-data/ml-1m/ratings.dat
     python benchmarks/update.py --source DIR/ratings.csv --models ease --rounds 2   # smoke
