@@ -139,7 +139,7 @@ def test_an_update_validates_an_epoch_of_its_own_whatever_the_runs_eval_every(ol
     assert any("validation" in row for row in res.history)
 
 
-def test_an_ease_update_of_a_few_rows_updates_the_runs_inverse(tmp_path):
+def test_an_ease_update_of_a_few_rows_updates_the_runs_inverse(tmp_path, capsys):
     """Five histories a little longer (and the held-out rows the new split moves): the run's
     inverse updated by the rows that changed, the B of a solve at the same lambda to float
     rounding; where the run's dataset is gone, the solve itself."""
@@ -151,9 +151,12 @@ def test_an_ease_update_of_a_few_rows_updates_the_runs_inverse(tmp_path):
     older = df.filter(~(pl.col("user_id").is_in(grew.implode()) & last))
     old = vaecf.prepare_frame(older, tmp_path / "old", settings)
     vaecf.train(old, cpu_config(), tmp_path / "run", model="ease")
-    res = update(tmp_path / "run", new, tmp_path / "upd", progress=False, device="cpu")
+    capsys.readouterr()
+    res = update(tmp_path / "run", new, tmp_path / "upd", progress=True, device="cpu")
     row = res.history[0]
     assert 0 < row["rows_added"] + row["rows_removed"] < 300 * 0.41, row
+    said = f"({row['rows_added']:,} added, {row['rows_removed']:,} removed) in place of the solve"
+    assert said in capsys.readouterr().out  # the route taken, said as it runs
     l2 = row["l2"]
     same = vaecf.train(new, cpu_config(), tmp_path / "same", models.config_from_dict(
         "ease", {"l2": l2, "l2_grid": [l2]}), model="ease")  # fmt: skip
@@ -162,8 +165,9 @@ def test_an_ease_update_of_a_few_rows_updates_the_runs_inverse(tmp_path):
     torch.testing.assert_close(a.p_diag, b.p_diag, rtol=1e-5, atol=0)
     assert abs(res.test_metrics["ndcg@100"] - same.test_metrics["ndcg@100"]) < 1e-6
     old.path.rename(tmp_path / "moved")  # the run's rows are gone: solved again
-    again = update(tmp_path / "run", new, tmp_path / "upd2", progress=False, device="cpu")
+    again = update(tmp_path / "run", new, tmp_path / "upd2", progress=True, device="cpu")
     assert "rows_added" not in again.history[0]
+    assert "in place of the solve" not in capsys.readouterr().out
     assert torch.equal(vaecf.Recommender.load(again.run_dir).model.weight, b.weight)
 
 

@@ -25,13 +25,7 @@ from vaecf.data.matrix import SparseBatch
 from vaecf.errors import ConfigError, RunError
 from vaecf.models import linalg
 from vaecf.models.base import Model
-from vaecf.models.linear import (
-    check_memory,
-    cv_folds,
-    linear_bytes,
-    penalty,
-    sparse_rows,
-)
+from vaecf.models.linear import check_memory, cv_folds, linear_bytes, penalty, sparse_rows
 from vaecf.models.linear_search import Search
 from vaecf.models.linear_update import Inverse, inverse_diag
 from vaecf.models.neighbourhood import block_bytes, gram_bytes, sparse_b_rows
@@ -193,6 +187,9 @@ class EASE(Model):
         start, self.start = self.start, None  # an update's, used once where it pays (CPU)
         if start and single and solver == "dense" and device.type == "cpu":
             if got := start.updated(x, l2s[0]):
+                if log:
+                    log(f"{self.title}: the run's inverse updated by the rows of X^T X that changed "
+                        f"({got[1]:,} added, {got[2]:,} removed) in place of the solve")  # fmt: skip
                 return self._from_inverse(x, *got, l2s[0], betas[0], t0)
         search = self._search(x, train, solver, cv, betas, validation, select_metric, log, deadline)
         t_gram = time.perf_counter() - t0
