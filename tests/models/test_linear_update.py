@@ -85,18 +85,21 @@ def test_a_change_too_large_another_lambda_or_no_diag_p_is_left_to_the_solve():
     b = linear_weights(g, 2.0)
     d = linear_update.inverse_diag(g, b, 2.0, torch.ones(20))
     pos = np.arange(20)
-    assert linear_update.Inverse(lambda: (b.clone(), d), 2.0, old, pos).updated(other, 2.0) is None
-    assert linear_update.Inverse(lambda: (b.clone(), d), 2.0, old, pos).updated(old, 3.0) is None
+    start = linear_update.Inverse(lambda: (b.clone(), d), 2.0, old, pos)
+    assert start.updated(other, 2.0) is None
+    assert start.said(None).endswith("96 removed: solving costs less")  # the line logged
+    assert start.updated(old, 3.0) is None and "lambda 3 is not the run's 2" in start.said(None)
     weighted = old.copy()
     weighted.data[:] = 2.0
     assert (
         linear_update.Inverse(lambda: (b.clone(), d), 2.0, weighted, pos).updated(old, 2.0) is None
     )
-    assert linear_update.Inverse(lambda: None, 2.0, old, pos).updated(old, 2.0) is None  # no diag P
-    p, added, removed = linear_update.Inverse(lambda: (b.clone(), d), 2.0, old, pos).updated(
-        old, 2.0
-    )
+    sparse = linear_update.Inverse(lambda: None, 2.0, old, pos)  # no diag P
+    assert sparse.updated(old, 2.0) is None and "sparse" in sparse.said(None)
+    got = linear_update.Inverse(lambda: (b.clone(), d), 2.0, old, pos).updated(old, 2.0)
+    p, added, removed = got
     assert (added, removed) == (0, 0)
+    assert start.said(got).endswith("(0 added, 0 removed) in place of the solve")
     torch.testing.assert_close(p, inverse(old, 2.0), rtol=1e-9, atol=1e-13)
 
 
@@ -109,4 +112,4 @@ def test_a_removal_that_rounding_makes_indefinite_is_left_to_the_solve():
     b = linear_weights(g, 0.01)
     d = linear_update.inverse_diag(g, b, 0.01, torch.ones(30)) * 1e6
     start = linear_update.Inverse(lambda: (b, d), 0.01, old, np.arange(30))
-    assert start.updated(old[1:], 0.01) is None
+    assert start.updated(old[1:], 0.01) is None and "rounding" in start.said(None)

@@ -167,7 +167,9 @@ def test_an_ease_update_of_a_few_rows_updates_the_runs_inverse(tmp_path, capsys)
     old.path.rename(tmp_path / "moved")  # the run's rows are gone: solved again
     again = update(tmp_path / "run", new, tmp_path / "upd2", progress=True, device="cpu")
     assert "rows_added" not in again.history[0]
-    assert "in place of the solve" not in capsys.readouterr().out
+    assert f"EASE: solved again: the run's prepared data is gone from {old.path}" in (
+        capsys.readouterr().out
+    )
     assert torch.equal(vaecf.Recommender.load(again.run_dir).model.weight, b.weight)
 
 

@@ -185,11 +185,12 @@ class EASE(Model):
         if own and validation is None:
             raise ConfigError(f"{self.name}'s search needs the validation split")
         start, self.start = self.start, None  # an update's, used once where it pays (CPU)
-        if start and single and solver == "dense" and device.type == "cpu":
-            if got := start.updated(x, l2s[0]):
-                if log:
-                    log(f"{self.title}: the run's inverse updated by the rows of X^T X that changed "
-                        f"({got[1]:,} added, {got[2]:,} removed) in place of the solve")  # fmt: skip
+        if start:
+            cpu = single and solver == "dense" and device.type == "cpu"
+            got = start.updated(x, l2s[0]) if cpu else None
+            if log:
+                log(f"{self.title}: {start.said(got)}")
+            if got:
                 return self._from_inverse(x, *got, l2s[0], betas[0], t0)
         search = self._search(x, train, solver, cv, betas, validation, select_metric, log, deadline)
         t_gram = time.perf_counter() - t0

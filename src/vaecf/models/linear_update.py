@@ -58,6 +58,14 @@ class Inverse:
     l2: float
     rows: sp.csr_matrix
     pos: np.ndarray
+    why: str = "an update by rows runs on the CPU, for one dense B"  # why it did not, if not
+
+    def said(self, got: tuple[torch.Tensor, int, int] | None) -> str:
+        """What the update did, in words for its log: `got` is what `updated` returned."""
+        if got is None:
+            return f"solved again: {self.why}"
+        return (f"the run's inverse updated by the rows of X^T X that changed ({got[1]:,} added, "
+                f"{got[2]:,} removed) in place of the solve")  # fmt: skip
 
     def updated(self, x: sp.csr_matrix, l2: float) -> tuple[torch.Tensor, int, int] | None:
         """P = (x^T x + l2 I)^-1 for the newer rows `x` (over the newer items), from the run's
@@ -66,6 +74,7 @@ class Inverse:
         diag P. The run's weights are read only where the change is small enough."""
         n_new, n_old = len(self.pos), self.rows.shape[1]
         if l2 != self.l2 or not (np.all(x.data == 1) and np.all(self.rows.data == 1)):
+            self.why = f"lambda {l2:g} is not the run's {self.l2:g}, or the rows are weighted"
             return None
         # the union of both item sets: the newer items, then those only the run had
         to_union = np.full(n_old, -1, dtype=np.int64)
@@ -78,8 +87,14 @@ class Inverse:
         new = sp.csr_matrix((x.data, x.indices, x.indptr), shape=(x.shape[0], n))
         added, removed = changed(old, new)
         r = len(added) + len(removed)
-        if 2 * n * n * r + n * r * r > SOLVE_FLOPS * n**3 or (got := self.weights()) is None:
-            return None  # the update's flops against the solve's, or no diag P
+        if 2 * n * n * r + n * r * r > SOLVE_FLOPS * n**3:  # the update's flops against the solve's
+            self.why = (
+                f"{len(added):,} rows of X^T X added, {len(removed):,} removed: solving costs less"
+            )
+            return None
+        if (got := self.weights()) is None:
+            self.why = "the run's B is sparse (no diag P)"
+            return None
         p_old, d = got
         p_old.neg_().diagonal().add_(1.0)  # P = (I - B) diagMat(d), in B's memory
         p_old.mul_(d.to(p_old.dtype))
@@ -89,7 +104,8 @@ class Inverse:
             for u, sign in ((new[added], 1.0), (old[removed], -1.0)):
                 if u.shape[0]:
                     update_by_rows_(p, u, sign)
-        except linalg.NotPositiveDefinite:  # rounding took a removal past the edge: solve
+        except linalg.NotPositiveDefinite:
+            self.why = "float rounding took a removal of rows past positive definite"
             return None
         return (p if n == n_new else p[:n_new, :n_new].clone()), len(added), len(removed)
 

@@ -28,6 +28,7 @@ What keeps each model current:
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 
@@ -134,15 +135,18 @@ def held_out_seen(cfg: dict, ds: PreparedDataset) -> int:
     return int(held.is_in(trained.implode()).sum()) if held.dtype == trained.dtype else 0
 
 
-def ease_start(run: Path, cfg: dict, pos: np.ndarray):
-    """`init` for an EASE update: the run's inverse as the fit's start; None where the run
-    keeps no diag P (from before run format 3) or its dataset is gone or another."""
+def ease_start(run: Path, cfg: dict, pos: np.ndarray, log: Callable[[str], None]):
+    """`init` for an EASE update: the run's inverse as the fit's start; None (and a line to
+    `log` saying why) where the run keeps no diag P (from before run format 3) or its dataset
+    is gone or another."""
     path, saved = cfg["data"].get("path"), cfg["model"]["config"]
-    if cfg.get("format_version", 1) < 3 or not path or not (Path(path) / "manifest.json").is_file():
-        return None
+    if cfg.get("format_version", 1) < 3:
+        return log("EASE: solved again: the run is from before run format 3 (no diag P kept)")
+    if not path or not (Path(path) / "manifest.json").is_file():
+        return log(f"EASE: solved again: the run's prepared data is gone from {path}")
     old = PreparedDataset(path)
     if old.fingerprint != cfg["data"].get("fingerprint") or old.n_items != cfg["data"]["n_items"]:
-        return None
+        return log(f"EASE: solved again: {path} holds another preparation than the run's")
     parts = ["train"] + (["validation_tr", "test_tr"] if saved.get("fold_in_rows", True) else [])
     rows = sp.vstack([old.split(s) for s in parts]).tocsr()
 
@@ -220,7 +224,7 @@ def update(
                   "--protocol temporal, holds out what came after)", flush=True)  # fmt: skip
     saved = cfg["model"]["config"]
     if name == "ease" and not search:
-        init = ease_start(run, cfg, pos)
+        init = ease_start(run, cfg, pos, print if progress else lambda line: None)
     mcfg = (
         _pinned(name, saved, search) if spec.closed_form else models.config_from_dict(name, saved)
     )
