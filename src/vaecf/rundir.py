@@ -48,6 +48,9 @@ ITEMS = "items.parquet"
 ITEM_NAMES = "item_names.parquet"
 POPULARITY = "popularity.npy"
 BEST = "best.pt"
+# a dense EASE fit's X^T X rows (the item sets it solved on), from which `vaecf update` finds
+# the rows a newer dataset changed; optional (runs without it read the run's prepared data)
+GRAM_ROWS = "gram_rows.pt"
 LAST = "last.pt"
 METRICS = "metrics.jsonl"
 RESULTS = "results.json"
@@ -217,6 +220,33 @@ def save_model(run_dir: Path, model: torch.nn.Module, **extra) -> None:
     search writes the lambda, p and beta it chose into its config)."""
     checkpoint.save(run_dir / BEST, {"model": model.state_dict(), **extra})
     record_settings(run_dir, model)
+
+
+def save_rows(run_dir: Path, rows) -> None:
+    """gram_rows.pt: the item sets of `rows` (a CSR matrix), under a checkpoint's SHA-256;
+    nothing for weighted rows, which an update does not compare."""
+    if not np.all(rows.data == 1):
+        return
+    wide = np.int64 if rows.shape[1] >= 2**31 else np.int32
+    checkpoint.save(Path(run_dir) / GRAM_ROWS, {
+        "indptr": torch.from_numpy(rows.indptr.astype(np.int64)),
+        "indices": torch.from_numpy(rows.indices.astype(wide)),
+        "shape": list(rows.shape),
+    })  # fmt: skip
+
+
+def load_rows(run_dir: str | os.PathLike):
+    """The rows gram_rows.pt holds, as a binary float32 CSR matrix; None where the run has none
+    (another model, or written before the file)."""
+    import scipy.sparse as sp
+
+    path = Path(run_dir) / GRAM_ROWS
+    if not path.is_file():
+        return None
+    ck = checkpoint.load(path)
+    indices, indptr = ck["indices"].numpy(), ck["indptr"].numpy()
+    ones = np.ones(len(indices), dtype=np.float32)
+    return sp.csr_matrix((ones, indices, indptr), shape=tuple(ck["shape"]))
 
 
 def record_settings(run_dir: Path, model: torch.nn.Module) -> None:

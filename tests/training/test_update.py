@@ -14,6 +14,7 @@ import httpx
 import numpy as np
 import polars as pl
 import pytest
+import scipy.sparse as sp
 import torch
 
 import vaecf
@@ -164,13 +165,24 @@ def test_an_ease_update_of_a_few_rows_updates_the_runs_inverse(tmp_path, capsys)
     torch.testing.assert_close(a.weight, b.weight, rtol=0, atol=1e-6 * b.weight.abs().max())
     torch.testing.assert_close(a.p_diag, b.p_diag, rtol=1e-5, atol=0)
     assert abs(res.test_metrics["ndcg@100"] - same.test_metrics["ndcg@100"]) < 1e-6
-    old.path.rename(tmp_path / "moved")  # the run's rows are gone: solved again
+    kept = vaecf.rundir.load_rows(tmp_path / "run")  # the run keeps its rows: its data may go
+    fold_in = vaecf.rundir.load_config(tmp_path / "run")["model"]["config"]["fold_in_rows"]
+    parts = ["train"] + (["validation_tr", "test_tr"] if fold_in else [])
+    want = sp.vstack([old.split(s) for s in parts]).tocsr()
+    assert kept.shape == want.shape and (kept != want).nnz == 0
+    old.path.rename(tmp_path / "moved")
     again = update(tmp_path / "run", new, tmp_path / "upd2", progress=True, device="cpu")
+    assert again.history[0]["rows_added"] == row["rows_added"]
+    assert said in capsys.readouterr().out
+    (tmp_path / "run" / vaecf.rundir.GRAM_ROWS).unlink()  # neither the rows nor the data: solved
+    again = update(tmp_path / "run", new, tmp_path / "upd3", progress=True, device="cpu")
     assert "rows_added" not in again.history[0]
     assert f"EASE: solved again: the run's prepared data is gone from {old.path}" in (
         capsys.readouterr().out
     )
     assert torch.equal(vaecf.Recommender.load(again.run_dir).model.weight, b.weight)
+    chained = update(tmp_path / "upd", new, tmp_path / "upd4", progress=True, device="cpu")
+    assert (chained.history[0]["rows_added"], chained.history[0]["rows_removed"]) == (0, 0)
 
 
 def test_refusals_are_one_line(older_newer, tmp_path):

@@ -52,8 +52,10 @@ class EASE(Model):
         # (vaecf.models.linear_update); empty otherwise, and in runs from before it
         self.register_buffer("p_diag", torch.empty(0))
         self.register_buffer("l2", torch.tensor(float("nan"), dtype=torch.float64))
-        # an EASE update's start: the run's inverse, updated by the rows that changed
+        # an EASE update's start: the run's inverse, updated by the rows that changed; and the
+        # rows whose X^T X a fit with diag P solved, which its run keeps for the next update
         self.start: Inverse | None = None
+        self.gram_rows: sp.csr_matrix | None = None
 
     _B = ("weight", "b_indptr", "b_indices", "b_values", "p_diag")
 
@@ -289,12 +291,13 @@ class EASE(Model):
                 setattr(self, name, t)
         if self.weight.numel() and not p and self._emphasis() == "full":
             self.p_diag = inverse_diag(search.gram, self.weight, l2, scale)
+            self.gram_rows = search.x
         search.gram = search.gram_sp = None
 
     def _from_inverse(self, x, p, added: int, removed: int, l2: float, beta: float, t0) -> dict:
         """B from the updated inverse P (`start`), at the run's lambda and beta: no search."""
         d = p.diagonal().clone()
-        self.p_diag = d.float()
+        self.p_diag, self.gram_rows = d.float(), x
         self.weight = p.div_(-d).float()
         self.weight.diagonal().zero_()
         counts = torch.from_numpy(x.getnnz(axis=0))  # the Gram's diagonal: `start` took binary rows

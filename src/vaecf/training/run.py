@@ -257,6 +257,8 @@ class ClosedFormFit(Run):
             return self.finish(weights=self.model.state_dict(), written=done and done.result)
 
     def _write_fit(self, val: dict, row: dict) -> None:
+        if (rows := getattr(self.model, "gram_rows", None)) is not None:
+            rundir.save_rows(self.out, rows)  # for the next update (EASE)
         rundir.save_model(self.out, self.model, epoch=1, metrics=val)
         with atomic_file(self.out / rundir.METRICS, "w") as f:
             f.write(json.dumps(row) + "\n")

@@ -5,9 +5,10 @@ run beside the old one, never over it.
 What keeps each model current:
 - EASE, EDLAE, inf-AE: fitted again on the newer training matrix at the settings the run chose
   (lambda, p, beta; inf-AE's ridge): one solve, no search (`search=True`: the search again).
-  EASE, where its run keeps diag P beside a dense B and its dataset is at hand: the run's
-  inverse updated by the rows of X^T X that changed instead, where that costs less than the
-  solve (vaecf.models.linear_update; the same B to float rounding).
+  EASE, where its run keeps diag P beside a dense B: the run's inverse updated by the rows of
+  X^T X that changed instead, where that costs less than the solve (vaecf.models.linear_update;
+  the same B to float rounding); the rows it solved on are the run's own (gram_rows.pt), or,
+  in a run written before it kept them, its prepared data's.
 - Mult-VAE, Mult-DAE, RecVAE: a warm start. Every weight indexed by item is carried over item
   by item (by raw id); a new item's rows start at the mean of the old items' (a typical item);
   then training on the newer training users with early stopping within the budget. The warm
@@ -136,19 +137,15 @@ def held_out_seen(cfg: dict, ds: PreparedDataset) -> int:
 
 
 def ease_start(run: Path, cfg: dict, pos: np.ndarray, log: Callable[[str], None]):
-    """`init` for an EASE update: the run's inverse as the fit's start; None (and a line to
-    `log` saying why) where the run keeps no diag P (from before run format 3) or its dataset
-    is gone or another."""
-    path, saved = cfg["data"].get("path"), cfg["model"]["config"]
+    """`init` for an EASE update: the run's inverse as the fit's start, with the X^T X rows
+    the run kept (gram_rows.pt) or, for a run written before it kept them, its prepared data's;
+    None (and a line to `log` saying why) where the run keeps no diag P (from before run
+    format 3) or has neither."""
+    saved = cfg["model"]["config"]
     if cfg.get("format_version", 1) < 3:
         return log("EASE: solved again: the run is from before run format 3 (no diag P kept)")
-    if not path or not (Path(path) / "manifest.json").is_file():
-        return log(f"EASE: solved again: the run's prepared data is gone from {path}")
-    old = PreparedDataset(path)
-    if old.fingerprint != cfg["data"].get("fingerprint") or old.n_items != cfg["data"]["n_items"]:
-        return log(f"EASE: solved again: {path} holds another preparation than the run's")
-    parts = ["train"] + (["validation_tr", "test_tr"] if saved.get("fold_in_rows", True) else [])
-    rows = sp.vstack([old.split(s) for s in parts]).tocsr()
+    if (rows := rundir.load_rows(run)) is None and (rows := dataset_rows(cfg, log)) is None:
+        return None
 
     def weights():  # read only where the change is small enough to use them
         model, _ = rundir.load_model(run, "cpu")
@@ -166,6 +163,20 @@ def ease_start(run: Path, cfg: dict, pos: np.ndarray, log: Callable[[str], None]
         m.start = start
 
     return init
+
+
+def dataset_rows(cfg: dict, log: Callable[[str], None]) -> sp.csr_matrix | None:
+    """The X^T X rows of a run's prepared data (training rows, and fold-in rows where the run
+    adds them); None, said to `log`, where the data is gone or another preparation."""
+    path = cfg["data"].get("path")
+    if not path or not (Path(path) / "manifest.json").is_file():
+        return log(f"EASE: solved again: the run's prepared data is gone from {path}")
+    old = PreparedDataset(path)
+    if old.fingerprint != cfg["data"].get("fingerprint") or old.n_items != cfg["data"]["n_items"]:
+        return log(f"EASE: solved again: {path} holds another preparation than the run's")
+    fold_in = cfg["model"]["config"].get("fold_in_rows", True)
+    parts = ["train"] + (["validation_tr", "test_tr"] if fold_in else [])
+    return sp.vstack([old.split(s) for s in parts]).tocsr()
 
 
 def _pinned(name: str, saved: dict, search: bool):
