@@ -15,6 +15,7 @@
     last.pt         everything needed to resume training bit for bit (gradient models)
     metrics.jsonl   one JSON line per epoch (closed-form: one line with the fit's record)
     results.json    best epoch, its validation metrics, the test metrics
+    gram_rows.pt    a dense EASE fit's X^T X rows as item sets, for `vaecf update` (optional)
 
 The trainer, the recommender, the CLI and the server all go through this module; it imports no
 training code.
