@@ -187,13 +187,9 @@ class EASE(Model):
         if own and validation is None:
             raise ConfigError(f"{self.name}'s search needs the validation split")
         start, self.start = self.start, None  # an update's, used once where it pays (CPU)
-        if start:
-            cpu = single and solver == "dense" and device.type == "cpu"
-            got = start.updated(x, l2s[0]) if cpu else None
-            if log:
-                log(f"{self.title}: {start.said(got)}")
-            if got:
-                return self._from_inverse(x, *got, l2s[0], betas[0], t0)
+        dense_cpu = single and solver == "dense" and device.type == "cpu"
+        if start and (got := start.tried(x, l2s[0], dense_cpu, log)):
+            return self._from_inverse(x, *got, l2s[0], betas[0], t0)
         search = self._search(x, train, solver, cv, betas, validation, select_metric, log, deadline)
         t_gram = time.perf_counter() - t0
         full = search.order(l2s, dropouts)

@@ -60,6 +60,16 @@ class Inverse:
     pos: np.ndarray
     why: str = "an update by rows runs on the CPU, for one dense B"  # why it did not, if not
 
+    def tried(
+        self, x: sp.csr_matrix, l2: float, dense_cpu: bool, log: Callable[[str], None] | None
+    ):
+        """`updated(x, l2)` where the route runs (one dense B on the CPU), else None; what it
+        did said to `log`."""
+        got = self.updated(x, l2) if dense_cpu else None
+        if log:
+            log(f"EASE: {self.said(got)}")
+        return got
+
     def said(self, got: tuple[torch.Tensor, int, int] | None) -> str:
         """What the update did, in words for its log: `got` is what `updated` returned."""
         if got is None:
