@@ -225,13 +225,13 @@ def save_model(run_dir: Path, model: torch.nn.Module, **extra) -> None:
 
 def save_rows(run_dir: Path, rows) -> None:
     """gram_rows.pt: the item sets of `rows` (a CSR matrix), under a checkpoint's SHA-256;
-    nothing for weighted rows, which an update does not compare."""
+    nothing for weighted rows, which an update does not compare. Item indices as int32: a
+    dense B never holds 2^31 items."""
     if not np.all(rows.data == 1):
         return
-    wide = np.int64 if rows.shape[1] >= 2**31 else np.int32
     checkpoint.save(Path(run_dir) / GRAM_ROWS, {
         "indptr": torch.from_numpy(rows.indptr.astype(np.int64)),
-        "indices": torch.from_numpy(rows.indices.astype(wide)),
+        "indices": torch.from_numpy(rows.indices.astype(np.int32)),
         "shape": list(rows.shape),
     })  # fmt: skip
 
